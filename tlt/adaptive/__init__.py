@@ -1,0 +1,1 @@
+"""Adaptive speculative decoding: on/off threshold and the bucketed epsilon-greedy bandit."""

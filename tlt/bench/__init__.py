@@ -1,0 +1,1 @@
+"""Benchmarks (`tlt bench`): side-by-side variants in one run, ratios of medians."""

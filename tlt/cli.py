@@ -1,0 +1,38 @@
+"""The `tlt` command. Each subcommand lives in `tlt/commands/<name>.py` and exposes
+`add_arguments(parser)` and `run(args) -> int`; modules are imported only when their
+command runs, so `tlt validate` does not pay for torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("tlt.commands.validate", "check a run.yaml (full manifest or bare spec)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tlt", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return importlib.import_module(COMMANDS[args.command][0]).run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

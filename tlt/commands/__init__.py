@@ -1,0 +1,1 @@
+"""Subcommands of `tlt`; see `tlt/cli.py`."""

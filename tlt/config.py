@@ -1,0 +1,285 @@
+"""The run spec: ONE schema for `run.yaml`, the `TLTTrainingRun` CRD and the KFP components.
+
+Field names are camelCase on the wire (YAML, the Kubernetes API) and snake_case in Python.
+Every field carries a description, a default where one makes sense, and bounds; strings and
+lists are bounded so the CRD's CEL rules pass the apiserver's cost check. Cross-field rules
+are written twice on purpose: as pydantic validators here (local `tlt validate`, `tlt train`)
+and as CEL rules in the CRD (`tlt/crd.py`); `tests/schema` checks both reject the same files.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "tlt.dev"
+API_VERSION = "v1alpha1"
+KIND = "TLTTrainingRun"
+PLURAL = "tltrainingruns"
+SHORT_NAME = "tltrun"
+
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
+ShortStr = Annotated[str, Field(max_length=253)]
+PathStr = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class Spec(BaseModel):
+    """Base of every spec section: camelCase aliases, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+
+class ModelSpec(Spec):
+    path: PathStr | None = Field(
+        None,
+        description="Local folder of a Hugging Face Qwen2/Qwen2.5/Llama causal LM (with its tokenizer). "
+        "Empty: the built-in task's warm-started policy.",
+    )
+    dtype: Literal["bfloat16", "float32", "float64"] = Field(
+        "bfloat16", description="Compute dtype of the policy in rollout and update."
+    )
+    max_context: int = Field(1024, ge=16, le=131072, description="Prompt plus response tokens, at most.")
+
+
+class BuiltinTaskSpec(Spec):
+    num_train: int = Field(4096, ge=16, le=10_000_000, description="Training problems generated.")
+    num_eval: int = Field(256, ge=8, le=100_000, description="Held-out problems generated.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the problem generator.")
+
+
+class DatasetSpec(Spec):
+    source: Literal["builtin", "file"] = Field(
+        "builtin", description="`builtin`: the built-in reasoning task; `file`: a JSONL or Parquet file."
+    )
+    path: PathStr | None = Field(None, description="JSONL or Parquet file when source is `file`.")
+    prompt_key: ShortStr = Field("question", min_length=1, description="Record field holding the prompt.")
+    answer_key: ShortStr = Field("answer", min_length=1, description="Record field holding the reference answer.")
+    answer_format: Literal["exact", "number", "math", "gsm8k"] = Field(
+        "number",
+        description="How rewards compare answers: exact string, number, math equivalence, "
+        "or GSM8K (`#### N` in the reference).",
+    )
+    builtin: BuiltinTaskSpec = Field(default_factory=BuiltinTaskSpec, description="Built-in task settings.")
+
+    @model_validator(mode="after")
+    def _path_for_file(self) -> DatasetSpec:
+        if self.source == "file" and not self.path:
+            raise ValueError("dataset.path is required when dataset.source is 'file'")
+        return self
+
+
+class AlgorithmSpec(Spec):
+    name: Literal["grpo"] = Field("grpo", description="RL algorithm.")
+    steps: int = Field(20, ge=1, le=1_000_000, description="RL steps to run.")
+    prompts_per_step: int = Field(8, ge=1, le=65536, description="Prompts sampled per step.")
+    group_size: int = Field(8, ge=2, le=1024, description="Responses per prompt (GRPO group).")
+    learning_rate: float = Field(1e-5, gt=0, le=1.0, description="Policy AdamW learning rate.")
+    clip_ratio_low: float = Field(0.2, ge=0, le=1.0, description="PPO clip epsilon below 1.")
+    clip_ratio_high: float = Field(0.2, ge=0, le=10.0, description="PPO clip epsilon above 1.")
+    kl_coef: float = Field(0.0, ge=0, le=10.0, description="KL-to-reference coefficient; 0 disables it.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="How per-token losses are aggregated."
+    )
+    ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each step's rollouts.")
+    micro_batch_size: int = Field(16, ge=1, le=4096, description="Sequences per forward in the update.")
+    temperature: float = Field(1.0, ge=0, le=10.0, description="Rollout sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Rollout nucleus sampling mass.")
+    max_new_tokens: int = Field(512, ge=1, le=131072, description="Response length cap (truncation).")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling, shuffling and initialisation.")
+
+
+class Toleration(Spec):
+    key: ShortStr | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: ShortStr | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class SecretKeyRef(Spec):
+    name: Name
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class EnvVar(Spec):
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    value: Annotated[str, Field(max_length=4096)] | None = None
+    secret_key_ref: SecretKeyRef | None = Field(None, description="Value taken from a Secret, by reference.")
+
+
+class Resources(Spec):
+    cpu: Quantity = Field("1", description="CPU request and limit.")
+    memory: Quantity = Field("4Gi", description="Memory request and limit.")
+    gpus: int = Field(0, ge=0, le=16, description="`nvidia.com/gpu` per pod.")
+
+
+class PodOverrides(Spec):
+    """The bounded set of pod-template fields a run may override."""
+
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=32)
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    service_account_name: Name | None = None
+    image_pull_secrets: list[Name] = Field(default_factory=list, max_length=8)
+
+
+class RoleSpec(Spec):
+    replicas: int = Field(1, ge=0, le=1024, description="Pods of this role.")
+    image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+        "ghcr.io/tlt-dev/tlt-worker:0.1.0", description="Container image."
+    )
+    resources: Resources = Field(default_factory=Resources)
+    pod_template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
+
+
+class ArmSpec(Spec):
+    """One speculative-decoding strategy the bandit may choose."""
+
+    kind: Literal["chain", "tree", "ngram"] = Field(description="Drafting strategy.")
+    depth: int = Field(4, ge=1, le=32, description="Draft tokens per sequence (tree: levels).")
+    topk: int = Field(1, ge=1, le=16, description="Children per node (tree only).")
+    verify_tokens: int = Field(0, ge=0, le=256, description="Tree budget of tokens verified; 0: depth*topk.")
+
+
+def _default_arms() -> list[ArmSpec]:
+    return [
+        ArmSpec(kind="chain", depth=3),
+        ArmSpec(kind="chain", depth=6),
+        ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
+        ArmSpec(kind="ngram", depth=4),
+    ]
+
+
+class SpeculativeSpec(Spec):
+    mode: Literal["off", "ngram", "static", "tlt"] = Field(
+        "tlt",
+        description="off: plain decoding; ngram: model-free drafts only; static: learned drafter, "
+        "never retrained; tlt: drafter trained online in idle time plus the adaptive engine.",
+    )
+    threshold: int = Field(8, ge=0, le=4096, description="SD is on while the running batch is at most this.")
+    arms: list[ArmSpec] = Field(default_factory=_default_arms, min_length=1, max_length=32)
+    buckets: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=16,
+        description="Upper bounds of running-batch buckets, ascending; one bandit per bucket.",
+    )
+    epsilon: float = Field(0.1, ge=0, le=1, description="Bandit exploration probability.")
+    window: int = Field(16, ge=1, le=4096, description="Sliding window of rewards per arm.")
+    ngram_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
+    ngram_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched.")
+    drafter_path: PathStr | None = Field(None, description="Initial drafter checkpoint folder.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SpeculativeSpec:
+        if any(b >= a for b, a in zip(self.buckets, self.buckets[1:])):
+            raise ValueError("speculative.buckets must be strictly ascending")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError("speculative.ngramMin must be <= speculative.ngramMax")
+        return self
+
+
+class DrafterSpec(Spec):
+    training: bool = Field(True, description="Train the drafter online in idle time (mode tlt).")
+    learning_rate: float = Field(3e-4, gt=0, le=1.0, description="Drafter AdamW learning rate.")
+    batch_tokens: int = Field(2048, ge=16, le=1_048_576, description="Packed tokens per drafter batch.")
+    buffer_steps: int = Field(2, ge=1, le=16, description="RL steps of rollouts kept (one-step offset).")
+    enabled_slots: Literal["auto", "all", "none"] = Field(
+        "auto", description="auto: the operator enables slots of idle pods; all / none: fixed."
+    )
+    min_trainers: int = Field(0, ge=0, le=1024, description="Slots kept enabled at least.")
+    max_trainers: int = Field(8, ge=0, le=1024, description="Slots enabled at most.")
+    idle_window_seconds: int = Field(10, ge=0, le=3600, description="Idle this long before a slot turns on.")
+    busy_window_seconds: int = Field(5, ge=0, le=3600, description="Busy this long before a slot turns off.")
+    cooldown_seconds: int = Field(30, ge=0, le=86400, description="Least time between changes of one slot.")
+    idle_utilization: float = Field(0.2, ge=0, le=1, description="GPU utilisation below this counts idle.")
+    placement: Literal["in-container", "sidecar"] = Field(
+        "in-container", description="Trainer in the rollout container, or a sidecar sharing a DRA claim."
+    )
+    device_class_name: ShortStr | None = Field(None, description="DRA DeviceClass (sidecar placement).")
+    export_format: Literal["eagle"] = Field("eagle", description="Format of the exported drafter.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DrafterSpec:
+        if self.min_trainers > self.max_trainers:
+            raise ValueError("drafter.minTrainers must be <= drafter.maxTrainers")
+        if self.placement == "sidecar" and not self.device_class_name:
+            raise ValueError("drafter.deviceClassName is required when drafter.placement is 'sidecar'")
+        return self
+
+
+class CheckpointSpec(Spec):
+    path: PathStr = Field("checkpoints", description="Folder (local) or mount path of the checkpoint volume.")
+    claim_name: Name | None = Field(None, description="PersistentVolumeClaim mounted at `path` on a cluster.")
+    interval_steps: int = Field(1, ge=1, le=1_000_000, description="Whole-run checkpoint every N steps.")
+    keep: int = Field(2, ge=1, le=100, description="Checkpoints kept.")
+
+
+class RunPolicy(Spec):
+    backoff_limit: int = Field(3, ge=0, le=1000, description="Restarts after failures before Failed.")
+    active_deadline_seconds: int | None = Field(None, ge=1, le=31_536_000, description="Fail after this long.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000, description="Delete after finishing.")
+    clean_pod_policy: Literal["All", "Running", "None"] = Field("Running", description="Pods deleted at the end.")
+
+
+class PodGroupPolicy(Spec):
+    scheduler: Literal["scheduler-plugins", "volcano"] = "scheduler-plugins"
+    schedule_timeout_seconds: int = Field(300, ge=1, le=86400)
+
+
+class SchedulingPolicy(Spec):
+    queue: Name | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name`).")
+    priority_class_name: Name | None = None
+    gang: PodGroupPolicy | None = Field(None, description="Create a PodGroup for gang scheduling.")
+
+
+class MonitoringSpec(Spec):
+    prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
+        None, description="Prometheus base URL for per-pod GPU utilisation; empty: reported state only."
+    )
+    gpu_util_metric: ShortStr = Field("DCGM_FI_DEV_GPU_UTIL", description="Utilisation metric (0-100).")
+    pod_label: ShortStr = Field("exported_pod", description="Label holding the pod name.")
+    namespace_label: ShortStr = Field("exported_namespace", description="Label holding the namespace.")
+    poll_seconds: int = Field(10, ge=1, le=3600, description="How often the operator queries.")
+
+
+class RunSpec(Spec):
+    """Spec of one `TLTTrainingRun`."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    policy: RoleSpec = Field(default_factory=RoleSpec, description="GRPO update pods; rank 0 runs the coordinator.")
+    rollout: RoleSpec = Field(default_factory=RoleSpec, description="Rollout engine pods (drafter-trainer slots).")
+    verifier: RoleSpec = Field(default_factory=RoleSpec, description="Reward verifier pods (CPU).")
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
+    drafter: DrafterSpec = Field(default_factory=DrafterSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    suspend: bool = Field(False, description="Delete the run's pods and keep its state; false resumes.")
+    managed_by: Annotated[str, Field(max_length=63, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")] = Field(
+        "tlt.dev/operator", description="Controller that reconciles this run; another value: TLT leaves it alone."
+    )
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    scheduling_policy: SchedulingPolicy = Field(default_factory=SchedulingPolicy)
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Name = "tlt-run"
+    namespace: Name | None = None
+
+
+class TLTTrainingRun(BaseModel):
+    """A full manifest: what `kubectl apply -f run.yaml` and `tlt train run.yaml` both take."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: Literal["tlt.dev/v1alpha1"] = Field("tlt.dev/v1alpha1", alias="apiVersion")
+    kind: Literal["TLTTrainingRun"] = "TLTTrainingRun"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: RunSpec = Field(default_factory=RunSpec)
+    status: dict | None = None

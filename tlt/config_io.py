@@ -1,0 +1,54 @@
+"""Reading a run file: a full `TLTTrainingRun` manifest or a bare spec, with every error listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tlt.config import KIND, TLTTrainingRun
+
+
+class SpecError(ValueError):
+    """A run file that does not validate; `errors` holds one line per problem, field path first."""
+
+    def __init__(self, source: str, errors: list[str]):
+        self.errors = errors
+        super().__init__(f"{source}: {len(errors)} error(s)\n" + "\n".join(f"  {e}" for e in errors))
+
+
+def _format(err: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check spelling; fields are camelCase)"
+    return f"{path or 'top level'}: {msg}"
+
+
+def parse_run(doc: Any, source: str = "<run>") -> TLTTrainingRun:
+    """Validate a loaded YAML document (full manifest or bare spec) into a `TLTTrainingRun`."""
+    if not isinstance(doc, dict):
+        raise SpecError(source, [f"top level: expected a mapping, got {type(doc).__name__}"])
+    full = "kind" in doc or "apiVersion" in doc or "spec" in doc
+    if full and doc.get("kind", KIND) != KIND:
+        raise SpecError(source, [f"kind: expected {KIND!r}, got {doc.get('kind')!r}"])
+    try:
+        if full:
+            return TLTTrainingRun.model_validate(doc)
+        return TLTTrainingRun.model_validate({"spec": doc})
+    except ValidationError as exc:
+        raise SpecError(source, [_format(e) for e in exc.errors()]) from None
+
+
+def load_run(path: str | Path) -> TLTTrainingRun:
+    """Read and validate a run file; raises `SpecError` listing every problem with its field path."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(str(path), ["file not found"])
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(str(path), [f"not valid YAML: {exc}"]) from None
+    return parse_run(doc, str(path))

@@ -1,0 +1,1 @@
+"""Online drafter training: buffer, spot trainer, checkpoints, export."""

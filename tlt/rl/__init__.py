@@ -1,0 +1,1 @@
+"""RL: reward verifiers, GRPO advantages and loss, policy update."""

@@ -1,0 +1,1 @@
+"""Batched KV-cache engine, drafting (chain / tree / n-gram) and lossless verification."""

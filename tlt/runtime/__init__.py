@@ -1,0 +1,1 @@
+"""Coordinator and workers on Ray."""

@@ -1,0 +1,1 @@
+"""Built-in reasoning tasks and dataset loading."""
