@@ -1,0 +1,126 @@
+"""BEG-MAB (tlt.adaptive.bandit): per-bucket epsilon-greedy over median-of-window rewards."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tlt.adaptive.bandit import BucketedBandit
+from tlt.config import SpeculativeSpec
+
+
+def _reward(noise: random.Random, mean: float) -> tuple[float, float]:
+    """One synthetic SD round: (accepted tokens, seconds) with noisy throughput around `mean`."""
+    seconds = 0.01
+    return max(0.0, noise.gauss(mean, mean * 0.2)) * seconds, seconds
+
+
+def _run(bandit: BucketedBandit, bucket: int, means: list[float], rounds: int, noise: random.Random) -> list[int]:
+    chosen = []
+    for _ in range(rounds):
+        arm = bandit.choose(bucket)
+        bandit.update(bucket, arm, *_reward(noise, means[arm]))
+        chosen.append(arm)
+    return chosen
+
+
+def test_untried_arms_are_tried_first_in_index_order():
+    bandit = BucketedBandit(num_arms=4, num_buckets=1, epsilon=1.0, window=8, rng=random.Random(0))
+    chosen = _run(bandit, 0, [1.0, 2.0, 3.0, 4.0], 4, random.Random(1))
+    assert chosen == [0, 1, 2, 3]
+
+
+def test_converges_to_the_best_arm_of_each_bucket():
+    bandit = BucketedBandit(num_arms=4, num_buckets=2, epsilon=0.1, window=16, rng=random.Random(0))
+    noise = random.Random(1)
+    means = {0: [100.0, 150.0, 300.0, 120.0], 1: [250.0, 90.0, 60.0, 200.0]}
+    for bucket in (0, 1):
+        chosen = _run(bandit, bucket, means[bucket], 600, noise)
+        best = means[bucket].index(max(means[bucket]))
+        assert bandit.best(bucket) == best
+        late = chosen[-300:]
+        assert late.count(best) / len(late) > 0.85
+
+
+def test_buckets_keep_separate_statistics():
+    bandit = BucketedBandit(num_arms=3, num_buckets=2, epsilon=0.0, window=4, rng=random.Random(0))
+    _run(bandit, 0, [1.0, 5.0, 2.0], 30, random.Random(1))
+    assert [s.pulls for s in bandit.stats(1)] == [0, 0, 0]
+    assert bandit.estimate(1, 1) is None
+    assert bandit.choose(1) == 0
+
+
+def test_keeps_exploring_at_rate_epsilon_forever():
+    epsilon, arms, rounds = 0.2, 4, 6000
+    bandit = BucketedBandit(num_arms=arms, num_buckets=1, epsilon=epsilon, window=16, rng=random.Random(0))
+    chosen = _run(bandit, 0, [10.0, 20.0, 40.0, 80.0], rounds, random.Random(1))
+    late = chosen[1000:]
+    off_greedy = sum(arm != 3 for arm in late) / len(late)
+    # a random pick lands on the greedy arm 1/arms of the time
+    assert off_greedy == pytest.approx(epsilon * (arms - 1) / arms, abs=0.03)
+    assert all(late[-2000:].count(arm) > 0 for arm in range(arms))
+
+
+def test_window_forgets_a_drafter_whose_quality_changed():
+    bandit = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=8, rng=random.Random(0))
+    noise = random.Random(1)
+    _run(bandit, 0, [200.0, 100.0], 200, noise)
+    assert bandit.best(0) == 0
+    chosen = _run(bandit, 0, [50.0, 100.0], 60, noise)
+    assert bandit.best(0) == 1
+    assert chosen[-20:].count(1) >= 15
+
+
+def test_median_ignores_a_single_outlier_round():
+    bandit = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.0, window=5, rng=random.Random(0))
+    for _ in range(4):
+        bandit.update(0, 0, 2.0, 1.0)
+        bandit.update(0, 1, 3.0, 1.0)
+    bandit.update(0, 0, 1000.0, 1.0)
+    assert bandit.estimate(0, 0) == 2.0
+    assert bandit.best(0) == 1
+
+
+def test_reward_is_accepted_tokens_per_second():
+    bandit = BucketedBandit(num_arms=1, num_buckets=1, epsilon=0.0, window=3, rng=random.Random(0))
+    assert bandit.update(0, 0, accepted_tokens=12, seconds=0.5) == 24.0
+    assert bandit.estimate(0, 0) == 24.0
+
+
+def test_same_seed_same_choices():
+    runs = []
+    for _ in range(2):
+        bandit = BucketedBandit(num_arms=4, num_buckets=1, epsilon=0.3, window=8, rng=random.Random(7))
+        runs.append(_run(bandit, 0, [10.0, 12.0, 11.0, 9.0], 300, random.Random(3)))
+    assert runs[0] == runs[1]
+
+
+def test_state_dict_round_trip_through_json_continues_identically():
+    spec = SpeculativeSpec()
+    original = BucketedBandit.from_spec(spec, random.Random(5))
+    means = [10.0, 12.0, 11.0, 9.0]
+    _run(original, 1, means, 100, random.Random(2))
+    restored = BucketedBandit.from_spec(spec, random.Random(999))
+    restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
+    assert restored.stats(1) == original.stats(1)
+    assert _run(restored, 1, means, 100, random.Random(4)) == _run(original, 1, means, 100, random.Random(4))
+
+
+def test_state_of_another_shape_is_refused():
+    state = BucketedBandit(num_arms=3, num_buckets=2, epsilon=0.1, window=4, rng=random.Random(0)).state_dict()
+    other = BucketedBandit(num_arms=4, num_buckets=2, epsilon=0.1, window=4, rng=random.Random(0))
+    with pytest.raises(ValueError, match="arms or buckets"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("bucket", "arm", "tokens", "seconds", "field"),
+    [(2, 0, 1.0, 1.0, "bucket"), (0, 5, 1.0, 1.0, "arm"), (0, 0, -1.0, 1.0, "accepted_tokens"),
+     (0, 0, 1.0, 0.0, "seconds"), (0, 0, 1.0, float("nan"), "seconds")],
+)
+def test_bad_updates_name_the_argument(bucket, arm, tokens, seconds, field):
+    bandit = BucketedBandit(num_arms=2, num_buckets=2, epsilon=0.1, window=4, rng=random.Random(0))
+    with pytest.raises(ValueError, match=field):
+        bandit.update(bucket, arm, tokens, seconds)

@@ -1,0 +1,172 @@
+"""Whole-run checkpoints: written to a temporary folder, fsynced, then renamed into place.
+
+Layout under the checkpoint root::
+
+    step-00000005/            one finished checkpoint (never modified after the rename)
+        manifest.json         step, file list with sha256 digests, free-form JSON state
+        <name>.safetensors    flat tensor dicts (policy and drafter weights)
+        <name>.pt             nested states (optimizers), loaded with weights_only=True
+    LATEST                    name of the newest complete checkpoint, replaced atomically
+    .tmp-step-00000006-1234/  an interrupted write: ignored, removed by the next save
+
+A SIGKILL at any point leaves either the previous checkpoint as LATEST or the new one complete.
+A checkpoint that exists but cannot be read or whose digests differ raises `CheckpointError`;
+it is never silently skipped or replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
+
+LATEST = "LATEST"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that exists but cannot be used; the message names the folder and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    """What one checkpoint holds.
+
+    tensors: name -> flat {key: tensor} dict, stored as safetensors (weights).
+    objects: name -> nested state (optimizer state dicts), stored with torch.save.
+    state: JSON-serialisable run state (step counters, RNG seeds, bandit tables, metrics).
+    """
+
+    step: int
+    tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    objects: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def _name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
+    """Write `ckpt` under `root` atomically, point LATEST at it, keep the newest `keep` checkpoints."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / _name(ckpt.step)
+    if final.exists() and (root / LATEST).exists() and (root / LATEST).read_text().strip() == final.name:
+        raise CheckpointError(f"{final} is the latest checkpoint; refusing to overwrite it")
+    tmp = root / f".tmp-{_name(ckpt.step)}-{os.getpid()}"
+    tmp.mkdir()
+    files: dict[str, str] = {}
+    for name, tensors in ckpt.tensors.items():
+        path = tmp / f"{name}.safetensors"
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+        files[path.name] = _sha256(path)
+    for name, obj in ckpt.objects.items():
+        path = tmp / f"{name}.pt"
+        torch.save(obj, path)
+        files[path.name] = _sha256(path)
+    manifest = {"step": ckpt.step, "files": files, "state": ckpt.state}
+    _write_file_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    for name in files:
+        with (tmp / name).open("rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # left by a run killed before LATEST moved to it: not the resume point
+        aside = root / f".tmp-old-{final.name}-{os.getpid()}"
+        os.replace(final, aside)
+        shutil.rmtree(aside)
+    os.replace(tmp, final)
+    pointer = root / f".tmp-{LATEST}-{os.getpid()}"
+    _write_file_synced(pointer, final.name.encode())
+    os.replace(pointer, root / LATEST)
+    _fsync_dir(root)
+    _prune(root, keep)
+    log.info("checkpoint step %d written to %s", ckpt.step, final)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob("step-*") if p.is_dir())
+    latest = (root / LATEST).read_text().strip()
+    for old in done[:-keep]:
+        if old.name != latest:
+            shutil.rmtree(old)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The folder LATEST names, or None when `root` holds no checkpoint yet."""
+    root = Path(root)
+    pointer = root / LATEST
+    if not pointer.exists():
+        if any(root.glob("step-*")):
+            raise CheckpointError(f"{root}: checkpoint folders exist but {LATEST} is missing")
+        return None
+    folder = root / pointer.read_text().strip()
+    if not folder.is_dir():
+        raise CheckpointError(f"{pointer} names {folder.name}, which does not exist")
+    return folder
+
+
+def load_checkpoint(folder: str | Path) -> Checkpoint:
+    """Read one checkpoint folder, verifying every file's digest."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{folder}: unreadable {MANIFEST}: {exc}") from exc
+    ckpt = Checkpoint(step=int(manifest["step"]), state=manifest.get("state", {}))
+    for name, digest in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{folder}: {name} listed in {MANIFEST} is missing")
+        if _sha256(path) != digest:
+            raise CheckpointError(f"{folder}: {name} is corrupt (sha256 differs from {MANIFEST})")
+        stem = name.rsplit(".", 1)[0]
+        if name.endswith(".safetensors"):
+            ckpt.tensors[stem] = load_file(str(path))
+        else:
+            ckpt.objects[stem] = torch.load(path, weights_only=True)
+    return ckpt
+
+
+def load_latest(root: str | Path) -> Checkpoint | None:
+    """The newest complete checkpoint under `root`, or None when there is none yet."""
+    folder = latest_checkpoint(root)
+    return None if folder is None else load_checkpoint(folder)
