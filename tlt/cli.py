@@ -12,21 +12,28 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("tlt.commands.validate", "check a run.yaml (full manifest or bare spec)"),
+    "warmstart": ("tlt.commands.warmstart", "train (or find cached) the built-in task's warm-started policy"),
+    "crd": ("tlt.commands.crd", "write the TLTTrainingRun CRD YAML generated from the run spec"),
+    "train": ("tlt.commands.train", "run a TLTTrainingRun on this machine (resumes from its checkpoints)"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tlt", description=__doc__.splitlines()[0])
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported to declare its arguments."""
+    parser = argparse.ArgumentParser(prog="tlt", description="TLT: lossless speculative rollouts with an online drafter for RL training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

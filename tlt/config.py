@@ -30,11 +30,14 @@ class Spec(BaseModel):
     """Base of every spec section: camelCase aliases, unknown fields refused."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True,
+        strict=True,  # as the apiserver: "10" is not an integer, "true" is not a boolean
     )
 
 
 class ModelSpec(Spec):
+    """The policy model."""
+
     path: PathStr | None = Field(
         None,
         description="Local folder of a Hugging Face Qwen2/Qwen2.5/Llama causal LM (with its tokenizer). "
@@ -47,12 +50,16 @@ class ModelSpec(Spec):
 
 
 class BuiltinTaskSpec(Spec):
+    """The built-in reasoning task (generated problems with a long-tailed response length)."""
+
     num_train: int = Field(4096, ge=16, le=10_000_000, description="Training problems generated.")
     num_eval: int = Field(256, ge=8, le=100_000, description="Held-out problems generated.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the problem generator.")
 
 
 class DatasetSpec(Spec):
+    """Prompts and reference answers."""
+
     source: Literal["builtin", "file"] = Field(
         "builtin", description="`builtin`: the built-in reasoning task; `file`: a JSONL or Parquet file."
     )
@@ -74,6 +81,8 @@ class DatasetSpec(Spec):
 
 
 class AlgorithmSpec(Spec):
+    """The RL algorithm and rollout sampling."""
+
     name: Literal["grpo"] = Field("grpo", description="RL algorithm.")
     steps: int = Field(20, ge=1, le=1_000_000, description="RL steps to run.")
     prompts_per_step: int = Field(8, ge=1, le=65536, description="Prompts sampled per step.")
@@ -94,24 +103,48 @@ class AlgorithmSpec(Spec):
 
 
 class Toleration(Spec):
-    key: ShortStr | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: ShortStr | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """A pod toleration (the subset of `core/v1.Toleration` a run may set)."""
+
+    key: ShortStr | None = Field(None, description="Taint key; empty with operator Exists matches every taint.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="How key and value match the taint.")
+    value: ShortStr | None = Field(None, description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect matched; empty matches all effects."
+    )
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("toleration.value must be empty when toleration.operator is 'Exists'")
+        return self
 
 
 class SecretKeyRef(Spec):
-    name: Name
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    """One key of a Secret in the run's namespace."""
+
+    name: Name = Field(description="Secret name.")
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="Key within the Secret.")
 
 
 class EnvVar(Spec):
-    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
-    value: Annotated[str, Field(max_length=4096)] | None = None
+    """An environment variable of the run's containers."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")] = Field(
+        description="Variable name."
+    )
+    value: Annotated[str, Field(max_length=4096)] | None = Field(None, description="Literal value.")
     secret_key_ref: SecretKeyRef | None = Field(None, description="Value taken from a Secret, by reference.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value and self.secret_key_ref is not None:
+            raise ValueError("env.value and env.secretKeyRef are mutually exclusive")
+        return self
 
 
 class Resources(Spec):
+    """Requests and limits of each pod of a role (requests equal limits)."""
+
     cpu: Quantity = Field("1", description="CPU request and limit.")
     memory: Quantity = Field("4Gi", description="Memory request and limit.")
     gpus: int = Field(0, ge=0, le=16, description="`nvidia.com/gpu` per pod.")
@@ -120,21 +153,31 @@ class Resources(Spec):
 class PodOverrides(Spec):
     """The bounded set of pod-template fields a run may override."""
 
-    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
-    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=32)
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    env: list[EnvVar] = Field(default_factory=list, max_length=64)
-    service_account_name: Name | None = None
-    image_pull_secrets: list[Name] = Field(default_factory=list, max_length=8)
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=32, description="Extra pod labels."
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=32, description="Extra pod annotations."
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=32, description="Node labels the pods must match."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Pod tolerations.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    service_account_name: Name | None = Field(None, description="ServiceAccount the pods run as.")
+    image_pull_secrets: list[Name] = Field(
+        default_factory=list, max_length=8, description="Secrets used to pull the image."
+    )
 
 
 class RoleSpec(Spec):
+    """The pods of one role."""
+
     replicas: int = Field(1, ge=0, le=1024, description="Pods of this role.")
     image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
         "ghcr.io/tlt-dev/tlt-worker:0.1.0", description="Container image."
     )
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=Resources, description="Requests and limits of each pod.")
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 
 
@@ -157,13 +200,17 @@ def _default_arms() -> list[ArmSpec]:
 
 
 class SpeculativeSpec(Spec):
+    """Speculative decoding in the rollout engine and the bandit that tunes it."""
+
     mode: Literal["off", "ngram", "static", "tlt"] = Field(
         "tlt",
         description="off: plain decoding; ngram: model-free drafts only; static: learned drafter, "
         "never retrained; tlt: drafter trained online in idle time plus the adaptive engine.",
     )
     threshold: int = Field(8, ge=0, le=4096, description="SD is on while the running batch is at most this.")
-    arms: list[ArmSpec] = Field(default_factory=_default_arms, min_length=1, max_length=32)
+    arms: list[ArmSpec] = Field(
+        default_factory=_default_arms, min_length=1, max_length=32, description="Strategies the bandit chooses from."
+    )
     buckets: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=16,
         description="Upper bounds of running-batch buckets, ascending; one bandit per bucket.",
@@ -184,6 +231,8 @@ class SpeculativeSpec(Spec):
 
 
 class DrafterSpec(Spec):
+    """The online drafter and its trainer slots on the rollout pods."""
+
     training: bool = Field(True, description="Train the drafter online in idle time (mode tlt).")
     learning_rate: float = Field(3e-4, gt=0, le=1.0, description="Drafter AdamW learning rate.")
     batch_tokens: int = Field(2048, ge=16, le=1_048_576, description="Packed tokens per drafter batch.")
@@ -213,6 +262,8 @@ class DrafterSpec(Spec):
 
 
 class CheckpointSpec(Spec):
+    """Whole-run checkpoints (policy, optimizer, drafter, bandit)."""
+
     path: PathStr = Field("checkpoints", description="Folder (local) or mount path of the checkpoint volume.")
     claim_name: Name | None = Field(None, description="PersistentVolumeClaim mounted at `path` on a cluster.")
     interval_steps: int = Field(1, ge=1, le=1_000_000, description="Whole-run checkpoint every N steps.")
@@ -220,6 +271,8 @@ class CheckpointSpec(Spec):
 
 
 class RunPolicy(Spec):
+    """Restarts, deadlines and clean-up (as Kubeflow Trainer's runPolicy)."""
+
     backoff_limit: int = Field(3, ge=0, le=1000, description="Restarts after failures before Failed.")
     active_deadline_seconds: int | None = Field(None, ge=1, le=31_536_000, description="Fail after this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000, description="Delete after finishing.")
@@ -227,17 +280,25 @@ class RunPolicy(Spec):
 
 
 class PodGroupPolicy(Spec):
-    scheduler: Literal["scheduler-plugins", "volcano"] = "scheduler-plugins"
-    schedule_timeout_seconds: int = Field(300, ge=1, le=86400)
+    """Gang scheduling: all of the run's pods start together or none does."""
+
+    scheduler: Literal["scheduler-plugins", "volcano"] = Field(
+        "scheduler-plugins", description="Whose PodGroup kind is created."
+    )
+    schedule_timeout_seconds: int = Field(300, ge=1, le=86400, description="How long the gang may wait to start.")
 
 
 class SchedulingPolicy(Spec):
+    """Queueing and scheduling of the run's pods."""
+
     queue: Name | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name`).")
-    priority_class_name: Name | None = None
+    priority_class_name: Name | None = Field(None, description="PriorityClass of every pod.")
     gang: PodGroupPolicy | None = Field(None, description="Create a PodGroup for gang scheduling.")
 
 
 class MonitoringSpec(Spec):
+    """Where the operator reads per-pod GPU utilisation."""
+
     prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
         None, description="Prometheus base URL for per-pod GPU utilisation; empty: reported state only."
     )

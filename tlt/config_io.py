@@ -5,10 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import re
+
 import yaml
 from pydantic import ValidationError
 
 from tlt.config import KIND, TLTTrainingRun
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats, as kubectl reads them: `1e-5` is a number, not the string PyYAML 1.1 makes."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML with kubectl's number rules."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 class SpecError(ValueError):
@@ -48,7 +66,7 @@ def load_run(path: str | Path) -> TLTTrainingRun:
     if not path.is_file():
         raise SpecError(str(path), ["file not found"])
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = read_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise SpecError(str(path), [f"not valid YAML: {exc}"]) from None
     return parse_run(doc, str(path))

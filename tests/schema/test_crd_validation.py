@@ -1,0 +1,214 @@
+"""pydantic (`tlt validate`) and the CRD (openAPIV3Schema + CEL, as the apiserver applies it) accept
+and reject the same manifests, each naming the offending field; `managedBy` cannot change."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tlt.config import API_GROUP, API_VERSION, KIND
+from tlt.config_io import SpecError, parse_run
+from tlt.crd import MSG_BUCKETS, MSG_DATASET_PATH, MSG_ENV, MSG_NGRAM, MSG_SIDECAR, MSG_TOLERATION, MSG_TRAINERS
+from tlt.crd_validate import CEL_SKIPPED, validate_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = [ROOT / "examples" / "run.yaml", ROOT / "manifests" / "samples" / "run.yaml"]
+
+
+def manifest(spec: dict[str, Any], name: str = "run") -> dict[str, Any]:
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def pydantic_errors(doc: dict[str, Any]) -> list[str]:
+    try:
+        parse_run(doc)
+    except SpecError as exc:
+        return exc.errors
+    return []
+
+
+def dotted(k8s_path: str) -> str:
+    """`spec.arms[0].kind` -> `spec.arms.0.kind`: pydantic's spelling of the same path."""
+    return re.sub(r"\[([^\]]+)\]", r".\1", k8s_path)
+
+
+# (case, spec, the field path both must name)
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("min trainers above max", {"drafter": {"minTrainers": 4, "maxTrainers": 2}}, "spec.drafter"),
+    ("min trainers above defaulted max", {"drafter": {"minTrainers": 9}}, "spec.drafter"),
+    ("sidecar without device class", {"drafter": {"placement": "sidecar"}}, "spec.drafter"),
+    ("sidecar with empty device class", {"drafter": {"placement": "sidecar", "deviceClassName": ""}}, "spec.drafter"),
+    ("buckets descending", {"speculative": {"buckets": [1, 8, 4]}}, "spec.speculative"),
+    ("buckets repeated", {"speculative": {"buckets": [1, 2, 2, 4]}}, "spec.speculative"),
+    ("ngram min above max", {"speculative": {"ngramMin": 5, "ngramMax": 3}}, "spec.speculative"),
+    ("file dataset without path", {"dataset": {"source": "file"}}, "spec.dataset"),
+    ("unknown field", {"algorithm": {"stepz": 3}}, "spec.algorithm.stepz"),
+    ("steps zero", {"algorithm": {"steps": 0}}, "spec.algorithm.steps"),
+    ("steps not a number", {"algorithm": {"steps": "ten"}}, "spec.algorithm.steps"),
+    ("unsupported algorithm", {"algorithm": {"name": "ppo"}}, "spec.algorithm.name"),
+    ("learning rate zero (exclusive bound)", {"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate"),
+    ("top-p above one", {"algorithm": {"topP": 1.5}}, "spec.algorithm.topP"),
+    ("arm without kind", {"speculative": {"arms": [{"depth": 3}]}}, "spec.speculative.arms[0].kind"),
+    ("no arms", {"speculative": {"arms": []}}, "spec.speculative.arms"),
+    ("too many buckets", {"speculative": {"buckets": list(range(1, 18))}}, "spec.speculative.buckets"),
+    ("managedBy not controller-shaped", {"managedBy": "Kueue"}, "spec.managedBy"),
+    ("label value too long", {"policy": {"podTemplate": {"labels": {"team": "x" * 64}}}},
+     "spec.policy.podTemplate.labels[team]"),
+    ("memory quantity spelled GB", {"rollout": {"resources": {"memory": "4GB"}}}, "spec.rollout.resources.memory"),
+    ("toleration operator", {"rollout": {"podTemplate": {"tolerations": [{"operator": "In"}]}}},
+     "spec.rollout.podTemplate.tolerations[0].operator"),
+    ("env name starting with a digit", {"verifier": {"podTemplate": {"env": [{"name": "1X"}]}}},
+     "spec.verifier.podTemplate.env[0].name"),
+    ("secret ref without key", {"verifier": {"podTemplate": {"env": [{"name": "T", "secretKeyRef": {"name": "s"}}]}}},
+     "spec.verifier.podTemplate.env[0].secretKeyRef.key"),
+    ("prometheus url not http", {"monitoring": {"prometheusUrl": "ftp://prom"}}, "spec.monitoring.prometheusUrl"),
+    ("gang scheduler", {"schedulingPolicy": {"gang": {"scheduler": "kube"}}}, "spec.schedulingPolicy.gang.scheduler"),
+    ("checkpoint keep zero", {"checkpoint": {"keep": 0}}, "spec.checkpoint.keep"),
+    ("toleration Exists with a value", {"policy": {"podTemplate": {"tolerations": [
+        {"key": "gpu", "operator": "Exists", "value": "x"}]}}}, "spec.policy.podTemplate.tolerations[0]"),
+    ("env value and secret", {"rollout": {"podTemplate": {"env": [{"name": "OK"}, {
+        "name": "T", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}]}}}, "spec.rollout.podTemplate.env[1]"),
+    ("suspend not a boolean", {"suspend": [True]}, "spec.suspend"),
+    ("replicas negative", {"rollout": {"replicas": -1}}, "spec.rollout.replicas"),
+]
+
+CEL_MESSAGES = {
+    "min trainers above max": MSG_TRAINERS,
+    "min trainers above defaulted max": MSG_TRAINERS,
+    "sidecar without device class": MSG_SIDECAR,
+    "sidecar with empty device class": MSG_SIDECAR,
+    "buckets descending": MSG_BUCKETS,
+    "buckets repeated": MSG_BUCKETS,
+    "ngram min above max": MSG_NGRAM,
+    "file dataset without path": MSG_DATASET_PATH,
+    "toleration Exists with a value": MSG_TOLERATION,
+    "env value and secret": MSG_ENV,
+}
+
+
+def test_enough_invalid_cases():
+    assert len(INVALID) >= 15
+
+
+@pytest.mark.parametrize(("case", "spec", "path"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_manifest_rejected_by_pydantic_and_crd(case, spec, path):
+    doc = manifest(spec)
+    py = pydantic_errors(doc)
+    crd = validate_run(doc)
+    assert py, f"pydantic accepted: {case}"
+    assert not crd.ok, f"the CRD accepted: {case}"
+    assert any(e.startswith(f"{dotted(path)}:") for e in py), f"pydantic errors lack {dotted(path)}: {py}"
+    crd_messages = crd.messages()
+    assert any(m.startswith(f"{path}:") or f'unknown field "{path}"' == m for m in crd_messages), (
+        f"CRD errors lack {path}: {crd_messages}"
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CEL_MESSAGES))
+def test_cel_rule_says_what_pydantic_says(case):
+    spec, path = next((s, p) for c, s, p in INVALID if c == case)
+    doc = manifest(spec)
+    message = CEL_MESSAGES[case]
+    assert f"{dotted(path)}: {message}" in pydantic_errors(doc)
+    assert f'{path}: Invalid value: "object": {message}' in validate_run(doc).messages()
+
+
+def test_cel_rejection_is_a_422_status_like_the_apiserver():
+    doc = manifest({"drafter": {"minTrainers": 3, "maxTrainers": 1}}, name="r1")
+    status = validate_run(doc).status("r1")
+    assert status is not None and status["code"] == 422 and status["reason"] == "Invalid"
+    expected = f'{KIND}.{API_GROUP} "r1" is invalid: spec.drafter: Invalid value: "object": {MSG_TRAINERS}'
+    assert status["message"] == expected
+    assert status["details"]["causes"] == [
+        {"reason": "FieldValueInvalid", "message": f'Invalid value: "object": {MSG_TRAINERS}', "field": "spec.drafter"}
+    ]
+
+
+def test_unknown_field_is_400_when_strict_and_pruned_with_warning_otherwise():
+    doc = manifest({"algorithm": {"stepz": 3}})
+    strict = validate_run(doc, strict=True)
+    assert strict.status("run")["code"] == 400
+    lenient = validate_run(doc, strict=False)
+    assert lenient.ok and lenient.warnings == ['unknown field "spec.algorithm.stepz"']
+    assert "stepz" not in lenient.object["spec"]["algorithm"]
+
+
+def test_every_error_is_reported_not_just_the_first():
+    doc = manifest({"algorithm": {"steps": 0, "topP": 2}, "drafter": {"minTrainers": 9}})
+    fields = {m.split(":")[0] for m in validate_run(doc).messages()}
+    assert fields == {"spec.algorithm.steps", "spec.algorithm.topP", "spec.drafter"}
+    assert {e.split(":")[0] for e in pydantic_errors(doc)} == fields
+
+
+def test_blocking_schema_error_skips_cel_and_says_so_like_the_apiserver():
+    doc = manifest({"algorithm": {"name": "ppo"}, "drafter": {"minTrainers": 9}})
+    assert validate_run(doc).messages() == [
+        'spec.algorithm.name: Unsupported value: "ppo": supported values: "grpo"',
+        f'<nil>: Invalid value: "null": {CEL_SKIPPED}',
+    ]
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_samples_accepted_by_both(path):
+    doc = yaml.safe_load(path.read_text())
+    assert pydantic_errors(doc) == []
+    result = validate_run(doc)
+    assert result.ok, result.messages()
+
+
+def test_sample_manifest_matches_example():
+    example, sample = (yaml.safe_load(p.read_text()) for p in SAMPLES)
+    assert sample == example, "manifests/samples/run.yaml must carry examples/run.yaml's manifest"
+    assert "namespace" not in sample["metadata"], "kustomize sets the namespace"
+
+
+VALID: list[dict[str, Any]] = [
+    {},
+    {"drafter": {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com", "minTrainers": 2, "maxTrainers": 2}},
+    {"dataset": {"source": "file", "path": "/data/gsm8k.jsonl", "answerFormat": "gsm8k"}},
+    {"speculative": {"buckets": [2], "ngramMin": 3, "ngramMax": 3, "arms": [{"kind": "ngram"}]}},
+    {"policy": {"podTemplate": {"labels": {"team": "rl"}, "env": [{"name": "HF_TOKEN",
+                                                                   "secretKeyRef": {"name": "hf", "key": "token"}}]}}},
+    {"schedulingPolicy": {"queue": "team-a", "gang": {"scheduler": "volcano"}}, "suspend": True},
+    {"rollout": {"podTemplate": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                                 "env": [{"name": "A", "value": "", "secretKeyRef": {"name": "s", "key": "k"}}]}}},
+]
+
+
+@pytest.mark.parametrize("spec", VALID, ids=range(len(VALID)))
+def test_valid_manifest_accepted_by_both(spec):
+    doc = manifest(spec)
+    assert pydantic_errors(doc) == []
+    result = validate_run(doc)
+    assert result.ok, result.messages()
+
+
+@pytest.mark.parametrize("name", ["Bad_Name", "-run", "x" * 254])
+def test_bad_run_name_rejected_by_both(name):
+    doc = manifest({}, name=name)
+    assert any(e.startswith("metadata.name:") for e in pydantic_errors(doc))
+    assert any(m.startswith("metadata.name: Invalid value:") for m in validate_run(doc).messages())
+
+
+def test_managed_by_change_rejected_on_update():
+    old = manifest({"managedBy": "tlt.dev/operator"})
+    new = manifest({"managedBy": "kueue.x-k8s.io/multikueue"})
+    assert validate_run(new).ok, "any managedBy is fine on create"
+    result = validate_run(new, old=old)
+    assert result.messages() == ['spec.managedBy: Invalid value: "string": managedBy is immutable']
+    assert result.status("run")["code"] == 422
+
+
+def test_managed_by_unchanged_update_accepted():
+    old = manifest({"managedBy": "tlt.dev/operator"})
+    new = manifest({"managedBy": "tlt.dev/operator", "suspend": True, "algorithm": {"steps": 5}})
+    assert validate_run(new, old=old).ok
+
+
+def test_managed_by_defaulted_on_both_sides_is_unchanged():
+    assert validate_run(manifest({"suspend": True}), old=manifest({})).ok
+    assert not validate_run(manifest({"managedBy": "other.io/ctl"}), old=manifest({})).ok
