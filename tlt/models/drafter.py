@@ -1,0 +1,222 @@
+"""The EAGLE-style drafter: `fc` fusion of (token embedding, target feature), one decoder layer.
+
+At draft position t the drafter reads x[t+1] (the token the target just produced) and f[t]
+(the target's final-norm output at position t, the state that produced x[t+1]):
+
+    h = layers.0(fc(cat(embed(x[t+1]), f[t])))      # predicts f[t+1]
+    logits = lm_head(h)                              # the target's own head
+
+The decoder layer is Llama-shaped for every target: its input norm is the identity and there
+is no final norm (the layout fastrl and vLLM's EAGLE loader expect: `fc.weight`, `layers.0.*`).
+Qwen2 targets have q/k/v biases; the drafter layer has none, like EAGLE's drafters for Qwen.
+
+The embedding and LM head are the current policy's. They are bound with `bind` (again after
+every policy update that replaces the modules), kept outside the module tree so they never
+appear in `parameters()` / `state_dict()`, and read through `.detach()`: drafter training
+never moves policy weights and never needs `requires_grad` flipped on them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+# Fields that fix tensor shapes: a saved drafter must agree with its target on each of them.
+SHAPE_FIELDS: tuple[str, ...] = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+)
+
+
+def drafter_config_from_target(target_config: PretrainedConfig) -> LlamaConfig:
+    """A one-layer Llama config with the target's widths, heads, RoPE and RMSNorm epsilon."""
+    head_dim = getattr(target_config, "head_dim", None) or (
+        target_config.hidden_size // target_config.num_attention_heads
+    )
+    config = LlamaConfig(
+        vocab_size=target_config.vocab_size,
+        hidden_size=target_config.hidden_size,
+        intermediate_size=target_config.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=target_config.num_attention_heads,
+        num_key_value_heads=target_config.num_key_value_heads,
+        head_dim=head_dim,
+        hidden_act=target_config.hidden_act,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rms_norm_eps=target_config.rms_norm_eps,
+        rope_parameters=copy.deepcopy(target_config.rope_parameters),
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
+    """Boolean attention mask [1, 1, T, T]; True where query t may attend to key s (s <= t)."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril().view(1, 1, seq_len, seq_len)
+
+
+class EagleDrafter(nn.Module):
+    """fc (2H -> H, no bias) + one Llama decoder layer with identity input norm; head bound from the policy."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList([layer])
+        # Plain tuples keep these out of the module tree: no parameters, no state_dict entries,
+        # and `.to(bfloat16)` leaves RoPE's inverse frequencies in float32.
+        self._rotary: tuple[LlamaRotaryEmbedding] = (LlamaRotaryEmbedding(config),)
+        self._bound: tuple[nn.Embedding, nn.Linear] | None = None
+
+    def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> None:
+        """Use the policy's embedding and LM head (frozen, by reference); call again after each policy update."""
+        hidden = self.config.hidden_size
+        if embed_tokens.embedding_dim != hidden:
+            raise ValueError(
+                f"embed_tokens has dim {embed_tokens.embedding_dim}, the drafter's hidden_size is {hidden}"
+            )
+        if lm_head.in_features != hidden:
+            raise ValueError(f"lm_head takes {lm_head.in_features} features, the drafter's hidden_size is {hidden}")
+        if lm_head.out_features != embed_tokens.num_embeddings:
+            raise ValueError(
+                f"lm_head has {lm_head.out_features} outputs but embed_tokens has {embed_tokens.num_embeddings} rows"
+            )
+        self._bound = (embed_tokens, lm_head)
+
+    def bind_policy(self, policy: PreTrainedModel) -> None:
+        """Bind the input embedding and output head of a Qwen2 / Llama causal LM."""
+        self.bind(policy.get_input_embeddings(), policy.get_output_embeddings())
+
+    @property
+    def is_bound(self) -> bool:
+        return self._bound is not None
+
+    def _require_bound(self) -> tuple[nn.Embedding, nn.Linear]:
+        if self._bound is None:
+            raise RuntimeError(
+                "drafter is not bound to a policy: call bind(embed_tokens, lm_head) or bind_policy(model)"
+            )
+        return self._bound
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predict the next target features.
+
+        input_ids [B, T] are x[t+1], features [B, T, H] are f[t], position_ids [B, T] are t.
+        attention_mask: optional boolean [B or 1, 1, T, T] (True = attend), e.g. block-diagonal for
+        packed sequences; causal over the whole row when omitted. Returns f[t+1] predictions [B, T, H].
+        """
+        embed, _ = self._require_bound()
+        dtype = self.fc.weight.dtype
+        tokens = F.embedding(input_ids, embed.weight.detach()).to(dtype)  # [B, T, H]
+        fused = self.fc(torch.cat([tokens, features.to(dtype)], dim=-1))  # [B, T, H]
+        position_embeddings = self._rotary[0](fused, position_ids)  # cos, sin: [B, T, head_dim]
+        mask = attention_mask if attention_mask is not None else causal_mask(input_ids.shape[1], input_ids.device)
+        return self.layers[0](
+            fused, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings
+        )
+
+    def logits(self, pred: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V] of predicted (or target) features [B, T, H] through the bound LM head."""
+        _, head = self._require_bound()
+        bias = head.bias.detach() if head.bias is not None else None
+        return F.linear(pred.to(head.weight.dtype), head.weight.detach(), bias)
+
+
+def target_features(
+    policy: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The target's final-norm outputs f [B, T, H] for tokens [B, T]; f[t] is what produced x[t+1]."""
+    with torch.no_grad():
+        return policy.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def save_drafter(drafter: EagleDrafter, path: str | Path) -> None:
+    """Write the trainable weights (safetensors, no embedding or head) and config.json into a folder."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().contiguous() for name, tensor in drafter.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(drafter.config.to_dict(), indent=2, sort_keys=True))
+    log.info("saved drafter (%d tensors) to %s", len(state), folder)
+
+
+def _check_saved_shapes(saved: dict, expected: LlamaConfig, config_file: Path) -> None:
+    mismatched = [
+        f"{field}: saved {saved.get(field)!r}, target {getattr(expected, field)!r}"
+        for field in SHAPE_FIELDS
+        if saved.get(field) != getattr(expected, field)
+    ]
+    if mismatched:
+        raise ValueError(f"drafter in {config_file.parent} does not fit the target ({'; '.join(mismatched)})")
+
+
+def load_drafter(path: str | Path, target: PretrainedConfig | PreTrainedModel) -> EagleDrafter:
+    """Load a drafter saved by save_drafter for this target; bound to the target when a model is given.
+
+    The key set must match exactly and every shape must fit the target, or ValueError names the
+    offending keys / fields. The weights keep the dtype they were saved in.
+    """
+    folder = Path(path)
+    config_file, weights_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    for required in (config_file, weights_file):
+        if not required.is_file():
+            raise FileNotFoundError(
+                f"drafter folder {str(folder)!r} has no {required.name}; write it with save_drafter"
+            )
+    target_config = target.config if isinstance(target, PreTrainedModel) else target
+    config = drafter_config_from_target(target_config)
+    _check_saved_shapes(json.loads(config_file.read_text()), config, config_file)
+
+    state = load_file(str(weights_file))
+    drafter = EagleDrafter(config)
+    expected = drafter.state_dict()
+    missing, extra = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    if missing or extra:
+        raise ValueError(
+            f"drafter weights in {weights_file} do not match: missing keys {missing}, unexpected keys {extra}"
+        )
+    wrong_shape = [
+        f"{name}: saved {tuple(state[name].shape)}, expected {tuple(tensor.shape)}"
+        for name, tensor in expected.items()
+        if state[name].shape != tensor.shape
+    ]
+    if wrong_shape:
+        raise ValueError(f"drafter weights in {weights_file} do not fit the target: {'; '.join(wrong_shape)}")
+    dtypes = {tensor.dtype for tensor in state.values()}
+    if len(dtypes) != 1:
+        raise ValueError(f"drafter weights in {weights_file} mix dtypes {sorted(map(str, dtypes))}; expected one")
+    drafter.to(dtypes.pop())
+    drafter.load_state_dict(state, strict=True)
+    if isinstance(target, PreTrainedModel):
+        drafter.bind_policy(target)
+    log.info("loaded drafter from %s", folder)
+    return drafter
