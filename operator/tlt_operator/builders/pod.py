@@ -1,0 +1,169 @@
+"""A worker pod of one role and rank.
+
+The worker contract (what `tlt worker`, implemented by the runtime, relies on):
+
+- Command, exec form, never a shell and no CR field in it:
+  `["tlt", "worker", "--role", <policy|rollout|verifier>, "--spec", "/etc/tlt/run.yaml"]`.
+  The spec is the run's full manifest, mounted read-only from the ConfigMap at /etc/tlt/run.yaml.
+- Environment: `TLT_RUN_NAME`, `TLT_ROLE`, `TLT_RANK` (from
+  the pod's `tlt.dev/rank` label via the downward API), `TLT_POD_NAME`, `TLT_NAMESPACE`,
+  `TLT_POD_IP` (downward API), `TLT_HEAD_ADDRESS` = `policy-0.<service>:6379`: the fixed DNS
+  name of policy rank 0 under the headless Service, where it serves the Ray head (GCS) and the
+  coordinator; every other pod joins it. User `env` from the spec comes after these and cannot
+  replace them. Replica counts are read from the spec file, not the environment, so scaling a
+  role adds or removes pods without replacing the others.
+- Writable paths: /tmp, $HOME (/home/tlt), /var/lib/tlt (working directory; relative
+  `checkpoint.path` resolves against it, where the `checkpoint.claimName` PVC is mounted for
+  policy and rollout pods) and a memory-backed /dev/shm (Ray's object store). The root file
+  system is read-only; the process runs as uid/gid 1000, no capabilities, no privilege escalation,
+  seccomp RuntimeDefault.
+- restartPolicy Never: a failed worker is a failed pod, which the operator counts against
+  `runPolicy.backoffLimit` and replaces under the same name (same DNS name, same rank). A worker
+  that loses the head must exit non-zero; a replaced head restarts from the last checkpoint.
+- Progress: the coordinator (policy rank 0) writes the JSON annotation `tlt.dev/progress` on its
+  own pod, e.g. `{"step": 3, "lastStepSeconds": 41.2, "drafterVersion": 2, "acceptLength": 3.1,
+  "activeTrainers": 2}`; the operator mirrors it into `.status.step` and `.status.drafter`.
+  The run Succeeded when the policy rank-0 pod exits 0 (phase Succeeded) after the last step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any
+
+from tlt.config import RoleSpec, RunSpec
+
+from .. import names
+from .common import RunRef, metadata
+from .podgroup import SCHEDULER_NAMES
+
+UID = 1000
+WORK_DIR = "/var/lib/tlt"
+HOME_DIR = "/home/tlt"
+
+
+def role_spec(spec: RunSpec, role: names.Role) -> RoleSpec:
+    return {"policy": spec.policy, "rollout": spec.rollout, "verifier": spec.verifier}[role]
+
+
+def _env(run: RunRef, spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    fixed: list[dict[str, Any]] = [
+        {"name": "TLT_RUN_NAME", "value": run.name},
+        {"name": "TLT_ROLE", "value": role},
+        {"name": "TLT_RANK", "valueFrom": field(f"metadata.labels['{names.RANK_LABEL}']")},
+        {"name": "TLT_POD_NAME", "valueFrom": field("metadata.name")},
+        {"name": "TLT_NAMESPACE", "valueFrom": field("metadata.namespace")},
+        {"name": "TLT_POD_IP", "valueFrom": field("status.podIP")},
+        {"name": "TLT_HEAD_ADDRESS", "value": names.head_address(run.name)},
+        {"name": "HOME", "value": HOME_DIR},
+    ]
+    taken = {e["name"] for e in fixed}
+    for var in role_spec(spec, role).pod_template.env:
+        if var.name in taken:
+            continue
+        if var.secret_key_ref is not None:
+            ref = var.secret_key_ref
+            fixed.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            fixed.append({"name": var.name, "value": var.value or ""})
+    return fixed
+
+
+def _resources(role: RoleSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": role.resources.cpu, "memory": role.resources.memory}
+    limits = dict(amounts)
+    if role.resources.gpus:
+        limits["nvidia.com/gpu"] = str(role.resources.gpus)
+        amounts = {**amounts, "nvidia.com/gpu": str(role.resources.gpus)}
+    return {"requests": amounts, "limits": limits}
+
+
+def _volumes(run: RunRef, spec: RunSpec, role: names.Role) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "spec", "configMap": {"name": names.configmap_name(run.name),
+                                       "items": [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}]}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
+        {"name": "work", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "spec", "mountPath": names.SPEC_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": HOME_DIR},
+        {"name": "work", "mountPath": WORK_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if spec.checkpoint.claim_name and role in ("policy", "rollout"):
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}})
+        mounts.append({"name": "checkpoints", "mountPath": posixpath.join(WORK_DIR, spec.checkpoint.path)})
+    return volumes, mounts
+
+
+def _ports(role: names.Role) -> list[dict[str, Any]]:
+    ports = [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    if role == "policy":
+        ports += [{"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
+                  {"name": "ray-client", "containerPort": 10001, "protocol": "TCP"}]
+    return ports
+
+
+def spec_hash(pod: dict[str, Any]) -> str:
+    """Digest of the pod's spec and labels: a live pod with another hash is replaced."""
+    content = {"spec": pod["spec"], "labels": pod["metadata"]["labels"]}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[str, Any]:
+    """Pod `<run>-<role>-<rank>`; see the module docstring for the worker contract."""
+    rs = role_spec(spec, role)
+    overrides = rs.pod_template
+    volumes, mounts = _volumes(run, spec, role)
+    labels = {**overrides.labels, names.ROLE_LABEL: role, names.RANK_LABEL: str(rank)}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": names.hostname(role, rank),
+        "subdomain": names.service_name(run.name),
+        "enableServiceLinks": False,
+        "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "worker",
+            "image": rs.image,
+            "command": ["tlt", "worker", "--role", role, "--spec", posixpath.join(names.SPEC_DIR, names.SPEC_FILE)],
+            "workingDir": WORK_DIR,
+            "env": _env(run, spec, role),
+            "ports": _ports(role),
+            "resources": _resources(rs),
+            "volumeMounts": mounts,
+            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        }],
+        "volumes": volumes,
+    }
+    if overrides.node_selector:
+        pod_spec["nodeSelector"] = dict(overrides.node_selector)
+    if overrides.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in overrides.tolerations]
+    if overrides.service_account_name:
+        pod_spec["serviceAccountName"] = overrides.service_account_name
+    if overrides.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in overrides.image_pull_secrets]
+    if spec.scheduling_policy.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling_policy.priority_class_name
+    if spec.scheduling_policy.gang is not None:
+        pod_spec["schedulerName"] = SCHEDULER_NAMES[spec.scheduling_policy.gang.scheduler]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(run, spec, names.pod_name(run.name, role, rank), role, labels,
+                             dict(overrides.annotations)),
+        "spec": pod_spec,
+    }
+    pod["metadata"]["annotations"][names.SPEC_HASH_ANNOTATION] = spec_hash(pod)
+    return pod

@@ -1,0 +1,187 @@
+"""The run's state machine as ONE pure function: `decide(spec, status, pods, generation, now)`.
+
+Given the spec, the last written status and the pods observed right now, it says which pods to
+remove, whether missing children should be created, whether the run itself should go (TTL), and
+the next status. No I/O and no clock: the reconciler supplies `now` and performs the decision.
+
+Phases: Pending (pods created, not all Running) -> Running (every desired pod Running) ->
+Succeeded (the policy rank-0 pod, which runs the coordinator, exited 0) or Failed (more failed
+pods than `runPolicy.backoffLimit`, or `activeDeadlineSeconds` passed since `startTime`).
+Restarting: failed pods are being replaced. Suspended: `spec.suspend`, every pod removed,
+`startTime` cleared so the deadline counts from the resume (as a Job does). Succeeded and Failed
+are final; `cleanPodPolicy` picks the pods removed then (All, Running = the unfinished ones, None)
+and `ttlSecondsAfterFinished` deletes the run after `completionTime`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from tlt.config import RunSpec
+from tlt.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
+
+from . import names
+
+log = logging.getLogger(__name__)
+FINAL = ("Succeeded", "Failed")
+CONDITION_OF_PHASE = {"Running": "Running", "Suspended": "Suspended", "Succeeded": "Succeeded",
+                      "Failed": "Failed", "Restarting": "Restarting"}
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the reconciler needs of a live pod."""
+
+    name: str
+    uid: str
+    role: str
+    rank: int
+    phase: str
+    ready: bool
+    owned: bool
+    spec_hash: str
+    progress: dict[str, Any]
+
+
+@dataclass
+class Decision:
+    status: RunStatus
+    restart: list[PodView] = field(default_factory=list)
+    remove: list[PodView] = field(default_factory=list)
+    create_missing: bool = False
+    delete_run: bool = False
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def view_pod(pod: dict[str, Any], run_uid: str) -> PodView:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    rank = labels.get(names.RANK_LABEL, "")
+    try:
+        progress = json.loads(annotations.get(names.PROGRESS_ANNOTATION, "{}"))
+    except ValueError:
+        log.warning("pod %s has an unreadable %s annotation", meta["name"], names.PROGRESS_ANNOTATION)
+        progress = {}
+    return PodView(
+        name=meta["name"], uid=meta["uid"], role=labels.get(names.ROLE_LABEL, ""),
+        rank=int(rank) if rank.isdigit() else -1, phase=status.get("phase", "Pending"), ready=ready,
+        owned=any(ref.get("uid") == run_uid for ref in meta.get("ownerReferences") or []),
+        spec_hash=annotations.get(names.SPEC_HASH_ANNOTATION, ""),
+        progress=progress if isinstance(progress, dict) else {},
+    )
+
+
+def desired_pods(spec: RunSpec) -> set[tuple[str, int]]:
+    return {(role, rank) for role in names.ROLES
+            for rank in range(getattr(spec, role).replicas)}
+
+
+def _role_counts(spec: RunSpec, pods: list[PodView]) -> dict[str, RoleStatus]:
+    return {role: RoleStatus(desired=getattr(spec, role).replicas,
+                             ready=sum(p.role == role and p.phase == "Running" and p.ready for p in pods),
+                             failed=sum(p.role == role and p.phase == "Failed" for p in pods))
+            for role in names.ROLES}
+
+
+def _progress(spec: RunSpec, pods: list[PodView], old: RunStatus) -> tuple[StepStatus, DrafterStatus | None]:
+    head = next((p for p in pods if p.role == "policy" and p.rank == 0), None)
+    report = head.progress if head else {}
+
+    def number(key: str) -> Any:
+        value = report.get(key)
+        return value if isinstance(value, int | float) and value >= 0 else None
+
+    old_step = old.step or StepStatus()
+    step = StepStatus(current=number("step") if number("step") is not None else (old_step.current or 0),
+                      total=spec.algorithm.steps,
+                      last_step_seconds=number("lastStepSeconds") or old_step.last_step_seconds)
+    drafter = (old.drafter or DrafterStatus()).model_copy(update={
+        k: v for k, v in {"version": number("drafterVersion"), "accept_length": number("acceptLength"),
+                          "active_trainers": number("activeTrainers")}.items() if v is not None})
+    return step, drafter if drafter.model_dump(exclude_none=True) else None
+
+
+def _condition(kind: str, status: bool, reason: str, message: str, generation: int, now: datetime) -> Condition:
+    return Condition(type=kind, status="True" if status else "False", reason=reason, message=message,
+                     observed_generation=generation, last_transition_time=now)
+
+
+def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, now: datetime,
+           desired_hashes: dict[str, str]) -> Decision:
+    """The next step for one run. `desired_hashes` maps each desired pod name to its spec hash."""
+    mine = [p for p in pods if p.owned]
+    strangers = [p for p in pods if not p.owned]
+    wanted = desired_pods(spec)
+    phase, reason, message = old.phase or "Pending", "", ""
+    decision = Decision(status=old)
+    decision.remove.extend(strangers)
+    start_time, completion_time = old.start_time, old.completion_time
+    restarts = old.restarts or 0
+
+    if phase not in FINAL:
+        failed = [p for p in mine if p.phase == "Failed"]
+        head_done = any(p.role == "policy" and p.rank == 0 and p.phase == "Succeeded" for p in mine)
+        deadline = spec.run_policy.active_deadline_seconds
+        if spec.suspend:
+            phase, reason, message = "Suspended", "Suspended", "spec.suspend is true: pods removed"
+            decision.remove.extend(mine)
+            start_time = None
+        elif head_done:
+            phase, reason, message = "Succeeded", "CoordinatorSucceeded", "policy rank 0 finished every step"
+        elif deadline is not None and start_time is not None and now - start_time > timedelta(seconds=deadline):
+            phase, reason, message = "Failed", "DeadlineExceeded", f"running longer than {deadline}s"
+        elif restarts + len(failed) > spec.run_policy.backoff_limit:
+            phase, reason = "Failed", "BackoffLimitExceeded"
+            message = f"{restarts + len(failed)} pod failures, backoffLimit is {spec.run_policy.backoff_limit}"
+        else:
+            decision.create_missing = True
+            decision.restart.extend(failed)
+            restarts += len(failed)
+            live = [p for p in mine if p.phase != "Failed"]
+            decision.remove.extend(p for p in live if (p.role, p.rank) not in wanted
+                                   or desired_hashes.get(p.name, p.spec_hash) != p.spec_hash)
+            start_time = start_time or now
+            running = {(p.role, p.rank) for p in live if p.phase == "Running"}
+            if failed:
+                phase, reason = "Restarting", "PodFailed"
+                message = f"replacing failed pods {', '.join(sorted(p.name for p in failed))}"
+            elif wanted <= running:
+                phase, reason, message = "Running", "AllPodsRunning", f"{len(wanted)} pods running"
+            else:
+                phase, reason = "Pending", "PodsStarting"
+                message = f"{len(running & wanted)}/{len(wanted)} pods running"
+        if phase in FINAL:
+            completion_time = now
+    if phase in FINAL:
+        clean = spec.run_policy.clean_pod_policy
+        decision.remove.extend(p for p in mine if clean == "All"
+                               or (clean == "Running" and p.phase not in ("Succeeded", "Failed")))
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        decision.delete_run = ttl is not None and completion_time is not None and \
+            now - completion_time >= timedelta(seconds=ttl)
+
+    conditions = list(old.conditions or [])
+    if phase != old.phase:
+        kind = CONDITION_OF_PHASE.get(phase)
+        for cond in conditions:
+            if cond.status == "True" and cond.type != kind:
+                conditions = set_condition(conditions, _condition(cond.type, False, reason, message, generation, now))
+        if kind:
+            conditions = set_condition(conditions, _condition(kind, True, reason, message, generation, now))
+        level = "Warning" if phase in ("Failed", "Restarting") else "Normal"
+        decision.events.append((level, reason, message))
+    counts = _role_counts(spec, mine)
+    step, drafter = _progress(spec, mine, old)
+    decision.status = old.model_copy(update=dict(
+        phase=phase, conditions=conditions, observed_generation=generation, policy=counts["policy"],
+        rollout=counts["rollout"], verifier=counts["verifier"],
+        replicas=sum(p.role == "rollout" for p in mine), step=step, drafter=drafter, restarts=restarts,
+        start_time=start_time, completion_time=completion_time,
+        message=message or old.message,
+    ))
+    return decision

@@ -1,0 +1,153 @@
+"""One level-based reconcile pass of one run: read the world, `decide`, act, write status.
+
+Called from every handler and the timer; passes of one run never overlap (the handlers hold a
+per-run lock). Nothing here trusts the event that triggered it: the run and its pods are read
+fresh, so a pass after a restart, a missed event or a manual change converges the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
+from tlt.status import RunStatus, status_patch
+
+from . import metrics, names
+from .builders import build_configmap, build_event, build_pod, build_podgroup, build_service
+from .builders.common import RunRef
+from .kube import Kube, KubeError, path_of
+from .lifecycle import PodView, decide, desired_pods, view_pod
+
+log = logging.getLogger(__name__)
+RUN_API = f"{API_GROUP}/{API_VERSION}"
+
+
+class SpecError(ValueError):
+    """The stored spec does not parse as a RunSpec (it passed the CRD, so the CRD lags the model)."""
+
+
+def _desired_pods(ref: RunRef, spec: RunSpec) -> dict[str, dict[str, Any]]:
+    pods = [build_pod(ref, spec, role, rank) for role, rank in sorted(desired_pods(spec))]
+    return {p["metadata"]["name"]: p for p in pods}
+
+
+async def _remove(kube: Kube, namespace: str, pods: list[PodView], cause: str) -> int:
+    done = await asyncio.gather(*(kube.delete(path_of("v1", "Pod", namespace, p.name), p.uid) for p in pods))
+    metrics.PODS_REMOVED.labels(cause=cause).inc(sum(done))
+    return sum(done)
+
+
+async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]],
+                            live: set[str]) -> None:
+    for child in (build_configmap(ref, spec), build_service(ref, spec), build_podgroup(ref, spec)):
+        if child is not None and await kube.apply(child) == "created":
+            metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
+
+    async def create(pod: dict[str, Any]) -> None:
+        try:
+            await kube.request("POST", path_of("v1", "Pod", ref.namespace), pod)
+            metrics.CHILDREN_CREATED.labels(kind="Pod").inc()
+        except KubeError as exc:
+            if exc.code != 409:
+                raise
+
+    await asyncio.gather(*(create(pod) for name, pod in pods.items() if name not in live))
+
+
+def merge_diff(old: Any, new: Any) -> Any:
+    """The smallest JSON merge patch turning `old` into `new` (None: nothing to change)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None if old == new else new
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif (sub := merge_diff(old[key], value)) is not None:
+            patch[key] = sub
+    return patch or None
+
+
+async def _write_status(kube: Kube, run: dict[str, Any], new: RunStatus, restarts_added: int) -> None:
+    """Merge-patch only the status fields this pass changed, with a resourceVersion precondition, so
+    fields other writers own survive. On a conflict, re-read the run and send the same change again,
+    with the restart count re-added on top of the fresh one (the counter that must not be lost)."""
+    meta = run["metadata"]
+    path = path_of(RUN_API, KIND, meta["namespace"], meta["name"], "status")
+    before = status_patch(RunStatus.model_validate(run.get("status") or {}))
+    patch = merge_diff(before, status_patch(new))
+    for _ in range(3):
+        if patch is None:
+            return
+        try:
+            await kube.merge_patch(path, {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch})
+            return
+        except KubeError as exc:
+            if exc.code != 409:
+                raise
+        run = await kube.get(path_of(RUN_API, KIND, meta["namespace"], meta["name"]))
+        meta = run["metadata"]
+        if restarts_added:
+            fresh = RunStatus.model_validate(run.get("status") or {})
+            patch = {**patch, "restarts": (fresh.restarts or 0) + restarts_added}
+    raise KubeError(409, f"status of {meta['name']} kept changing under the operator")
+
+
+async def _post_event(kube: Kube, event: dict[str, Any]) -> None:
+    """Events are best effort: a lost one is logged, never a reason to redo the pass."""
+    try:
+        await kube.request("POST", path_of("v1", "Event", event["metadata"]["namespace"]), event)
+    except KubeError as exc:
+        log.warning("event %s not posted: %s", event["reason"], exc)
+
+
+async def reconcile(kube: Kube, namespace: str, name: str) -> None:
+    """Converge one run; raises KubeError for transient API trouble and SpecError for a bad spec."""
+    try:
+        run = await kube.get(path_of(RUN_API, KIND, namespace, name))
+    except KubeError as exc:
+        if exc.code == 404:
+            metrics.observe_phase(namespace, name, None)
+            return
+        raise
+    meta = run["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    if (run.get("spec") or {}).get("managedBy", names.MANAGER) != names.MANAGER:
+        log.debug("%s/%s is managed by %s: left alone", namespace, name, run["spec"]["managedBy"])
+        return
+    try:
+        spec = RunSpec.model_validate(run.get("spec") or {})
+    except ValidationError as exc:
+        raise SpecError(f"spec of {namespace}/{name} is not a valid RunSpec: {exc}") from exc
+    ref = RunRef(name, namespace, meta["uid"])
+    wanted = _desired_pods(ref, spec)
+    live = await kube.list(path_of("v1", "Pod", namespace), names.run_selector(name))
+    views = [view_pod(p, ref.uid) for p in live]
+    hashes = {n: p["metadata"]["annotations"][names.SPEC_HASH_ANNOTATION] for n, p in wanted.items()}
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    old = RunStatus.model_validate(run.get("status") or {})
+    decision = decide(spec, old, views, int(meta.get("generation", 1)), now, hashes)
+
+    restarted = await _remove(kube, namespace, decision.restart, "failed")
+    metrics.POD_RESTARTS.inc(restarted)
+    await _remove(kube, namespace, decision.remove, "unwanted")
+    status = decision.status.model_copy(update={
+        "restarts": (decision.status.restarts or 0) - (len(decision.restart) - restarted),
+        "selector": f"{names.run_selector(name)},{names.ROLE_LABEL}=rollout",
+    })
+    if decision.create_missing:
+        gone = {p.name for p in decision.restart + decision.remove}
+        await _create_children(kube, ref, spec, wanted, {p.name for p in views} | gone)
+    await _write_status(kube, run, status, restarted)
+    metrics.observe_phase(namespace, name, status.phase)
+    for level, reason, message in decision.events:
+        await _post_event(kube, build_event(run, level, reason, message, now))
+    if decision.delete_run:
+        log.info("%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)", namespace, name,
+                 spec.run_policy.ttl_seconds_after_finished)
+        await kube.delete(path_of(RUN_API, KIND, namespace, name), ref.uid)

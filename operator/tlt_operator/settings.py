@@ -1,0 +1,64 @@
+"""kopf settings, all in one place, each with its reason; and the operator's tunables.
+
+Tunables come from the environment (set in the Deployment), read when the operator starts:
+`TLT_OPERATOR_NAMESPACES` (comma-separated namespaces to watch; empty: all),
+`TLT_OPERATOR_RECONCILE_SECONDS` (period of the level-based resync of every run, default 10),
+`TLT_OPERATOR_REQUEST_TIMEOUT` (seconds per API request, default 30) and
+`TLT_OPERATOR_WATCH_SECONDS` (server-side watch timeout, default 300).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import kopf
+
+
+def _number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from exc
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value}")
+    return value
+
+
+def namespaces() -> list[str]:
+    return [ns.strip() for ns in os.environ.get("TLT_OPERATOR_NAMESPACES", "").split(",") if ns.strip()]
+
+
+def reconcile_seconds() -> float:
+    return _number("TLT_OPERATOR_RECONCILE_SECONDS", 10.0)
+
+
+def request_timeout_seconds() -> float:
+    return _number("TLT_OPERATOR_REQUEST_TIMEOUT", 30.0)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    # Progress and diff-base in annotations: status has a strict schema that would prune kopf's
+    # `status.kopf`, and handler return values are never stored (handlers return None).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tlt.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="tlt.dev", key="last-handled-configuration")
+    # One replica with `strategy: Recreate`: no peering CRD to install, no leader election.
+    settings.peering.standalone = True
+    settings.peering.mandatory = False
+    # Only warnings from kopf itself become Kubernetes events; the operator posts its own
+    # transition events (phase changes) explicitly.
+    settings.posting.level = logging.WARNING
+    # Reconnect watch streams regularly so a silently dropped connection costs at most this long.
+    watch = _number("TLT_OPERATOR_WATCH_SECONDS", 300.0)
+    settings.watching.server_timeout = int(watch)
+    settings.watching.client_timeout = int(watch) + 30
+    settings.watching.connect_timeout = 30
+    # A stuck API call must not stall a reconcile forever; the timer retries anyway.
+    settings.networking.request_timeout = request_timeout_seconds()
+    # Handlers are async and hand blocking client calls to threads themselves: a small pool for
+    # kopf's own sync work is enough.
+    settings.execution.max_workers = 8
+    # Retry a failed watch-stream batch quickly first (transient 409/5xx), then back off.
+    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
