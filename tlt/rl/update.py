@@ -1,0 +1,152 @@
+"""The GRPO policy update: recompute response log-probs under the policy, step the optimizer.
+
+A batch holds B sequences as (prompt ids, response ids) pairs, the log-probs the policy gave
+the response tokens at rollout time ("old" log-probs), one advantage per sequence and
+optionally reference log-probs for the KL term. Sequences are right-padded: every real token
+keeps its unpadded position and attends only to real tokens before it, so the log-probs
+equal those of an unpadded forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from tlt.config import AlgorithmSpec
+from tlt.rl.grpo import grpo_loss
+
+
+@dataclass
+class RolloutBatch:
+    """B sequences. old_logprobs / ref_logprobs [B, T] are aligned with `response_mask` [B, T]."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor  # [B]
+    ref_logprobs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        count = len(self.prompt_ids)
+        if len(self.response_ids) != count or self.advantages.shape != (count,):
+            raise ValueError(
+                f"batch sizes disagree: {count} prompts, {len(self.response_ids)} responses, "
+                f"advantages {tuple(self.advantages.shape)}"
+            )
+        width = max((len(r) for r in self.response_ids), default=0)
+        for name in ("old_logprobs", "ref_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value.shape != (count, width):
+                raise ValueError(f"{name} must be [B={count}, T={width}], got {tuple(value.shape)}")
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def response_mask(self) -> torch.Tensor:
+        """[B, T] 1 on real response tokens."""
+        return response_mask(self.response_ids)
+
+
+def response_mask(response_ids: list[list[int]]) -> torch.Tensor:
+    """[B, T] float mask, T the longest response: 1 on real response tokens, 0 on padding."""
+    width = max((len(r) for r in response_ids), default=0)
+    mask = torch.zeros((len(response_ids), width))
+    for row, ids in enumerate(response_ids):
+        mask[row, : len(ids)] = 1.0
+    return mask
+
+
+def response_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    *,
+    pad_id: int = 0,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each response token given its prompt and the response before it.
+
+    Returns (logp [B, T], mask [B, T]) in float32 (float64 for a float64 model), T the longest
+    response, left-aligned at the first response token, 0 where masked. Logits are divided by
+    `temperature` (the rollout's sampling distribution). Gradients flow when enabled.
+    """
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token (e.g. bos)")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    width = max(lengths)
+    resp_width = max(len(r) for r in response_ids)
+    input_ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(lengths), width), dtype=torch.long)
+    # position of the logits predicting response token j of row b: len(prompt_b) - 1 + j
+    gather_at = torch.zeros((len(lengths), resp_width), dtype=torch.long)
+    targets = torch.full((len(lengths), resp_width), pad_id, dtype=torch.long)
+    for row, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
+        input_ids[row, : lengths[row]] = torch.tensor(prompt + response)
+        attention[row, : lengths[row]] = 1
+        gather_at[row] = (len(prompt) - 1 + torch.arange(resp_width)).clamp(max=width - 1)
+        targets[row, : len(response)] = torch.tensor(response, dtype=torch.long)
+    mask = response_mask(response_ids)
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
+    picked = torch.gather(logits, 1, gather_at.to(device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    out_dtype = torch.float64 if picked.dtype == torch.float64 else torch.float32
+    logp_all = torch.log_softmax(picked.to(out_dtype) / temperature, dim=-1)
+    logp = torch.gather(logp_all, 2, targets.to(device).unsqueeze(-1)).squeeze(-1)
+    mask = mask.to(device=device, dtype=out_dtype)
+    return logp * mask, mask
+
+
+def policy_update(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    algo: AlgorithmSpec,
+    *,
+    pad_id: int = 0,
+    max_grad_norm: float = 1.0,
+) -> dict[str, float]:
+    """`algo.ppo_epochs` optimizer steps on the whole batch, micro-batched by `algo.micro_batch_size`.
+
+    Micro-batch losses are normalised by the whole batch's token / sequence counts, so the
+    accumulated gradient equals the gradient of one forward over the whole batch.
+    Returns metrics averaged over epochs: loss, policy_loss, kl, clip_fraction, grad_norm.
+    """
+    if algo.kl_coef > 0 and batch.ref_logprobs is None:
+        raise ValueError("algorithm.klCoef > 0 needs ref_logprobs in the batch")
+    temperature = algo.temperature if algo.temperature > 0 else 1.0
+    full_mask = batch.response_mask()
+    num_tokens = float(full_mask.sum().clamp(min=1.0))
+    num_seqs = float(len(batch))
+    sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+    model.train()
+    for _ in range(algo.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(batch), algo.micro_batch_size):
+            rows = slice(start, start + algo.micro_batch_size)
+            responses = batch.response_ids[rows]
+            logp, mask = response_logprobs(model, batch.prompt_ids[rows], responses, pad_id=pad_id,
+                                           temperature=temperature)
+            width = logp.shape[1]
+            old = batch.old_logprobs[rows, :width].to(logp)
+            ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None
+            terms = grpo_loss(
+                logp, old, batch.advantages[rows].to(logp), mask,
+                clip_low=algo.clip_ratio_low, clip_high=algo.clip_ratio_high, loss_agg=algo.loss_agg,
+                kl_coef=algo.kl_coef, ref_logp=ref, num_tokens=num_tokens, num_seqs=num_seqs,
+            )
+            terms.loss.backward()
+            share = float(mask.sum()) / num_tokens
+            sums["loss"] += float(terms.loss.detach())
+            sums["policy_loss"] += float(terms.policy_loss)
+            sums["kl"] += float(terms.kl)
+            sums["clip_fraction"] += float(terms.clip_fraction) * share
+        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+        optimizer.step()
+    model.eval()
+    return {name: value / algo.ppo_epochs for name, value in sums.items()}
