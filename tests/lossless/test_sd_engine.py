@@ -1,0 +1,324 @@
+"""Speculative decoding in the engine is lossless.
+
+Greedy: token for token equal to plain decoding in float64 for n-gram chains, EAGLE chains and trees,
+random (mostly rejected) trees and oracle drafters that are always right (also through non-first
+branches, which forces cache compaction). After such a step the next logits equal a fresh full
+forward; log-probs of accepted tokens equal the plain engine's in float32. Sampling: the joint of the
+first three tokens of a tiny real model (vocabulary 8) matches the exact one (G-test, alpha 1e-3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import _sd_helpers as H
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.tiny import tiny_model
+from tlt.rollout.batch import RunningBatch
+from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.engine import Engine
+from tlt.rollout.runner import causal_mask
+from tlt.rollout.sampling import process_logits
+from tlt.rollout.sequence import Sequence
+from tlt.rollout.speculative import SpeculativeStepper
+from tlt.rollout.stepper import prefill
+from tlt.rollout.tree import DraftTree, build_tree, chain_tree
+from tlt.rollout.types import Completion, Request, SamplingParams
+
+MAX_CONTEXT = 96
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11, 12, 13, 14, 11]]
+
+
+def _requests(max_new: tuple[int, ...] = (20, 9, 14), **params) -> list[Request]:
+    return [
+        Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n, **params))
+        for i, (p, n) in enumerate(zip(PROMPTS, max_new))
+    ]
+
+
+class OracleDrafter:
+    """Replays the plain engine's greedy answers: the next k true tokens as a chain, or (tree) each true
+    token as the SECOND child of the previous true node, after a wrong first sibling."""
+
+    def __init__(self, answers: dict[str, list[int]], k: int, vocab: int, tree: bool) -> None:
+        self.answers, self.k, self.vocab, self.tree = answers, k, vocab, tree
+
+    def propose(self, batch: RunningBatch) -> Draft:
+        futures = []
+        for s in batch.sequences:
+            done = len(s.tokens)
+            futures.append(self.answers[s.request.request_id][done : done + self.k])
+        n = torch.tensor([len(f) for f in futures])
+        padded = torch.tensor([f + [0] * (self.k - len(f)) for f in futures])
+        if not self.tree:
+            return Draft(chain_tree(batch.last_token, padded, n), chain=True)
+        B, N = len(futures), 1 + 2 * self.k
+        tokens = torch.zeros(B, N, dtype=torch.long)
+        parents = torch.full((B, N), -1, dtype=torch.long)
+        depth = torch.zeros(B, N, dtype=torch.long)
+        tokens[:, 0] = batch.last_token
+        for i in range(self.k):
+            wrong, right = 1 + 2 * i, 2 + 2 * i
+            real = i < n
+            parent = 0 if i == 0 else right - 2
+            tokens[:, wrong] = torch.where(real, (padded[:, i] + 1) % self.vocab, 0)
+            tokens[:, right] = torch.where(real, padded[:, i], 0)
+            parents[:, wrong] = torch.where(real, parent, -1)
+            parents[:, right] = torch.where(real, parent, -1)
+            depth[:, wrong] = depth[:, right] = torch.where(real, i + 1, 0)
+        valid = parents >= 0
+        valid[:, 0] = True
+        return Draft(DraftTree(tokens, parents, depth, valid), chain=False)
+
+
+class RandomTreeDrafter:
+    """Random top-k-shaped trees with random scores: nearly everything is rejected."""
+
+    def __init__(self, vocab: int, seed: int = 0) -> None:
+        self.vocab, self.g = vocab, torch.Generator().manual_seed(seed)
+
+    def propose(self, batch: RunningBatch) -> Draft:
+        B = batch.num_rows
+        cand = torch.randint(self.vocab, (B, 6), generator=self.g)
+        parents = torch.tensor([[-1, -1, 0, 0, 1, 1]]).expand(B, 6)
+        logprobs = -torch.rand(B, 6, generator=self.g)
+        return Draft(build_tree(batch.last_token, cand, parents, logprobs, budget=5), chain=False)
+
+
+def _eagle(model: PreTrainedModel, seed: int = 3) -> EagleDrafter:
+    torch.manual_seed(seed)
+    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype)
+    drafter.bind_policy(model)
+    return drafter
+
+
+DrafterFactory = Callable[[PreTrainedModel, dict[str, list[int]]], Drafter]
+DRAFTERS: dict[str, DrafterFactory] = {
+    "ngram-chain": lambda m, a: NgramDrafter(k=4, ngram_min=1, ngram_max=3),
+    "random-tree": lambda m, a: RandomTreeDrafter(m.config.vocab_size),
+    "oracle-chain": lambda m, a: OracleDrafter(a, k=4, vocab=m.config.vocab_size, tree=False),
+    "oracle-tree-second-branch": lambda m, a: OracleDrafter(a, k=3, vocab=m.config.vocab_size, tree=True),
+    "eagle-chain": lambda m, a: EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=MAX_CONTEXT
+    ),
+    "eagle-tree": lambda m, a: EagleTreeDrafter(
+        _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=MAX_CONTEXT
+    ),
+}
+
+
+def _generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter | None, batch_size: int = 4):
+    engine = Engine(model, max_batch_size=batch_size, max_context=MAX_CONTEXT)
+    stepper = None
+    if drafter is not None:
+        stepper = SpeculativeStepper(engine.runner, drafter)
+        engine.stepper = stepper
+    return engine.generate(requests), stepper
+
+
+@pytest.fixture(scope="module")
+def model64() -> PreTrainedModel:
+    return tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
+
+
+@pytest.fixture(scope="module")
+def plain64(model64: PreTrainedModel) -> list[Completion]:
+    return _generate(model64, _requests(), None)[0]
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, plain64):
+    answers = {c.request_id: c.token_ids for c in plain64}
+    out, stepper = _generate(model64, _requests(), DRAFTERS[name](model64, answers))
+    for plain, spec in zip(plain64, out):
+        assert spec.token_ids == plain.token_ids, f"{name}: {spec.request_id} diverged from plain decoding"
+        torch.testing.assert_close(spec.logprobs, plain.logprobs, rtol=0, atol=1e-9)
+        torch.testing.assert_close(spec.hidden, plain.hidden, rtol=0, atol=1e-9)
+    if name.startswith("oracle"):
+        assert stepper.stats.accept_length > 2.0, f"{name}: an always-right drafter must be accepted"
+
+
+@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain"])
+def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, model64, plain64):
+    answers = {c.request_id: c.token_ids for c in plain64}
+    requests = _requests()
+    sampled = Request("hot", [3, 4, 3, 4], SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, seed=1))
+    out, _ = _generate(model64, [*requests, sampled], DRAFTERS[name](model64, {**answers, "hot": [0] * 12}))
+    for plain, spec in zip(plain64, out):
+        assert spec.token_ids == plain.token_ids, f"{name}: greedy row {spec.request_id} diverged in a mixed batch"
+        torch.testing.assert_close(spec.logprobs, plain.logprobs, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "ngram-chain"])
+def test_near_the_context_limit_falls_back_to_plain_steps(name: str, model64):
+    requests = _requests(max_new=(200, 200, 200))
+    engine = Engine(model64, max_batch_size=4, max_context=24)
+    plain = engine.generate(requests)
+    answers = {c.request_id: c.token_ids for c in plain}
+    spec_engine = Engine(model64, max_batch_size=4, max_context=24)
+    stepper = SpeculativeStepper(spec_engine.runner, DRAFTERS[name](model64, answers))
+    spec_engine.stepper = stepper
+    out = spec_engine.generate(requests)
+    assert [c.token_ids for c in out] == [c.token_ids for c in plain]
+    assert all(c.finish_reason == "length" for c in out)
+    assert stepper.stats.plain_fallbacks > 0
+
+
+def test_next_logits_after_non_first_branch_equal_full_forward(model64, plain64):
+    answers = {c.request_id: c.token_ids for c in plain64}
+    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
+    requests = _requests()
+    batch = RunningBatch(
+        [Sequence(r, limit=r.params.max_new_tokens) for r in requests], engine.runner.cache,
+        hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype, device=engine.runner.device,
+    )
+    prefill(engine.runner, batch)
+    stepper = SpeculativeStepper(engine.runner, OracleDrafter(answers, 3, 32, tree=True))
+    stepper.step(batch)
+    assert stepper.stats.last_step_accepted == [3, 3, 3]  # every accepted node was a second sibling
+    lengths = batch.lengths()
+    slots = lengths[:, None]
+    hidden = engine.runner.forward(batch.last_token[:, None], slots, slots, causal_mask(lengths, 1, int(lengths.max()) + 1))
+    cached = engine.runner.logits(hidden[:, 0])
+    for b, seq in enumerate(batch.sequences):
+        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
+        full = model64(input_ids=ids).logits[0, -1]
+        torch.testing.assert_close(cached[b], full, rtol=0, atol=1e-9)
+
+
+def test_accepted_logprobs_equal_plain_engine_float32():
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=11)
+    plain, _ = _generate(model, _requests(), None)
+    answers = {c.request_id: c.token_ids for c in plain}
+    spec, stepper = _generate(model, _requests(), OracleDrafter(answers, 3, 32, tree=True))
+    assert stepper.stats.accepted > 0
+    for a, b in zip(plain, spec):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(b.logprobs, a.logprobs, rtol=0, atol=1e-5)
+
+
+def test_eagle_catch_up_switches_on_mid_generation_without_target_prefill(model64, plain64):
+    """Plain steps first, then EAGLE: the drafter catches up from cached hidden states and the
+    output is still plain decoding's; the drafter's first draft equals its own full forward's."""
+    answers = {c.request_id: c.token_ids for c in plain64}
+    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
+    batch = RunningBatch(
+        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()], engine.runner.cache,
+        hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype, device=engine.runner.device,
+    )
+    prefill(engine.runner, batch)
+    for _ in range(3):
+        engine.stepper.step(batch)
+    drafter = _eagle(model64)
+    eagle = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=2, max_batch_size=4, max_context=MAX_CONTEXT)
+    draft = eagle.propose(batch)
+    for b, seq in enumerate(batch.sequences):
+        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
+        feats = model64.model(input_ids=ids).last_hidden_state
+        pred = drafter(ids[:, 1:], feats[:, :-1], torch.arange(ids.shape[1] - 1)[None, :])
+        assert int(draft.tree.tokens[b, 1]) == int(drafter.logits(pred)[0, -1].argmax())
+    stepper = SpeculativeStepper(engine.runner, eagle)
+    while batch.num_rows:
+        stepper.step(batch)
+        batch.drop_finished()
+    for plain, seq in zip(plain64, batch.all_sequences):
+        assert seq.tokens == answers[plain.request_id]
+
+
+def _drafter_logits_along(model: PreTrainedModel, drafter: EagleDrafter, ids: torch.Tensor, path: list[int]) -> torch.Tensor:
+    """The drafter's own full forward (no cache): logits [V] after the committed ids [1, T] and drafted path."""
+    inputs, feats = ids[:, 1:], model.model(input_ids=ids).last_hidden_state[:, :-1]
+    pred = drafter(inputs, feats, torch.arange(inputs.shape[1])[None, :])
+    for token in path:
+        inputs = torch.cat([inputs, torch.tensor([[token]])], dim=1)
+        feats = torch.cat([feats, pred[:, -1:]], dim=1)
+        pred = drafter(inputs, feats, torch.arange(inputs.shape[1])[None, :])
+    return drafter.logits(pred)[0, -1]
+
+
+@torch.no_grad()
+def test_eagle_drafts_follow_the_drafters_own_full_forward(model64):
+    """The cached drafter (catch-up, scratch slots, tree masks, depth positions) drafts what the
+    drafter itself predicts along each drafted path: chain = argmax, tree children in the top-k."""
+    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
+    batch = RunningBatch(
+        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()], engine.runner.cache,
+        hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype, device=engine.runner.device,
+    )
+    prefill(engine.runner, batch)
+    engine.stepper.step(batch)
+    drafter = _eagle(model64)
+    embed = model64.get_input_embeddings()
+    chain = EagleChainDrafter(drafter, embed, k=3, max_batch_size=4, max_context=MAX_CONTEXT).propose(batch)
+    # budget 10 keeps every candidate: 2 children of the root, then 2 of each of the 2 best per level
+    tree = EagleTreeDrafter(drafter, embed, topk=2, depth=3, budget=10, max_batch_size=4, max_context=MAX_CONTEXT)
+    tree = tree.propose(batch).tree
+    for b, seq in enumerate(batch.sequences):
+        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
+        drafts = chain.tree.tokens[b, 1:].tolist()
+        for i, token in enumerate(drafts):
+            assert token == int(_drafter_logits_along(model64, drafter, ids, drafts[:i]).argmax())
+        assert tree.depth[b].tolist() == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+        for j in range(1, tree.num_nodes):
+            path, node = [], int(tree.parents[b, j])
+            while node > 0:
+                path.insert(0, int(tree.tokens[b, node]))
+                node = int(tree.parents[b, node])
+            top = _drafter_logits_along(model64, drafter, ids, path).topk(2).indices.tolist()
+            assert int(tree.tokens[b, j]) in top, f"row {b} node {j}: not a top-2 child of its parent path"
+
+
+# ----- sampling at engine level: tiny real model, vocabulary 8 -----
+
+ENGINE_VOCAB = 8
+ENGINE_PROMPT = [1, 3, 5, 3, 5]
+ENGINE_SAMPLES = 3000
+
+
+def _peaked_model() -> PreTrainedModel:
+    model = tiny_model("llama", dtype=torch.float64, vocab_size=ENGINE_VOCAB, seed=5)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)  # random init is near-uniform: make the test meaningful
+    return model
+
+
+@torch.no_grad()
+def _exact_joint(model: PreTrainedModel, temperature: float, top_p: float) -> torch.Tensor:
+    V = ENGINE_VOCAB
+    t1, t2 = torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij")
+    ids = torch.cat([torch.tensor(ENGINE_PROMPT).expand(V * V, -1), t1.reshape(-1, 1), t2.reshape(-1, 1)], 1)
+    logits = model(input_ids=ids).logits[:, -3:]  # [V*V, 3, V]
+    probs = process_logits(logits, torch.full((V * V,), temperature, dtype=torch.float64), torch.full((V * V,), top_p))
+    p1 = probs[0, 0]
+    p2 = probs[:, 1].reshape(V, V, V)[:, 0]  # [t1, t2]
+    p3 = probs[:, 2].reshape(V, V, V)  # [t1, t2, t3]
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel], Drafter]] = {
+    "eagle-chain-sampled": lambda m: EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16
+    ),
+    "eagle-tree-deterministic": lambda m: EagleTreeDrafter(
+        _eagle(m), m.get_input_embeddings(), topk=2, depth=2, budget=4, max_batch_size=500, max_context=16
+    ),
+    "ngram-deterministic": lambda m: NgramDrafter(k=3, ngram_min=1, ngram_max=2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+@pytest.mark.parametrize("name", list(ENGINE_SAMPLERS))
+def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_p: float):
+    model = _peaked_model()
+    engine = Engine(model, max_batch_size=500, max_context=16)
+    engine.stepper = SpeculativeStepper(engine.runner, ENGINE_SAMPLERS[name](model))
+    params = [SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)]
+    out = engine.generate([Request(f"r{i}", ENGINE_PROMPT, p) for i, p in enumerate(params)])
+    samples = torch.tensor([c.token_ids for c in out])
+    p = H.g_test_pvalue(samples, _exact_joint(model, temperature, top_p))
+    assert p > 1e-3, f"{name}: engine samples differ from the model (p={p:.3g})"

@@ -1,0 +1,160 @@
+"""The running batch: its sequences (plain Python) and the per-row tensors the steppers use.
+
+Rows are packed at the front of the KV cache. Outputs (log-probs, hidden states) go to buffers
+indexed by the row's place in its wave (`wave_rows`), which never moves, so a finished row leaving
+the batch costs only the moves of the cache rows and a few small per-row tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tlt.rollout.kv_cache import KVCache
+from tlt.rollout.sequence import Sequence
+from tlt.rollout.types import Completion
+
+
+def _move(t: torch.Tensor, moves: list[tuple[int, int]], num_rows: int) -> torch.Tensor:
+    """Apply (src, dst) row moves to t [B, ...] and keep rows [0, num_rows)."""
+    if moves:
+        src = torch.tensor([s for s, _ in moves], device=t.device)
+        dst = torch.tensor([d for _, d in moves], device=t.device)
+        t[dst] = t[src]
+    return t[:num_rows]
+
+
+class RunningBatch:
+    """Sequences in flight and their sampling state; buffers hold what each row produced.
+
+    last_token [B] long: each running row's newest token, sampled but not yet fed.
+    temperature [B] float64; top_p [B] float64, or None when every row has 1.0; generators: one per
+    row, or None when every row is greedy. hidden_buf [W, P_max + T_max, H] (or None), logprob_buf
+    [W, T_max], indexed by wave row.
+    """
+
+    def __init__(
+        self,
+        sequences: list[Sequence],
+        cache: KVCache,
+        *,
+        hidden_size: int,
+        return_hidden: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.sequences = list(sequences)
+        self.all_sequences = list(sequences)
+        self.cache = cache
+        self.device = device
+        self.wave_rows = torch.arange(len(sequences), device=device)
+        params = [s.request.params for s in sequences]
+        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64, device=device)
+        self.top_p = (
+            None
+            if all(p.top_p == 1.0 for p in params)
+            else torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device)
+        )
+        self.generators = None if all(p.greedy for p in params) else [_generator(p.seed, device) for p in params]
+        self.last_token = torch.zeros(len(sequences), dtype=torch.long, device=device)
+        width = max(s.limit for s in sequences)
+        self.logprob_buf = torch.zeros(len(sequences), width, dtype=torch.float32, device=device)
+        positions = max(s.prompt_len for s in sequences) + width
+        self.hidden_buf = (
+            torch.zeros(len(sequences), positions, hidden_size, dtype=dtype, device=device) if return_hidden else None
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.sequences)
+
+    def lengths(self) -> torch.Tensor:
+        """[B] long: committed cache slots (= tokens fed) per running row."""
+        return torch.tensor(self.cache.lengths, device=self.device)
+
+    def commit(
+        self,
+        new_tokens: list[list[int]],
+        last_token: torch.Tensor,
+        logprobs: torch.Tensor,
+        hidden: torch.Tensor | None,
+        fed: list[int] | None = None,
+    ) -> int:
+        """Record one step: row b gained new_tokens[b] and committed fed[b] fed tokens' cache slots.
+
+        last_token [B]: the last of each row's new tokens; logprobs [B, K]: of the new tokens;
+        hidden [B, Kf, H]: final-norm states of the fed tokens, whose k/v the caller has put right
+        after the committed slots. fed defaults to len(new_tokens[b]) (a decode step feeds as many
+        tokens as it keeps). Returns how many new tokens the sequences kept (stop tokens and limits
+        cut the rest; their buffer entries are then ignored).
+        """
+        counts = [len(t) for t in new_tokens]
+        fed = counts if fed is None else fed
+        generated = torch.tensor([len(s.tokens) for s in self.sequences], device=self.device)
+        _scatter(self.logprob_buf, self.wave_rows, generated, logprobs, counts)
+        if self.hidden_buf is not None and hidden is not None:
+            _scatter(self.hidden_buf, self.wave_rows, self.lengths(), hidden, fed)
+        self.cache.advance(fed)
+        self.last_token = last_token
+        return sum(seq.append(toks) for seq, toks in zip(self.sequences, new_tokens))
+
+    def drop_finished(self) -> int:
+        """Remove finished rows from the batch (tail rows move into their places); return how many."""
+        finished = [i for i, s in enumerate(self.sequences) if s.finished]
+        if not finished:
+            return 0
+        moves = self.cache.remove_rows(finished)
+        n = self.cache.num_rows
+        for src, dst in moves:
+            self.sequences[dst] = self.sequences[src]
+            if self.generators is not None:
+                self.generators[dst] = self.generators[src]
+        del self.sequences[n:]
+        if self.generators is not None:
+            del self.generators[n:]
+        self.wave_rows = _move(self.wave_rows, moves, n)
+        self.last_token = _move(self.last_token, moves, n)
+        self.temperature = _move(self.temperature, moves, n)
+        if self.top_p is not None:
+            self.top_p = _move(self.top_p, moves, n)
+        return len(finished)
+
+    def completions(self) -> list[Completion]:
+        """One Completion per sequence of the wave, in wave order (all must be finished)."""
+        out = []
+        for w, seq in enumerate(self.all_sequences):
+            if not seq.finished:
+                raise RuntimeError(f"request {seq.request.request_id!r} is still running")
+            t = len(seq.tokens)
+            hidden = None if self.hidden_buf is None else self.hidden_buf[w, : seq.prompt_len + t - 1].clone()
+            out.append(
+                Completion(
+                    request_id=seq.request.request_id,
+                    prompt_ids=list(seq.request.prompt_ids),
+                    token_ids=list(seq.tokens),
+                    logprobs=self.logprob_buf[w, :t].clone(),
+                    hidden=hidden,
+                    finish_reason=seq.finish_reason,
+                )
+            )
+        return out
+
+
+def _generator(seed: int | None, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
+    return g
+
+
+def _scatter(
+    buf: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, values: torch.Tensor, counts: list[int]
+) -> None:
+    """buf[rows[b], start[b] + j] = values[b, j] for j < counts[b] (and inside buf). values [B, K, ...]."""
+    b, k = values.shape[:2]
+    cols = start[:, None] + torch.arange(k, device=buf.device)[None, :]  # [B, K]
+    if all(c == k for c in counts) and int(cols.max()) < buf.shape[1]:
+        buf[rows[:, None].expand(b, k), cols] = values.to(buf.dtype)
+        return
+    keep = (torch.arange(k, device=buf.device)[None, :] < torch.tensor(counts, device=buf.device)[:, None]) & (
+        cols < buf.shape[1]
+    )
+    buf[rows[:, None].expand(b, k)[keep], cols[keep]] = values[keep].to(buf.dtype)

@@ -1,0 +1,255 @@
+"""Drafters for the speculative stepper: n-gram chains and EAGLE chains / trees.
+
+A drafter proposes, for every running row, a tree rooted at the row's newest (unfed) token. Chains
+are trees with one child per node. Drafts sampled from a drafter distribution carry it as q (chains
+only); drafts that were chosen (n-gram, top-k tree children) carry no q and are verified with the
+one-hot rule.
+
+The EAGLE drafter keeps its own one-layer KV cache, driven by the engine's `run_layers`. Its entry
+at position t is computed from (x[t+1], f[t]): the token and the target's final-norm state that
+produced it. Before drafting it catches up on every position the target committed since the last
+step, reading f from the batch's hidden-state buffer: switching speculative decoding on never
+re-runs the target over the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from tlt.models.drafter import EagleDrafter
+from tlt.rollout.batch import RunningBatch
+from tlt.rollout.kv_cache import KVCache
+from tlt.rollout.ngram import ngram_draft_batch
+from tlt.rollout.runner import causal_mask, run_layers
+from tlt.rollout.sampling import process_logits
+from tlt.rollout.tree import DraftTree, build_tree, chain_tree
+from tlt.rollout.verify import sample_from
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A proposal for every running row.
+
+    tree: node 0 of row b is the row's newest token; chain: the tree is a chain (node i at depth i);
+    q: [B, K, V] drafter distributions the chain's drafts were sampled from, None for chosen drafts.
+    """
+
+    tree: DraftTree
+    chain: bool
+    q: Tensor | None = None
+
+
+class Drafter(Protocol):
+    def propose(self, batch: RunningBatch) -> Draft:
+        """Draft for every running row of `batch` (rows in batch order)."""
+        ...
+
+
+def context_tokens(batch: RunningBatch) -> tuple[Tensor, Tensor]:
+    """(tokens [B, Lmax] prompt + generated so far, right-padded with 0; lengths [B])."""
+    rows = [s.request.prompt_ids + s.tokens for s in batch.sequences]
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long, device=batch.device)
+    tokens = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long, device=batch.device)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long, device=batch.device)
+    return tokens, lengths
+
+
+class NgramDrafter:
+    """Model-free chains: the continuation of the most recent earlier match of the context's tail."""
+
+    def __init__(self, k: int, ngram_min: int, ngram_max: int) -> None:
+        if k < 1:
+            raise ValueError(f"k (draft length) must be >= 1, got {k}")
+        self.k, self.ngram_min, self.ngram_max = k, ngram_min, ngram_max
+
+    def propose(self, batch: RunningBatch) -> Draft:
+        tokens, lengths = context_tokens(batch)
+        draft, n_draft = ngram_draft_batch(tokens, lengths, self.k, self.ngram_min, self.ngram_max)
+        return Draft(chain_tree(batch.last_token, draft, n_draft), chain=True)
+
+
+class EagleCache:
+    """The EAGLE drafter's one-layer KV cache, kept row-aligned with the running batch."""
+
+    def __init__(self, drafter: EagleDrafter, embed: torch.nn.Embedding, max_batch_size: int, max_context: int) -> None:
+        config = drafter.config
+        weight = drafter.fc.weight
+        self.drafter = drafter
+        self.embed = embed
+        self.rotary = LlamaRotaryEmbedding(config).to(weight.device)
+        self.cache = KVCache(
+            num_layers=1,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=drafter.layers[0].self_attn.head_dim,
+            max_batch_size=max_batch_size,
+            capacity=min(256, max_context),
+            max_capacity=max_context,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+        self._wave: list | None = None
+        self._rows: list = []
+
+    def sync(self, batch: RunningBatch) -> None:
+        """Follow the batch: a new wave starts empty; rows that left are dropped, moved rows follow."""
+        if self._wave is not batch.all_sequences:
+            self._wave = batch.all_sequences
+            self._rows = list(batch.sequences)
+            self.cache.start(len(self._rows))
+            return
+        where = {id(s): i for i, s in enumerate(self._rows)}
+        src = [where[id(s)] for s in batch.sequences]
+        if src != list(range(len(src))):
+            index = torch.tensor(src, device=self.cache.k.device)
+            n = len(src)
+            self.cache.k[:, :n] = self.cache.k[:, index]
+            self.cache.v[:, :n] = self.cache.v[:, index]
+        self.cache.lengths = [self.cache.lengths[i] for i in src]
+        self._rows = list(batch.sequences)
+
+    def forward(self, tokens: Tensor, features: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        """One drafter pass: tokens [B, Q] (x[t+1]), features [B, Q, H] (f[t]), positions, slots [B, Q],
+        mask [B, Q, S]. Writes k/v at slots; returns predicted features f[t+1] [B, Q, H]."""
+        dtype = self.drafter.fc.weight.dtype
+        x = self.drafter.fc(torch.cat([F.embedding(tokens, self.embed.weight).to(dtype), features.to(dtype)], dim=-1))
+        self.cache.ensure_capacity(max(mask.shape[-1], int(slots.max()) + 1))
+        return run_layers(self.drafter.layers, x, self.rotary(x, positions), self.cache, slots, mask)
+
+    @torch.no_grad()
+    def catch_up(self, batch: RunningBatch) -> Tensor:
+        """Feed the drafter every committed position it has not seen; return f-hat at each row's next
+        position [B, H] (the prediction of the newest token's target state)."""
+        if batch.hidden_buf is None:
+            raise ValueError("EAGLE drafting reads the target's hidden states: build the Engine with return_hidden=True")
+        self.sync(batch)
+        context, _ = context_tokens(batch)
+        target_len = batch.lengths()  # [B] committed target slots L
+        seen = torch.tensor(self.cache.lengths, dtype=torch.long, device=target_len.device)
+        # Re-feed at least the newest position: its output is the f-hat the first draft comes from.
+        seen = torch.minimum(seen, target_len - 1)
+        todo = target_len - seen  # [B] >= 1
+        q = int(todo.max())
+        offs = torch.arange(q, device=target_len.device)[None, :]
+        t = (seen[:, None] + offs).clamp_max(target_len[:, None] - 1)  # [B, Q] positions (padding repeats the last)
+        tokens = context.gather(1, t + 1)  # x[t+1]
+        features = batch.hidden_buf[batch.wave_rows[:, None], t]  # f[t]: [B, Q, H]
+        slots = seen[:, None] + offs  # padding lands past the committed region: scratch
+        mask = causal_mask(seen, q, int(slots.max()) + 1)
+        out = self.forward(tokens, features, t, slots, mask)  # [B, Q, H]
+        self.cache.lengths = target_len.tolist()
+        return out[torch.arange(out.shape[0], device=out.device), todo - 1]
+
+
+class EagleChainDrafter:
+    """Chains of k drafts from the EAGLE drafter: sampled from q when the batch samples, else argmax."""
+
+    def __init__(self, drafter: EagleDrafter, embed: torch.nn.Embedding, k: int, max_batch_size: int, max_context: int) -> None:
+        if k < 1:
+            raise ValueError(f"k (draft length) must be >= 1, got {k}")
+        self.k = k
+        self.state = EagleCache(drafter, embed, max_batch_size, max_context)
+
+    @torch.no_grad()
+    def propose(self, batch: RunningBatch) -> Draft:
+        state = self.state
+        feature = state.catch_up(batch)  # [B, H]
+        L = batch.lengths()
+        drafts, qs = [], []
+        for i in range(self.k):
+            logits = state.drafter.logits(feature)  # [B, V]
+            if batch.generators is None:
+                token = logits.argmax(dim=-1)
+            else:
+                q = process_logits(logits, batch.temperature, batch.top_p)
+                token = sample_from(q, batch.generators)
+                qs.append(q)
+            drafts.append(token)
+            if i + 1 < self.k:
+                # Draft i+1 sits at position L + i; its k/v go to scratch slot L + i.
+                # It sees the drafter's committed entries and the earlier chain steps: slots [0, L + i].
+                pos = (L + i)[:, None]
+                mask = causal_mask(L + i, 1, int(L.max()) + i + 1)
+                feature = state.forward(token[:, None], feature[:, None], pos, pos, mask)[:, 0]
+        tree = chain_tree(batch.last_token, torch.stack(drafts, dim=1))
+        q = torch.stack(qs, dim=1) if qs else None
+        return Draft(tree, chain=True, q=q)
+
+
+class EagleTreeDrafter:
+    """Trees from the EAGLE drafter: top-k children per expanded node, the best top-k nodes of each
+    level expanded again, for `depth` levels; the `budget` most likely nodes are verified.
+
+    The children are chosen, not sampled, so they are verified with the one-hot rule (no q).
+    """
+
+    def __init__(
+        self,
+        drafter: EagleDrafter,
+        embed: torch.nn.Embedding,
+        *,
+        topk: int,
+        depth: int,
+        budget: int,
+        max_batch_size: int,
+        max_context: int,
+    ) -> None:
+        if topk < 1 or depth < 1 or budget < 1:
+            raise ValueError(f"topk, depth and budget must be >= 1, got topk={topk}, depth={depth}, budget={budget}")
+        self.topk, self.depth, self.budget = topk, depth, budget
+        self.state = EagleCache(drafter, embed, max_batch_size, max_context)
+
+    @torch.no_grad()
+    def propose(self, batch: RunningBatch) -> Draft:
+        state = self.state
+        feature = state.catch_up(batch)  # [B, H] f-hat for the root's next position
+        L = batch.lengths()
+        B, H = feature.shape
+        k = self.topk
+        top = F.log_softmax(state.drafter.logits(feature).double(), dim=-1).topk(k, dim=-1)
+        tokens, logprobs = [top.indices], [top.values]  # per level: [B, n_level]
+        parents = [torch.full((B, k), -1, dtype=torch.long, device=L.device)]
+        parent_feat = [feature[:, None, :].expand(B, k, H)]  # f-hat the candidate is fed with
+        max_expanded = k * (self.depth - 1)
+        cand_anc = [torch.zeros(B, k, max_expanded, dtype=torch.bool, device=L.device)]  # expanded ancestors
+        score = top.values  # [B, n_level] path log-probs of the newest level
+        offset, expanded = 0, 0
+        for level in range(1, self.depth):
+            width = min(k, score.shape[1])
+            pick = score.topk(width, dim=-1).indices  # [B, w] within the level
+            level_tokens = tokens[-1].gather(1, pick)
+            feats = parent_feat[-1].gather(1, pick[:, :, None].expand(B, width, H))
+            own = torch.zeros(B, width, max_expanded, dtype=torch.bool, device=L.device)
+            own[:, torch.arange(width), expanded + torch.arange(width)] = True
+            anc = cand_anc[-1].gather(1, pick[:, :, None].expand(B, width, max_expanded)) | own  # [B, w, E]
+            slots = L[:, None] + expanded + torch.arange(width, device=L.device)[None, :]
+            span = int(L.max()) + expanded + width
+            out = state.forward(level_tokens, feats, (L + level - 1)[:, None].expand(B, width), slots, _expanded_mask(L, anc, span))
+            child = F.log_softmax(state.drafter.logits(out).double(), dim=-1).topk(k, dim=-1)  # [B, w, k]
+            tokens.append(child.indices.reshape(B, width * k))
+            logprobs.append(child.values.reshape(B, width * k))
+            parents.append((offset + pick)[:, :, None].expand(B, width, k).reshape(B, width * k))
+            parent_feat.append(out[:, :, None, :].expand(B, width, k, H).reshape(B, width * k, H))
+            cand_anc.append(anc[:, :, None, :].expand(B, width, k, max_expanded).reshape(B, width * k, max_expanded))
+            score = (score.gather(1, pick)[:, :, None] + child.values).reshape(B, width * k)
+            offset += tokens[-2].shape[1]
+            expanded += width
+        tree = build_tree(batch.last_token, torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(logprobs, 1), self.budget)
+        return Draft(tree, chain=False)
+
+
+def _expanded_mask(L: Tensor, anc: Tensor, span: int) -> Tensor:
+    """[B, w, span]: expanded node i of row b sees the drafter's committed slots [0, L[b]) and the
+    scratch slots L[b] + e of the expanded nodes e in anc[b, i] (its ancestors and itself)."""
+    B, w, E = anc.shape
+    slots = torch.arange(span, device=L.device)[None, :]
+    rel = slots - L[:, None]  # [B, S] expanded index of each slot
+    inside = (rel >= 0) & (rel < E)
+    seen = anc.gather(2, rel.clamp(0, max(E - 1, 0))[:, None, :].expand(B, w, span)) & inside[:, None, :]
+    return (rel < 0)[:, None, :] | seen

@@ -1,0 +1,125 @@
+"""The rollout engine: batched prefill, a decode loop whose per-step work is a pluggable stepper,
+finished rows leaving the batch, in-place weight swaps between batches."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+from transformers import PreTrainedModel
+
+from tlt.rollout.batch import RunningBatch
+from tlt.rollout.runner import ModelRunner
+from tlt.rollout.sequence import Sequence
+from tlt.rollout.stepper import PlainStepper, Stepper, prefill
+from tlt.rollout.types import Completion, Request, StepMetrics
+
+log = logging.getLogger(__name__)
+
+StepCallback = Callable[[StepMetrics], None]
+
+
+class Engine:
+    """Generates completions for requests with a Qwen2 / Llama `*ForCausalLM`.
+
+    Requests run in waves of up to max_batch_size rows; a wave's rows leave the batch as they
+    finish (the long tail runs at a shrinking batch size). `stepper` may be replaced by any
+    `Stepper` built on `runner` (e.g. speculative decoding). `tokens_processed` counts the tokens
+    the target forwarded: real prompt tokens plus every token fed while decoding.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, *, max_batch_size: int = 32, max_context: int = 4096, return_hidden: bool = True
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {max_context}")
+        self.model = model
+        self.runner = ModelRunner(model, max_batch_size=max_batch_size, max_context=max_context)
+        self.stepper: Stepper = PlainStepper(self.runner)
+        self.max_batch_size = max_batch_size
+        self.max_context = max_context
+        self.return_hidden = return_hidden
+        self.tokens_processed = 0
+
+    def generate(self, requests: list[Request], on_step: StepCallback | None = None) -> list[Completion]:
+        """Complete every request; results in request order. on_step gets each step's metrics."""
+        sequences = [self._sequence(r) for r in requests]
+        out: list[Completion] = []
+        for start in range(0, len(sequences), self.max_batch_size):
+            out.extend(self._run_wave(sequences[start : start + self.max_batch_size], on_step))
+        return out
+
+    def _run_wave(self, sequences: list[Sequence], on_step: StepCallback | None) -> list[Completion]:
+        batch = RunningBatch(
+            sequences,
+            self.runner.cache,
+            hidden_size=self.model.config.hidden_size,
+            return_hidden=self.return_hidden,
+            dtype=self.model.dtype,
+            device=self.runner.device,
+        )
+        step, advance = 0, lambda b: prefill(self.runner, b)
+        while batch.num_rows:
+            t0, running, generated = time.perf_counter(), batch.num_rows, _generated(batch)
+            fed = advance(batch)
+            self.tokens_processed += fed
+            finished = batch.drop_finished()
+            if on_step is not None:
+                new = _generated(batch) - generated
+                on_step(StepMetrics(step, running, new, fed, finished, time.perf_counter() - t0))
+            step, advance = step + 1, self.stepper.step
+        return batch.completions()
+
+    def _sequence(self, request: Request) -> Sequence:
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise ValueError(f"request {request.request_id!r}: prompt_ids is empty; give at least one token")
+        if n >= self.max_context:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt_ids has {n} tokens; max_context={self.max_context} "
+                f"allows at most {self.max_context - 1}"
+            )
+        vocab = self.model.config.vocab_size
+        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt_ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        return Sequence(request, limit=min(request.params.max_new_tokens, self.max_context - n))
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy new weights into the model in place (between generate calls).
+
+        Keys are the model's own state_dict keys. Tied weights (lm_head tied to the embedding) may
+        come under either name or both; if both, they must be equal.
+        """
+        own = self.model.state_dict(keep_vars=True)
+        unknown = sorted(set(state_dict) - set(own))
+        if unknown:
+            raise ValueError(f"state_dict: unknown keys {unknown[:5]}; expected the model's state_dict keys")
+        groups: dict[int, list[str]] = {}
+        for name, tensor in own.items():
+            groups.setdefault(id(tensor), []).append(name)
+        for names in groups.values():
+            given = [n for n in names if n in state_dict]
+            if not given:
+                raise ValueError(f"state_dict: missing key {names[0]!r}")
+            source = state_dict[given[0]]
+            if any(not torch.equal(state_dict[n], source) for n in given[1:]):
+                raise ValueError(f"state_dict: tied keys {given} must hold equal tensors")
+            target = own[names[0]]
+            if tuple(source.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"state_dict: {given[0]!r} has shape {tuple(source.shape)}, model expects {tuple(target.shape)}"
+                )
+            target.copy_(source)
+        log.debug("loaded %d weight tensors in place", len(groups))
+
+
+def _generated(batch: RunningBatch) -> int:
+    return sum(len(s.tokens) for s in batch.all_sequences)

@@ -1,0 +1,110 @@
+"""The key/value cache: preallocated `[L, B, Hkv, S, D]` tensors written at explicit slots.
+
+Row b has `lengths[b]` committed slots `[0, lengths[b])`. A forward may write past them (a draft, a
+tree of drafts, padding of a short prompt): those entries are scratch, seen only where the caller's
+attention mask lets them be, and overwritten later. Rows are packed at the front; finished rows
+leave through `remove_rows`, which moves tail rows into their places.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tlt.rollout.sequence import plan_removal
+
+
+class KVCache:
+    """k, v: [L, B, Hkv, S, D]; B = max_batch_size, S = capacity (grows up to max_capacity)."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_batch_size: int,
+        capacity: int,
+        max_capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if capacity < 1 or capacity > max_capacity:
+            raise ValueError(f"capacity must be in [1, max_capacity={max_capacity}], got {capacity}")
+        shape = (num_layers, max_batch_size, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_capacity = max_capacity
+        self.lengths: list[int] = []
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.lengths)
+
+    def start(self, num_rows: int) -> None:
+        """Begin a new batch of num_rows empty rows (old contents become scratch)."""
+        if not 0 < num_rows <= self.max_batch_size:
+            raise ValueError(f"num_rows must be in [1, max_batch_size={self.max_batch_size}], got {num_rows}")
+        self.lengths = [0] * num_rows
+
+    def ensure_capacity(self, needed: int) -> None:
+        """Grow S (doubling, capped at max_capacity) so that slots [0, needed) exist."""
+        if needed <= self.capacity:
+            return
+        if needed > self.max_capacity:
+            raise ValueError(f"needed {needed} slots, more than max_capacity={self.max_capacity}")
+        new_capacity = min(self.max_capacity, max(needed, 2 * self.capacity))
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros((*old.shape[:3], new_capacity, old.shape[4]))
+            new[:, :, :, : old.shape[3]] = old
+            setattr(self, name, new)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [B, Hkv, Q, D] of the first B rows at slots [B, Q] (long)."""
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+        # cache[layer][rows, :, slots] has shape [B, Q, Hkv, D]
+        self.k[layer][rows, :, slots] = k.transpose(1, 2)
+        self.v[layer][rows, :, slots] = v.transpose(1, 2)
+
+    def view(self, layer: int, num_rows: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v of one layer for rows [0, num_rows) and slots [0, span): each [B, Hkv, span, D]."""
+        return self.k[layer, :num_rows, :, :span], self.v[layer, :num_rows, :, :span]
+
+    def advance(self, counts: list[int]) -> None:
+        """Commit counts[b] more slots of each running row."""
+        if len(counts) != self.num_rows:
+            raise ValueError(f"counts has {len(counts)} entries for {self.num_rows} running rows")
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+
+    def remove_rows(self, rows: list[int]) -> list[tuple[int, int]]:
+        """Drop finished rows; tail rows move into their places. Returns the (src, dst) moves."""
+        moves, new_num_rows = plan_removal(self.num_rows, rows)
+        if moves:
+            src = torch.tensor([s for s, _ in moves], device=self.k.device)
+            dst = torch.tensor([d for _, d in moves], device=self.k.device)
+            span = max(self.lengths[s] for s, _ in moves)
+            self.k[:, dst, :, :span] = self.k[:, src, :, :span]
+            self.v[:, dst, :, :span] = self.v[:, src, :, :span]
+        for s, d in moves:
+            self.lengths[d] = self.lengths[s]
+        del self.lengths[new_num_rows:]
+        return moves
+
+    def compact(self, rows: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy entries of each listed row from src_slots to dst_slots in every layer.
+
+        rows: [N] long; src_slots, dst_slots: [N, K] long. Sources are read before any write, so
+        the accepted path of a tree can be packed right after the committed prefix.
+        """
+        r = rows[:, None].expand_as(src_slots)
+        # self.k[:, r, :, slots] has shape [N, K, L, Hkv, D]
+        self.k[:, r, :, dst_slots] = self.k[:, r, :, src_slots]
+        self.v[:, r, :, dst_slots] = self.v[:, r, :, src_slots]

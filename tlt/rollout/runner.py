@@ -1,0 +1,161 @@
+"""A functional forward over a Hugging Face Qwen2 / Llama causal LM's own modules, with our KV cache.
+
+The layers' modules are called as modules (norms, projections, MLP), never by reading their weights,
+so in-place weight swaps are seen at once and the same code runs any Llama-shaped decoder layer
+(e.g. a drafter layer whose input_layernorm is `nn.Identity`). Cos/sin come from the model's own
+rotary embedding, so every RoPE variant it supports works.
+
+Every forward says where each new token sits: `positions` (RoPE position: tree depth, not slot),
+`write_slots` (cache slot its k/v go to) and `attn_mask` [B, Q, S] (which slots each query sees).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+from tlt.rollout.kv_cache import KVCache
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError unless model is a Qwen2 / Qwen2.5 / Llama `*ForCausalLM` this runner can drive."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model: config.model_type must be one of {SUPPORTED_MODEL_TYPES} (a *ForCausalLM), got {model_type!r}"
+        )
+    if not hasattr(model, "lm_head") or not hasattr(getattr(model, "model", None), "layers"):
+        raise ValueError(f"model: expected a *ForCausalLM with .model.layers and .lm_head, got {type(model).__name__}")
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        raise ValueError("model: sliding-window attention layers are not supported (config.use_sliding_window)")
+
+
+def prefix_mask(lengths: torch.Tensor, new_mask: torch.Tensor, span: int) -> torch.Tensor:
+    """Attention mask for Q new tokens written at slots [lengths[b], lengths[b] + Q) of each row.
+
+    lengths: [B] long, committed slots per row; new_mask: [Q, Q] or [B, Q, Q] bool, which new tokens
+    each new token sees (causal for a chain, ancestors-and-self for a tree).
+    Returns [B, Q, span] bool: every committed slot, plus the new slots new_mask allows.
+    """
+    q = new_mask.shape[-1]
+    slots = torch.arange(span, device=lengths.device)
+    offset = slots[None, :] - lengths[:, None]  # [B, S] index of the slot among the new tokens
+    inside = (offset >= 0) & (offset < q)
+    new_mask = new_mask.expand(lengths.shape[0], q, q)
+    seen_new = torch.gather(new_mask, 2, offset.clamp(0, q - 1)[:, None, :].expand(-1, q, -1))
+    return (offset < 0)[:, None, :] | (inside[:, None, :] & seen_new)
+
+
+def causal_mask(lengths: torch.Tensor, num_new: int, span: int) -> torch.Tensor:
+    """[B, num_new, span] bool: new token q of row b sees slots [0, lengths[b] + q]."""
+    slots = torch.arange(span, device=lengths.device)
+    last = lengths[:, None] + torch.arange(num_new, device=lengths.device)[None, :]  # [B, Q]
+    return slots[None, None, :] <= last[:, :, None]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, Q, D]; cos, sin: [B, Q, D] -> x rotated, [B, H, Q, D]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def attention(
+    attn: nn.Module,
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache: KVCache,
+    layer: int,
+    write_slots: torch.Tensor,
+    attn_mask: torch.Tensor,
+) -> torch.Tensor:
+    """One self-attention block. x: [B, Q, H] (normed input) -> [B, Q, H] (after o_proj)."""
+    b, q, _ = x.shape
+    d = attn.head_dim
+    queries = attn.q_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hq, Q, D]
+    keys = attn.k_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
+    values = attn.v_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
+    cos, sin = rope
+    queries, keys = apply_rope(queries, cos, sin), apply_rope(keys, cos, sin)
+    cache.write(layer, write_slots, keys, values)
+    k_all, v_all = cache.view(layer, b, attn_mask.shape[-1])  # [B, Hkv, S, D]
+    out = F.scaled_dot_product_attention(
+        queries, k_all, v_all, attn_mask=attn_mask[:, None], scale=attn.scaling, enable_gqa=True
+    )  # [B, Hq, Q, D]
+    return attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))
+
+
+def run_layers(
+    layers: nn.ModuleList | list[nn.Module],
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache: KVCache,
+    write_slots: torch.Tensor,
+    attn_mask: torch.Tensor,
+) -> torch.Tensor:
+    """Llama-shaped decoder layers over x [B, Q, H]; layer i uses cache layer i. Returns [B, Q, H]."""
+    for i, layer in enumerate(layers):
+        x = x + attention(layer.self_attn, layer.input_layernorm(x), rope, cache, i, write_slots, attn_mask)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x
+
+
+class ModelRunner:
+    """Drives a `*ForCausalLM` with a KVCache sized for max_batch_size rows and max_context slots."""
+
+    def __init__(self, model: PreTrainedModel, *, max_batch_size: int, max_context: int, capacity: int = 256) -> None:
+        check_supported(model)
+        self.model = model
+        config = model.config
+        attn = model.model.layers[0].self_attn
+        self.cache = KVCache(
+            num_layers=len(model.model.layers),
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=attn.head_dim,
+            max_batch_size=max_batch_size,
+            capacity=min(capacity, max_context),
+            max_capacity=max_context,
+            dtype=model.dtype,
+            device=model.device,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.no_grad()
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        attn_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """token_ids, positions, write_slots: [B, Q] long; attn_mask: [B, Q, S] bool.
+
+        Writes the new tokens' k/v at write_slots of rows [0, B) and returns the final-norm hidden
+        states [B, Q, H]. S may be anything up to the cache capacity (slots past it are not read).
+        """
+        self.cache.ensure_capacity(max(attn_mask.shape[-1], int(write_slots.max()) + 1))
+        inner = self.model.model
+        x = inner.embed_tokens(token_ids)
+        rope = inner.rotary_emb(x, positions)
+        x = run_layers(inner.layers, x, rope, self.cache, write_slots, attn_mask)
+        return inner.norm(x)
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., V] in the model's dtype."""
+        return self.model.lm_head(hidden)
+
+    def compact(self, rows: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Move cache entries of rows [N] from src_slots [N, K] to dst_slots [N, K] (accepted tree path)."""
+        self.cache.compact(rows, src_slots, dst_slots)
