@@ -1,0 +1,88 @@
+"""`tlt train run.yaml [--out DIR] [--local] [--address ADDR]`: run a TLTTrainingRun.
+
+Default: on Ray (a local cluster, or the one at --address / $RAY_ADDRESS) with a live display and
+an end-of-run report (`tlt.runtime.ray_train`); --local: one process, no Ray.
+
+Rerunning the same command on the same output folder resumes from its newest checkpoint.
+Exit status: 0 done, 1 the run stopped on an error (unusable checkpoint, bad model or data),
+2 the run file does not validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tlt.config import TLTTrainingRun
+from tlt.config_io import SpecError, load_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="run.yaml: a TLTTrainingRun manifest or a bare spec")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder: metrics.jsonl, checkpoints, final policy (default: runs/<metadata.name>)")
+    parser.add_argument("--local", action="store_true",
+                        help="single process, no Ray: rollout and update take turns in this process")
+    parser.add_argument("--address", default=None,
+                        help="join the Ray cluster at this address (default: $RAY_ADDRESS, else a local cluster)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_run(args.file)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    out = args.out if args.out is not None else Path("runs") / spec.metadata.name
+    if args.local:
+        return train_local(spec, out)
+    from tlt.runtime.ray_train import train_ray
+
+    return train_ray(spec, out, address=args.address)
+
+
+def _step_line(m: dict[str, Any]) -> str:
+    return (
+        f"step {m['step']:>4}  reward {m['reward_mean']:.3f}  len {m['response_length_mean']:.0f} "
+        f"(p90 {m['response_length_p90']}, trunc {m['truncation_rate']:.0%})  "
+        f"{m['tokens_per_second']:.0f} tok/s  tail {m['tail_fraction']:.0%}  "
+        f"rollout {m['rollout_seconds']:.1f}s  update {m['update_seconds']:.1f}s"
+    )
+
+
+def train_local(spec: TLTTrainingRun, out: Path) -> int:
+    """The single-process loop with a progress display; resumes from `out` when it holds checkpoints."""
+    from tlt.runtime.checkpoint import CheckpointError
+    from tlt.runtime.local import LocalTrainer, ResumeError
+
+    console = Console(stderr=True)
+    try:
+        trainer = LocalTrainer(spec, out)
+    except (CheckpointError, ResumeError) as exc:
+        console.print(f"[red]error:[/red] cannot resume from {out}: {exc}", markup=True, highlight=False)
+        console.print("the checkpoint was left as it is; fix or move it, or train into another --out", highlight=False)
+        return 1
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 1
+    total = spec.spec.algorithm.steps
+    if trainer.step:
+        console.print(f"resuming {spec.metadata.name} at step {trainer.step}/{total} from {trainer.checkpoint_root}")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(spec.metadata.name, total=total, completed=min(trainer.step, total))
+
+        def on_step(metrics: dict[str, Any]) -> None:
+            progress.console.print(_step_line(metrics), highlight=False)
+            progress.update(task, completed=metrics["step"])
+
+        history = trainer.train(on_step=on_step)
+    last = history[-1] if history else None
+    summary = f"done: {len(history)} steps" + (f", final reward {last['reward_mean']:.3f}" if last else "")
+    console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}")
+    return 0

@@ -1,0 +1,241 @@
+"""The single-process RL loop: one policy, one rollout engine, whole-run checkpoints, automatic resume.
+
+`LocalTrainer(run, out_dir).train()` runs `algorithm.steps` GRPO steps built from
+`tlt.runtime.steps`. Output folder layout::
+
+    <out>/metrics.jsonl     one JSON object per finished step, steps 1..s with no gaps or repeats
+    <out>/checkpoints/      whole-run checkpoints (`checkpoint.path`; relative paths are under <out>)
+    <out>/policy/           the final policy (a Hugging Face folder `tlt.models.loading` reads)
+
+Numerics: the policy's master weights are float32 (float64 when `model.dtype` is float64); the
+engine runs a copy in `model.dtype`, refreshed in place after every update. With bfloat16 the
+update's forward and backward run under autocast. The old log-probs of the GRPO ratio are the
+policy's own, recomputed before the update; the engine's are kept only to report their gap.
+
+Resume: a checkpoint holds the policy weights, the optimizer state, the step, torch's RNG state,
+the metrics so far and the spec that wrote it. A new trainer on the same output folder continues
+from the newest checkpoint and rewrites metrics.jsonl to the checkpoint's steps, so a step that
+ran after the last checkpoint is redone, bit for bit, and recorded once. An unreadable
+checkpoint raises `CheckpointError`; a checkpoint of a different run raises `ResumeError`.
+Neither is ever replaced by a fresh start.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from tlt.config import RunSpec, SpeculativeSpec, TLTTrainingRun
+from tlt.models.loading import load_policy, resolve_dtype, save_policy
+from tlt.rollout.drafting import NgramDrafter
+from tlt.rollout.engine import Engine
+from tlt.rollout.runner import ModelRunner
+from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
+from tlt.rollout.stepper import PlainStepper, Stepper
+from tlt.runtime import steps
+from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
+from tlt.tasks.datasets import load_problems
+from tlt.tasks.warmstart import WarmstartConfig, warm_start
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+POLICY_DIR = "policy"
+# Spec sections a resumed run must share with the run that wrote the checkpoint
+# (algorithm.steps may grow: resuming with more steps extends a finished run).
+RESUME_SECTIONS = ("model", "dataset", "algorithm")
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+class ResumeError(RuntimeError):
+    """The output folder holds a checkpoint written by a run with a different spec."""
+
+
+def master_dtype(model_dtype: str) -> torch.dtype:
+    """Dtype of the policy's trained weights: float64 for a float64 run, else float32."""
+    return torch.float64 if resolve_dtype(model_dtype) == torch.float64 else torch.float32
+
+
+def build_policy(
+    spec: RunSpec, warmstart: WarmstartConfig | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy (master weights, eval mode) and tokenizer: `model.path`, else the built-in warm start."""
+    path = spec.model.path
+    if path is None:
+        if spec.dataset.source != "builtin":
+            raise ValueError("model.path is required unless dataset.source is 'builtin' (the warm start's task)")
+        path = warm_start(warmstart or WarmstartConfig())
+    return load_policy(path, master_dtype(spec.model.dtype))
+
+
+def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, SpeculativeStepper | None]:
+    """The engine's stepper for `speculative.mode`, and its speculative part (None when off).
+
+    off: plain decoding. ngram: the first `ngram` arm of `speculative.arms` drafts (model-free)
+    whenever at most `speculative.threshold` rows are running. static / tlt need the learned drafter,
+    which this loop does not run: they are refused.
+    """
+    plain = PlainStepper(runner)
+    if spec.mode == "off":
+        return plain, None
+    if spec.mode != "ngram":
+        raise ValueError(
+            f"speculative.mode {spec.mode!r} needs the learned drafter, which the single-process loop (--local) "
+            "does not run; use speculative.mode off or ngram here, or run without --local"
+        )
+    arm = next((a for a in spec.arms if a.kind == "ngram"), None)
+    if arm is None:
+        raise ValueError("speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms")
+    speculative = SpeculativeStepper(runner, NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max))
+    return steps.ThresholdStepper(plain, speculative, spec.threshold), speculative
+
+
+def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, SpeculativeStepper | None]:
+    """A rollout engine over a copy of `policy` in `model.dtype`, one wave of P * G rows, with the
+    stepper `build_stepper` picks; also returns that stepper's speculative part (None when off)."""
+    model = copy.deepcopy(policy).to(resolve_dtype(spec.model.dtype)).eval()
+    context = min(spec.model.max_context, model.config.max_position_embeddings)
+    rows = spec.algorithm.prompts_per_step * spec.algorithm.group_size
+    engine = Engine(model, max_batch_size=rows, max_context=context, return_hidden=False)
+    engine.stepper, speculative = build_stepper(spec.speculative, engine.runner)
+    return engine, speculative
+
+
+def build_optimizer(policy: PreTrainedModel, spec: RunSpec) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(policy.parameters(), lr=spec.algorithm.learning_rate, betas=(0.9, 0.999),
+                             weight_decay=0.01)
+
+
+def resume_conflicts(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted spec fields (in RESUME_SECTIONS, except algorithm.steps) whose values differ."""
+    found = []
+    for section in RESUME_SECTIONS:
+        old, new = saved.get(section, {}), current.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if (section, key) != ("algorithm", "steps") and old.get(key) != new.get(key):
+                found.append(f"{section}.{key}: checkpoint {old.get(key)!r}, run file {new.get(key)!r}")
+    return found
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace `path` atomically with one JSON line per row."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    os.replace(tmp, path)
+
+
+class LocalTrainer:
+    """One process: policy update, rollout engine, checkpoints. Resumes from `out_dir` on construction."""
+
+    def __init__(self, run: TLTTrainingRun, out_dir: str | Path, *, warmstart: WarmstartConfig | None = None):
+        self.run = run
+        self.spec = run.spec
+        self.algo = run.spec.algorithm
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
+        self.problems = load_problems(self.spec.dataset, "train")
+        self.policy, self.tokenizer = build_policy(self.spec, warmstart)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.compute_dtype = resolve_dtype(self.spec.model.dtype)
+        self.optimizer = build_optimizer(self.policy, self.spec)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._resume()
+        self.engine, self.speculative = build_engine(self.policy, self.spec)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / METRICS_FILE
+
+    def _spec_json(self) -> dict[str, Any]:
+        return self.spec.model_dump(mode="json", by_alias=True)
+
+    def _resume(self) -> None:
+        ckpt = load_latest(self.checkpoint_root)
+        if ckpt is not None:
+            conflicts = resume_conflicts(ckpt.state.get("spec", {}), self._spec_json())
+            if conflicts:
+                raise ResumeError(
+                    f"{self.checkpoint_root} holds a checkpoint of a different run; use another --out "
+                    "or checkpoint.path, or restore the run file. Differences:\n  " + "\n  ".join(conflicts)
+                )
+            self.policy.load_state_dict(ckpt.tensors["policy"])
+            self.optimizer.load_state_dict(ckpt.objects["optimizer"])
+            torch.set_rng_state(ckpt.tensors["rng"]["torch"])
+            self.step = ckpt.step
+            self.history = list(ckpt.state["metrics"])
+            log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
+        _write_jsonl(self.metrics_path, self.history)
+
+    def save(self) -> Path:
+        """A whole-run checkpoint of the current step."""
+        ckpt = Checkpoint(
+            step=self.step,
+            tensors={
+                # clones: safetensors refuses tensors that share memory (tied embeddings)
+                "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+                "rng": {"torch": torch.get_rng_state()},
+            },
+            objects={"optimizer": self.optimizer.state_dict()},
+            state={"step": self.step, "metrics": self.history, "spec": self._spec_json()},
+        )
+        return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
+
+    def train_step(self) -> dict[str, Any]:
+        """Run step `self.step + 1`: rollout, score, recompute log-probs, update, sync. Returns its metrics."""
+        step = self.step + 1
+        started = time.perf_counter()
+        ids = steps.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
+        problems = [self.problems[i] for i in ids]
+        trace = steps.RolloutTrace()
+        if self.speculative is not None:
+            self.speculative.stats = AcceptanceStats()
+        completions = steps.rollout(self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids,
+                                    trace=trace)
+        rollout_seconds = time.perf_counter() - started
+        rewards = steps.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format)
+        batch = steps.build_batch(completions, rewards)
+        recomputed = steps.policy_logprobs(self.policy, batch, self.algo, pad_id=self.pad_id,
+                                           compute_dtype=self.compute_dtype)
+        gap = steps.logprob_gap(batch.old_logprobs, recomputed, batch)
+        batch.old_logprobs = recomputed
+        update_started = time.perf_counter()
+        update = steps.update_policy(self.policy, self.optimizer, batch, self.algo, pad_id=self.pad_id,
+                                     compute_dtype=self.compute_dtype)
+        steps.sync_weights(self.policy, self.engine)
+        metrics = {"step": step, **steps.rollout_metrics(completions, rewards, trace, rollout_seconds), **update,
+                   "logprob_gap": gap, "update_seconds": time.perf_counter() - update_started,
+                   "step_seconds": time.perf_counter() - started}
+        if self.speculative is not None:
+            metrics["accept_length"] = self.speculative.stats.accept_length
+            metrics["sd_steps"] = self.speculative.stats.steps
+        self.step = step
+        self.history.append(metrics)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+        return metrics
+
+    def train(self, on_step: StepCallback | None = None) -> list[dict[str, Any]]:
+        """Run the remaining steps (checkpoint every `checkpoint.intervalSteps` and at the end);
+        write the final policy to `<out>/policy`. Returns the metrics of every step of the run."""
+        interval = self.spec.checkpoint.interval_steps
+        while self.step < self.algo.steps:
+            metrics = self.train_step()
+            log.info("step %d: reward %.3f, %.0f tok/s", self.step, metrics["reward_mean"],
+                     metrics["tokens_per_second"])
+            if self.step % interval == 0 or self.step == self.algo.steps:
+                self.save()
+            if on_step is not None:
+                on_step(metrics)
+        save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
+        return self.history
