@@ -86,6 +86,26 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Drafter trainers running now.",
     },
     {
+        "name": "Slots",
+        "type": "integer",
+        "jsonPath": ".status.drafter.enabledTrainers",
+        "description": "Rollout pods whose drafter-trainer slot is enabled.",
+    },
+    {
+        "name": "Idle GPU-s",
+        "type": "number",
+        "jsonPath": ".status.drafter.idleGpuSeconds",
+        "priority": 1,
+        "description": "GPU-seconds observed idle on rollout pods.",
+    },
+    {
+        "name": "Harvested GPU-s",
+        "type": "number",
+        "jsonPath": ".status.drafter.harvestedGpuSeconds",
+        "priority": 1,
+        "description": "Idle GPU-seconds spent training the drafter.",
+    },
+    {
         "name": "Accept Length",
         "type": "number",
         "jsonPath": ".status.drafter.acceptLength",

@@ -77,6 +77,7 @@ class DrafterStatus(StatusPart):
     enabled_slots: list[Annotated[str, Field(max_length=253)]] | None = Field(
         None, max_length=1024, description="Rollout pods whose drafter-trainer slot is enabled."
     )
+    enabled_trainers: Count | None = Field(None, description="Rollout pods whose trainer slot is enabled (count).")
     active_trainers: Count | None = Field(None, description="Trainers running right now.")
     idle_gpu_seconds: Seconds | None = Field(None, description="Rollout GPU-seconds spent idle, all steps.")
     harvested_gpu_seconds: Seconds | None = Field(

@@ -21,6 +21,7 @@ from tlt.config import API_GROUP, API_VERSION, KIND, PLURAL
 
 from . import metrics, names
 from . import settings as tunables
+from .idleness import SlotTracker
 from .kube import Kube, KubeError, path_of
 from .reconcile import RUN_API, SpecError, reconcile
 
@@ -33,6 +34,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     tunables.configure(settings)
     memo.kube = Kube.from_environment(tunables.request_timeout_seconds())
     memo.runs = {}  # shared by every object's memo (kopf copies the root memo shallowly)
+    memo.slots = SlotTracker()  # trainer-slot memory of every run (see idleness), shared likewise
     memo.resync = asyncio.create_task(_resync_forever(memo), name="tlt-resync")
 
 
@@ -90,7 +92,7 @@ async def _pass(namespace: str, name: str, memo: kopf.Memo) -> None:
 async def _reconcile_once(namespace: str, name: str, memo: kopf.Memo) -> None:
     with metrics.RECONCILE_SECONDS.time():
         try:
-            await reconcile(memo.kube, namespace, name)
+            await reconcile(memo.kube, namespace, name, memo.slots)
         except KubeError as exc:
             metrics.RECONCILES.labels(result="retry").inc()
             raise kopf.TemporaryError(f"API trouble, retrying: {exc}", delay=1 if exc.transient else 30) from exc

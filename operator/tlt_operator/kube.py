@@ -20,7 +20,8 @@ import urllib3
 log = logging.getLogger(__name__)
 
 _PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "PodGroup": "podgroups",
-            "TLTTrainingRun": "tltrainingruns", "Event": "events"}
+            "TLTTrainingRun": "tltrainingruns", "Event": "events",
+            "ResourceClaimTemplate": "resourceclaimtemplates"}
 
 
 class KubeError(Exception):

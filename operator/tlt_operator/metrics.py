@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from .idleness import SlotOutcome
 
 RECONCILES = Counter("tlt_operator_reconciles", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("tlt_operator_reconcile_seconds", "Wall time of one reconcile pass.")
@@ -26,3 +32,30 @@ def observe_phase(namespace: str, name: str, phase: str | None) -> None:
         counts[value] = counts.get(value, 0) + 1
     for label in ("Pending", "Running", "Suspended", "Restarting", "Succeeded", "Failed"):
         RUNS.labels(phase=label).set(counts.get(label, 0))
+
+SLOTS_ENABLED = Gauge("tlt_operator_trainer_slots_enabled", "Rollout pods whose drafter-trainer slot is enabled.",
+                      ["namespace", "run"])
+TRAINERS_ACTIVE = Gauge("tlt_operator_trainers_active", "Rollout pods reporting TRAINING.", ["namespace", "run"])
+IDLE_GPU_SECONDS = Counter("tlt_operator_idle_gpu_seconds", "Rollout GPU-seconds observed idle.",
+                           ["namespace", "run"])
+HARVESTED_GPU_SECONDS = Counter("tlt_operator_harvested_gpu_seconds",
+                                "Idle rollout GPU-seconds a drafter trainer used.", ["namespace", "run"])
+SLOT_CHANGES = Counter("tlt_operator_trainer_slot_changes", "Trainer slots turned on or off.", ["direction"])
+GPU_QUERIES = Counter("tlt_operator_gpu_queries", "Prometheus GPU-utilisation queries, by result.", ["result"])
+
+
+def observe_slots(namespace: str, name: str, outcome: SlotOutcome) -> None:
+    """Record one poll of a run's trainer slots."""
+    SLOTS_ENABLED.labels(namespace=namespace, run=name).set(len(outcome.decision.enabled))
+    TRAINERS_ACTIVE.labels(namespace=namespace, run=name).set(outcome.drafter.active_trainers or 0)
+    IDLE_GPU_SECONDS.labels(namespace=namespace, run=name).inc(outcome.idle_gpu_seconds)
+    HARVESTED_GPU_SECONDS.labels(namespace=namespace, run=name).inc(outcome.harvested_gpu_seconds)
+    SLOT_CHANGES.labels(direction="on").inc(len(outcome.decision.turned_on))
+    SLOT_CHANGES.labels(direction="off").inc(len(outcome.decision.turned_off))
+
+
+def forget_slots(namespace: str, name: str) -> None:
+    """Drop a run's per-run slot series (it finished, was suspended or is gone)."""
+    for metric in (SLOTS_ENABLED, TRAINERS_ACTIVE, IDLE_GPU_SECONDS, HARVESTED_GPU_SECONDS):
+        with contextlib.suppress(KeyError):
+            metric.remove(namespace, name)

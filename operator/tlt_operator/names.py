@@ -16,6 +16,7 @@ ROLE_LABEL = "tlt.dev/role"
 RANK_LABEL = "tlt.dev/rank"
 SPEC_HASH_ANNOTATION = "tlt.dev/spec-hash"
 PROGRESS_ANNOTATION = "tlt.dev/progress"
+WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
 SPEC_DIR = "/etc/tlt"
 SPEC_FILE = "run.yaml"
 GCS_PORT = 6379
@@ -40,6 +41,11 @@ def service_name(run: str) -> str:
 
 def configmap_name(run: str) -> str:
     return f"{run}-spec" if len(run) <= 248 else f"{run[:237]}-{_digest(run)}-spec"
+
+
+def claim_template_name(run: str) -> str:
+    """The rollout pods' ResourceClaimTemplate (sidecar placement)."""
+    return f"{run}-rollout-gpu" if len(run) <= 241 else f"{run[:230]}-{_digest(run)}-rollout-gpu"
 
 
 def podgroup_name(run: str) -> str:

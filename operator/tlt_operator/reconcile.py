@@ -15,13 +15,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
-from tlt.status import RunStatus, status_patch
+from tlt.status import DrafterStatus, RunStatus, status_patch
 
 from . import metrics, names
-from .builders import build_configmap, build_event, build_pod, build_podgroup, build_service
+from .builders import (
+    build_configmap,
+    build_event,
+    build_pod,
+    build_podgroup,
+    build_resource_claim_template,
+    build_service,
+)
 from .builders.common import RunRef
+from .idleness import SlotTracker
 from .kube import Kube, KubeError, path_of
-from .lifecycle import PodView, decide, desired_pods, view_pod
+from .lifecycle import FINAL, PodView, decide, desired_pods, view_pod
 
 log = logging.getLogger(__name__)
 RUN_API = f"{API_GROUP}/{API_VERSION}"
@@ -44,7 +52,9 @@ async def _remove(kube: Kube, namespace: str, pods: list[PodView], cause: str) -
 
 async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]],
                             live: set[str]) -> None:
-    for child in (build_configmap(ref, spec), build_service(ref, spec), build_podgroup(ref, spec)):
+    children = (build_configmap(ref, spec), build_service(ref, spec), build_podgroup(ref, spec),
+                build_resource_claim_template(ref, spec))
+    for child in children:
         if child is not None and await kube.apply(child) == "created":
             metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
 
@@ -105,13 +115,41 @@ async def _post_event(kube: Kube, event: dict[str, Any]) -> None:
         log.warning("event %s not posted: %s", event["reason"], exc)
 
 
-async def reconcile(kube: Kube, namespace: str, name: str) -> None:
-    """Converge one run; raises KubeError for transient API trouble and SpecError for a bad spec."""
+def _training_slots(spec: RunSpec) -> bool:
+    """Runs whose rollout pods train the drafter in idle time have trainer slots."""
+    return spec.drafter.training and spec.speculative.mode == "tlt"
+
+
+async def _slots(slots: SlotTracker, namespace: str, name: str, spec: RunSpec, live: list[dict[str, Any]],
+                 views: list[PodView], status: RunStatus) -> tuple[RunStatus, list[tuple[str, str, str]]]:
+    """The drafter status after one more trainer-slot poll (see `idleness`), and its events. Only
+    Running rollout pods have slots; a suspended or finished run has none."""
+    drafter = status.drafter or DrafterStatus()
+    if status.phase in (*FINAL, "Suspended") or not _training_slots(spec):
+        slots.forget(namespace, name)
+        if drafter.enabled_slots:
+            status = status.model_copy(update={"drafter": drafter.model_copy(
+                update={"enabled_slots": [], "enabled_trainers": 0, "active_trainers": 0})})
+        return status, []
+    running = {v.name for v in views if v.owned and v.role == "rollout" and v.phase == "Running"}
+    pods = {p["metadata"]["name"]: p["metadata"].get("annotations") or {} for p in live
+            if p["metadata"]["name"] in running and not p["metadata"].get("deletionTimestamp")}
+    outcome = await slots.poll(namespace, name, spec, pods, drafter)
+    if outcome is None:
+        return status, []
+    return status.model_copy(update={"drafter": outcome.drafter}), outcome.events
+
+
+async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | None = None) -> None:
+    """Converge one run; raises KubeError for transient API trouble and SpecError for a bad spec.
+    `slots`: the operator's trainer-slot memory; None leaves the slots alone."""
     try:
         run = await kube.get(path_of(RUN_API, KIND, namespace, name))
     except KubeError as exc:
         if exc.code == 404:
             metrics.observe_phase(namespace, name, None)
+            if slots is not None:
+                slots.forget(namespace, name)
             return
         raise
     meta = run["metadata"]
@@ -143,9 +181,12 @@ async def reconcile(kube: Kube, namespace: str, name: str) -> None:
     if decision.create_missing:
         gone = {p.name for p in decision.restart + decision.remove}
         await _create_children(kube, ref, spec, wanted, {p.name for p in views} | gone)
+    slot_events: list[tuple[str, str, str]] = []
+    if slots is not None:
+        status, slot_events = await _slots(slots, namespace, name, spec, live, views, status)
     await _write_status(kube, run, status, restarted)
     metrics.observe_phase(namespace, name, status.phase)
-    for level, reason, message in decision.events:
+    for level, reason, message in decision.events + slot_events:
         await _post_event(kube, build_event(run, level, reason, message, now))
     if decision.delete_run:
         log.info("%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)", namespace, name,

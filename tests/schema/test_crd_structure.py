@@ -182,7 +182,8 @@ def test_printer_columns_point_at_schema_fields():
     (version,) = build_crd()["spec"]["versions"]
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns] == [
-        "Phase", "Step", "Rollout Ready", "Trainers Active", "Accept Length", "Age"
+        "Phase", "Step", "Rollout Ready", "Trainers Active", "Slots", "Idle GPU-s", "Harvested GPU-s",
+        "Accept Length", "Age"
     ]
     schema = build_schema()
     for column in columns:

@@ -24,6 +24,25 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
   own pod, e.g. `{"step": 3, "lastStepSeconds": 41.2, "drafterVersion": 2, "acceptLength": 3.1,
   "activeTrainers": 2}`; the operator mirrors it into `.status.step` and `.status.drafter`.
   The run Succeeded when the policy rank-0 pod exits 0 (phase Succeeded) after the last step.
+- Trainer slots (`tlt.runtime.k8s_slots` implements both directions; RBAC:
+  manifests/samples/worker-rbac.yaml, run the pods with `podTemplate.serviceAccountName: tlt-worker`):
+  - each rollout worker reports its state on its OWN pod, at every change, as the JSON annotation
+    `tlt.dev/worker-state: {"state": "GENERATING"|"IDLE"|"TRAINING", "since": "<RFC 3339, UTC>"}`
+    (merge patch of the pod's metadata: verb `patch` on `pods`). `since` is when the state was
+    entered; TRAINING means a drafter trainer is running on that pod's GPU. A pod without the
+    annotation is judged from GPU utilisation alone (Prometheus) or not at all.
+  - the operator writes its decision to the run's `.status.drafter.enabledSlots` (rollout pod
+    names; absent until the operator has observed something). The coordinator reads it through the
+    status subresource (verb `get` on `tltrainingruns/status`, nothing else), maps pod
+    `<run>-rollout-<rank>` to worker `rollout-<rank>` (the pod's hostname), and starts a trainer
+    only on an IDLE worker whose slot is enabled; it stops a trainer whose slot was disabled.
+- `drafter.placement: sidecar`: rollout pods carry a second container, `drafter-trainer`
+  (`["tlt", "drafter-trainer", "--spec", "/etc/tlt/run.yaml"]`, same image, environment, mounts, cpu,
+  memory and security as the worker). Both containers name the pod's DRA ResourceClaim `gpu` (generated per
+  pod from the run's ResourceClaimTemplate, `builders.resourceclaim`) instead of requesting
+  `nvidia.com/gpu`, so they share the same device(s): a sidecar with its own `nvidia.com/gpu` request
+  would get a different GPU. The worker still reports the state; the sidecar trains only in an
+  enabled slot while the worker is IDLE.
 """
 
 from __future__ import annotations
@@ -40,6 +59,8 @@ from .common import RunRef, metadata
 from .podgroup import SCHEDULER_NAMES
 
 UID = 1000
+SIDECAR = "drafter-trainer"
+GPU_CLAIM = "gpu"
 WORK_DIR = "/var/lib/tlt"
 HOME_DIR = "/home/tlt"
 
@@ -74,13 +95,41 @@ def _env(run: RunRef, spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
     return fixed
 
 
-def _resources(role: RoleSpec) -> dict[str, Any]:
+def _resources(role: RoleSpec, shared_claim: bool) -> dict[str, Any]:
+    """Requests = limits; the GPUs as `nvidia.com/gpu`, or as the pod's shared DRA claim."""
     amounts: dict[str, Any] = {"cpu": role.resources.cpu, "memory": role.resources.memory}
+    if shared_claim:
+        return {"requests": amounts, "limits": dict(amounts), "claims": [{"name": GPU_CLAIM}]}
     limits = dict(amounts)
     if role.resources.gpus:
         limits["nvidia.com/gpu"] = str(role.resources.gpus)
         amounts = {**amounts, "nvidia.com/gpu": str(role.resources.gpus)}
     return {"requests": amounts, "limits": limits}
+
+
+def sidecar_placement(spec: RunSpec, role: names.Role) -> bool:
+    """Rollout pods of a run with `drafter.placement: sidecar` carry the drafter-trainer sidecar."""
+    if role != "rollout" or spec.drafter.placement != "sidecar":
+        return False
+    if not spec.drafter.device_class_name:
+        raise ValueError("drafter.deviceClassName is required when drafter.placement is 'sidecar' "
+                         "(the DRA DeviceClass whose device the worker and the trainer share)")
+    return True
+
+
+def _container(name: str, image: str, command: list[str], env: list[dict[str, Any]],
+               resources: dict[str, Any], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": image,
+        "command": command,
+        "workingDir": WORK_DIR,
+        "env": env,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    }
 
 
 def _volumes(run: RunRef, spec: RunSpec, role: names.Role) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -124,6 +173,16 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
     rs = role_spec(spec, role)
     overrides = rs.pod_template
     volumes, mounts = _volumes(run, spec, role)
+    sidecar = sidecar_placement(spec, role)
+    spec_file = posixpath.join(names.SPEC_DIR, names.SPEC_FILE)
+    env, resources = _env(run, spec, role), _resources(rs, sidecar)
+    worker = _container("worker", rs.image, ["tlt", "worker", "--role", role, "--spec", spec_file],
+                        env, resources, mounts)
+    worker["ports"] = _ports(role)
+    containers = [worker]
+    if sidecar:
+        containers.append(_container(SIDECAR, rs.image, ["tlt", "drafter-trainer", "--spec", spec_file],
+                                     env, resources, mounts))
     labels = {**overrides.labels, names.ROLE_LABEL: role, names.RANK_LABEL: str(rank)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -132,20 +191,12 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
         "enableServiceLinks": False,
         "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{
-            "name": "worker",
-            "image": rs.image,
-            "command": ["tlt", "worker", "--role", role, "--spec", posixpath.join(names.SPEC_DIR, names.SPEC_FILE)],
-            "workingDir": WORK_DIR,
-            "env": _env(run, spec, role),
-            "ports": _ports(role),
-            "resources": _resources(rs),
-            "volumeMounts": mounts,
-            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
-        }],
+        "containers": containers,
         "volumes": volumes,
     }
+    if sidecar:
+        pod_spec["resourceClaims"] = [{"name": GPU_CLAIM,
+                                       "resourceClaimTemplateName": names.claim_template_name(run.name)}]
     if overrides.node_selector:
         pod_spec["nodeSelector"] = dict(overrides.node_selector)
     if overrides.tolerations:

@@ -1,0 +1,184 @@
+"""Trainer slots of one run, poll by poll: worker states read from the rollout pods, GPU
+utilisation read from Prometheus, `slots.decide_slots`, and the drafter status that follows.
+
+Where things are kept:
+- in the operator's memory, per run (`RunSlots`): utilisation history, the time of the last poll
+  and when each slot last changed. Lost on an operator restart, which only makes it more cautious:
+  without history only the reported states count, and every slot enabled in the status is taken
+  as changed at the restart, so none changes again within `cooldownSeconds`.
+- in `.status.drafter` (persistent): `enabledSlots`, `enabledTrainers`, `activeTrainers`,
+  `idleGpuSeconds`, `harvestedGpuSeconds`.
+
+Accounting per poll: the time since the previous poll (at most `MAX_GAP_POLLS` polls, so the
+operator's own downtime is never counted as observed) times the pod's GPUs is added, for every
+rollout pod judged IDLE, to the idle GPU-seconds, and for every pod reporting TRAINING also to the
+harvested GPU-seconds (harvested is a part of idle: TRAINING is judged IDLE). Until something is
+observed (a reported state, a utilisation sample, an enabled slot) the status is left as it is:
+no `enabledSlots` list there means "the operator has not decided yet". A status write that fails
+after a poll loses that poll's GPU-seconds and events (the next poll writes the slots again):
+the counts err low, never high.
+
+The worker-state annotation (`tlt.dev/worker-state`) is the contract described in
+`builders.pod`; `parse_worker_state` reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tlt.config import MonitoringSpec, RunSpec
+from tlt.status import DrafterStatus
+
+from . import metrics, names
+from .gpu_metrics import PrometheusClient, PrometheusError
+from .slots import (
+    PodObservation,
+    SlotDecision,
+    SlotState,
+    UtilSample,
+    Verdict,
+    WorkerState,
+    decide_slots,
+    record_utilization,
+)
+
+log = logging.getLogger(__name__)
+MAX_GAP_POLLS = 3
+PROMETHEUS_TIMEOUT_S = 5.0
+
+Reader = Callable[[MonitoringSpec, str], dict[str, float]]
+
+
+def parse_worker_state(pod: str, annotations: Mapping[str, str]) -> tuple[WorkerState, float] | None:
+    """(state, since in epoch seconds) from a pod's `tlt.dev/worker-state` annotation
+    `{"state": "IDLE", "since": "2026-01-01T00:00:00Z"}`; None when absent or unreadable (logged)."""
+    raw = annotations.get(names.WORKER_STATE_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        report = json.loads(raw)
+        state = WorkerState(report["state"])
+        since = datetime.datetime.fromisoformat(report["since"])
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("pod %s: unreadable %s annotation %r (want {\"state\": GENERATING|IDLE|TRAINING, "
+                    "\"since\": RFC 3339}): %s", pod, names.WORKER_STATE_ANNOTATION, raw[:200], exc)
+        return None
+    if since.tzinfo is None:
+        since = since.replace(tzinfo=datetime.UTC)
+    return state, since.timestamp()
+
+
+def read_prometheus(monitoring: MonitoringSpec, namespace: str) -> dict[str, float]:
+    """{pod: GPU utilisation in [0, 1]} of `namespace` (blocking; raises PrometheusError)."""
+    return PrometheusClient.from_spec(monitoring, timeout=PROMETHEUS_TIMEOUT_S).utilization(namespace)
+
+
+@dataclass(frozen=True)
+class RunSlots:
+    """What the operator remembers of one run between polls."""
+
+    history: Mapping[str, tuple[UtilSample, ...]] = field(default_factory=dict)
+    state: SlotState | None = None
+    last_poll: float | None = None
+
+
+@dataclass(frozen=True)
+class SlotOutcome:
+    """One poll's result: the drafter status to write, events, the decision, GPU-seconds added."""
+
+    drafter: DrafterStatus
+    events: list[tuple[str, str, str]]
+    decision: SlotDecision
+    idle_gpu_seconds: float
+    harvested_gpu_seconds: float
+
+
+def due(memory: RunSlots, spec: RunSpec, now: float) -> bool:
+    """A poll is due `monitoring.pollSeconds` after the last one."""
+    return memory.last_poll is None or now - memory.last_poll >= spec.monitoring.poll_seconds
+
+
+def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, Mapping[str, str]], reading: Mapping[str, float] | None,
+         old: DrafterStatus, now: float) -> tuple[RunSlots, SlotOutcome]:
+    """One poll, pure: `pods` maps each running rollout pod to its annotations, `reading` is this
+    poll's Prometheus answer ({pod: utilisation}; None without Prometheus or when it failed), `old`
+    the drafter status so far, `now` epoch seconds."""
+    drafter = spec.drafter
+    horizon = max(drafter.idle_window_seconds, drafter.busy_window_seconds) + 2 * spec.monitoring.poll_seconds
+    ours = {p: u for p, u in (reading or {}).items() if p in pods}
+    history = record_utilization({p: s for p, s in memory.history.items() if p in pods}, ours, now, horizon)
+    reports = {p: parse_worker_state(p, annotations) for p, annotations in pods.items()}
+    observed = [PodObservation(p, *(reports[p] or (None, None)), utilization=history.get(p, ()))
+                for p in sorted(pods)]
+    previous = memory.state
+    if previous is None:
+        enabled = frozenset(old.enabled_slots or ()) & set(pods)
+        previous = SlotState(enabled, {p: now for p in enabled})
+    decision = decide_slots(observed, previous, now, drafter)
+
+    gap = 0.0 if memory.last_poll is None else min(now - memory.last_poll, MAX_GAP_POLLS * spec.monitoring.poll_seconds)
+    gpus = spec.rollout.resources.gpus
+    idle = sum(d.verdict is Verdict.IDLE for p, d in decision.pods.items() if p in pods) * gap * gpus
+    training = sorted(p for p, r in reports.items() if r is not None and r[0] is WorkerState.TRAINING)
+    harvested = len(training) * gap * gpus
+    update: dict[str, Any] = {}
+    if any(reports.values()) or history or decision.enabled or old.enabled_slots is not None:
+        update.update(enabled_slots=sorted(decision.enabled), enabled_trainers=len(decision.enabled))
+    if idle or old.idle_gpu_seconds is not None:
+        update["idle_gpu_seconds"] = round((old.idle_gpu_seconds or 0.0) + idle, 3)
+    if harvested or old.harvested_gpu_seconds is not None:
+        update["harvested_gpu_seconds"] = round((old.harvested_gpu_seconds or 0.0) + harvested, 3)
+    if any(reports.values()):
+        update["active_trainers"] = len(training)
+    events = [("Normal", "TrainerSlotEnabled", f"trainer slot of {p} enabled: {decision.pods[p].reason}")
+              for p in sorted(decision.turned_on)]
+    events += [("Normal", "TrainerSlotDisabled", f"trainer slot of {p} disabled: {decision.pods[p].reason}")
+               for p in sorted(decision.turned_off)]
+    outcome = SlotOutcome(old.model_copy(update=update), events, decision, idle, harvested)
+    return RunSlots(history, decision.state, now), outcome
+
+
+class SlotTracker:
+    """The operator's memory of every run's slots, and the Prometheus reads (off the event loop)."""
+
+    def __init__(self, read: Reader = read_prometheus, clock: Callable[[], float] = time.time) -> None:
+        self._read = read
+        self._clock = clock
+        self._runs: dict[tuple[str, str], RunSlots] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The run finished, was suspended or is gone: its slots and history go."""
+        self._runs.pop((namespace, name), None)
+        metrics.forget_slots(namespace, name)
+
+    async def poll(self, namespace: str, name: str, spec: RunSpec, pods: Mapping[str, Mapping[str, str]],
+                   old: DrafterStatus) -> SlotOutcome | None:
+        """This run's slots after one more poll; None while no poll is due (`monitoring.pollSeconds`)."""
+        key, now = (namespace, name), self._clock()
+        memory = self._runs.get(key, RunSlots())
+        if not due(memory, spec, now):
+            return None
+        reading = await self._utilization(namespace, spec.monitoring)
+        memory, outcome = step(memory, spec, pods, reading, old, now)
+        self._runs[key] = memory
+        metrics.observe_slots(namespace, name, outcome)
+        return outcome
+
+    async def _utilization(self, namespace: str, monitoring: MonitoringSpec) -> dict[str, float] | None:
+        if not monitoring.prometheus_url:
+            return None
+        try:
+            reading = await asyncio.to_thread(self._read, monitoring, namespace)
+        except PrometheusError as exc:
+            metrics.GPU_QUERIES.labels(result="error").inc()
+            log.warning("no GPU utilisation for %s this poll (reported worker states only): %s", namespace, exc)
+            return None
+        metrics.GPU_QUERIES.labels(result="ok").inc()
+        return reading

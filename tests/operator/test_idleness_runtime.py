@@ -1,0 +1,99 @@
+"""The workers' side of the slot contract (`tlt.runtime.k8s_slots`) against the fake API server,
+and the operator's reading of it (`idleness.parse_worker_state`)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+
+import pytest
+import yaml
+from _operator_harness import NAMESPACE, Cluster
+from test_manifests import _verb
+from tlt_operator.idleness import parse_worker_state
+from tlt_operator.slots import WorkerState
+
+from tlt.runtime import k8s_slots
+from tlt.runtime.k8s_slots import SlotApi, SlotApiError, worker_name
+
+WORKER_RBAC = pathlib.Path(__file__).resolve().parents[2] / "manifests" / "samples" / "worker-rbac.yaml"
+POD = {"metadata": {"name": "r1-rollout-0", "labels": {"tlt.dev/run": "r1"}},
+       "spec": {"containers": [{"name": "worker", "image": "tlt:dev"}]}}
+
+
+def test_outside_a_cluster_both_calls_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("TLT_POD_NAME", "r1-rollout-0")
+    assert SlotApi.from_environment() is None
+    assert k8s_slots.report_state("IDLE") is False
+    assert k8s_slots.enabled_slots() is None and k8s_slots.enabled_workers() is None
+
+
+def test_in_a_pod_it_uses_the_service_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443",
+                       "TLT_POD_NAME": "r1-rollout-0", "TLT_NAMESPACE": "team", "TLT_RUN_NAME": "r1"}.items():
+        monkeypatch.setenv(key, value)
+    api = SlotApi.from_environment()
+    assert api is not None and api.base_url == "https://10.0.0.1:6443"
+    assert (api.pod, api.namespace, api.run) == ("r1-rollout-0", "team", "r1")
+    assert api.token_file == k8s_slots.SERVICE_ACCOUNT_DIR / "token"
+
+
+def test_reported_state_lands_on_the_pod_and_the_operator_reads_it(cluster: Cluster) -> None:
+    cluster.core.create_namespaced_pod(NAMESPACE, POD)
+    api = SlotApi(cluster.fake.url, "r1-rollout-0", NAMESPACE, "r1")
+    since = datetime.datetime(2026, 1, 2, 3, 4, 5, 250000, tzinfo=datetime.UTC)
+    api.report_state("TRAINING", since)
+    annotations = cluster.core.read_namespaced_pod("r1-rollout-0", NAMESPACE).metadata.annotations
+    assert json.loads(annotations["tlt.dev/worker-state"]) == {"state": "TRAINING",
+                                                               "since": "2026-01-02T03:04:05.250000Z"}
+    assert parse_worker_state("r1-rollout-0", annotations) == (WorkerState.TRAINING, since.timestamp())
+
+
+def test_enabled_slots_come_from_the_run_status(cluster: Cluster) -> None:
+    cluster.create_run("r1", {})
+    api = SlotApi(cluster.fake.url, "r1-rollout-0", NAMESPACE, "r1")
+    assert api.enabled_slots() is None, "no list yet must read as 'not decided', not 'none enabled'"
+    cluster.custom.patch_namespaced_custom_object_status(
+        "tlt.dev", "v1alpha1", NAMESPACE, "tltrainingruns", "r1",
+        {"status": {"drafter": {"enabledSlots": ["r1-rollout-1"]}}})
+    assert api.enabled_slots() == {"r1-rollout-1"}
+
+
+def test_api_errors_name_the_call(cluster: Cluster) -> None:
+    api = SlotApi(cluster.fake.url, "missing-rollout-0", NAMESPACE, "r1")
+    with pytest.raises(SlotApiError, match="PATCH .*missing-rollout-0: HTTP 404"):
+        api.report_state("IDLE")
+
+
+def test_bad_states_and_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="worker state must be one of"):
+        k8s_slots.state_annotation("SLEEPING", datetime.datetime.now(datetime.UTC))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a rollout pod name"):
+        worker_name("r1-policy-0")
+    assert worker_name("a-rollout-run-rollout-12") == "rollout-12"
+
+
+def test_unreadable_worker_state_is_ignored() -> None:
+    for raw in ("not json", '{"state": "SLEEPING", "since": "2026-01-01T00:00:00Z"}', '{"state": "IDLE"}',
+                '{"state": "IDLE", "since": "yesterday"}'):
+        assert parse_worker_state("p", {"tlt.dev/worker-state": raw}) is None, raw
+    assert parse_worker_state("p", {}) is None
+
+
+def test_worker_rbac_allows_exactly_the_slot_calls(cluster: Cluster) -> None:
+    cluster.core.create_namespaced_pod(NAMESPACE, POD)
+    cluster.create_run("r1", {})
+    api = SlotApi(cluster.fake.url, "r1-rollout-0", NAMESPACE, "r1")
+    api.report_state("IDLE")
+    api.enabled_slots()
+    fake = cluster.fake.api
+    used = {_verb(m, p) for (m, p), agent in zip(fake.requests, fake.agents, strict=True)
+            if agent.startswith("Python-urllib")}
+    assert used == {("", "pods", "patch"), ("tlt.dev", "tltrainingruns/status", "get")}
+    (role,) = [d for d in yaml.safe_load_all(WORKER_RBAC.read_text()) if d and d["kind"] == "Role"]
+    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert used <= allowed, "the worker Role must allow every call of k8s_slots"
+    assert ("tlt.dev", "tltrainingruns", "get") not in allowed, "the run itself stays out of the workers' reach"

@@ -1,0 +1,138 @@
+"""The workers' side of the trainer-slot contract with the operator (see `tlt_operator.builders.pod`).
+
+Two directions, both through the Kubernetes API with the pod's own service account
+(manifests/samples/worker-rbac.yaml grants exactly these two calls):
+
+- `report_state`: a rollout worker publishes what it is doing (GENERATING / IDLE / TRAINING and
+  since when) as the annotation `tlt.dev/worker-state: {"state": "IDLE", "since": "<RFC 3339>"}` on
+  its own pod, by a JSON merge patch (verb `patch` on `pods`).
+- `enabled_slots` / `enabled_workers`: the coordinator reads which rollout pods' slots the operator
+  enabled, `.status.drafter.enabledSlots` of its run, through the status subresource (verb `get` on
+  `tltrainingruns/status`: read-only, nothing else of the API).
+
+Outside a cluster (no `KUBERNETES_SERVICE_HOST`, or no `TLT_POD_NAME` / `TLT_NAMESPACE` /
+`TLT_RUN_NAME` from the pod builder) `SlotApi.from_environment()` is None and the module-level
+functions do nothing: `report_state` returns False and `enabled_slots` None ("no list written").
+Stdlib only, so the runtime image needs no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tlt.config import API_GROUP, API_VERSION, PLURAL
+
+log = logging.getLogger(__name__)
+
+WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
+STATES = ("GENERATING", "IDLE", "TRAINING")
+WorkerState = Literal["GENERATING", "IDLE", "TRAINING"]
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_WORKER_SUFFIX = re.compile(r"-(rollout-\d+)$")
+
+
+class SlotApiError(RuntimeError):
+    """The Kubernetes API refused or could not be reached."""
+
+
+def worker_name(pod: str) -> str:
+    """`rollout-<rank>` (the pod's hostname, the runtime's worker name) of pod `<run>-rollout-<rank>`."""
+    match = _WORKER_SUFFIX.search(pod)
+    if match is None:
+        raise ValueError(f"{pod!r} is not a rollout pod name (<run>-rollout-<rank>)")
+    return match.group(1)
+
+
+def state_annotation(state: WorkerState, since: datetime.datetime) -> str:
+    """The annotation's value: `{"state": ..., "since": RFC 3339 UTC}`."""
+    if state not in STATES:
+        raise ValueError(f"worker state must be one of {list(STATES)}, got {state!r}")
+    stamp = since.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return json.dumps({"state": state, "since": stamp}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class SlotApi:
+    """This pod's two calls. base_url: the API server; token_file / ca_file: the service account's
+    (None for a plain-HTTP test server); pod / namespace / run: this pod and its run."""
+
+    base_url: str
+    pod: str
+    namespace: str
+    run: str
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    timeout: float = 5.0
+
+    @classmethod
+    def from_environment(cls) -> SlotApi | None:
+        """In a TLT pod: the in-cluster API with the mounted service account; else None."""
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        ids = [os.environ.get(k) for k in ("TLT_POD_NAME", "TLT_NAMESPACE", "TLT_RUN_NAME")]
+        if not host or not all(ids):
+            return None
+        pod, namespace, run = (str(v) for v in ids)
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"https://{host}:{port}", pod, namespace, run,
+                   SERVICE_ACCOUNT_DIR / "token", SERVICE_ACCOUNT_DIR / "ca.crt")
+
+    def report_state(self, state: WorkerState, since: datetime.datetime | None = None) -> None:
+        """Annotate this pod with `state`, entered at `since` (default: now)."""
+        value = state_annotation(state, since or datetime.datetime.now(datetime.UTC))
+        patch = {"metadata": {"annotations": {WORKER_STATE_ANNOTATION: value}}}
+        self._call("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", patch)
+
+    def enabled_slots(self) -> frozenset[str] | None:
+        """Pod names whose slot the operator enabled; None while it has written no list."""
+        path = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.run}/status"
+        drafter = (self._call("GET", path).get("status") or {}).get("drafter") or {}
+        listed = drafter.get("enabledSlots")
+        return None if listed is None else frozenset(str(p) for p in listed)
+
+    def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json"
+        if self.token_file is not None:
+            headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"  # re-read: tokens rotate
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+        context = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file is not None else None
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as response:
+                return dict(json.loads(response.read() or b"{}"))
+        except urllib.error.HTTPError as exc:
+            raise SlotApiError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:300]!r}") from exc
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            raise SlotApiError(f"{method} {path}: API server unreachable: {exc}") from exc
+
+
+def report_state(state: WorkerState, since: datetime.datetime | None = None) -> bool:
+    """Publish this worker's state on its pod; False (nothing done) outside a cluster."""
+    api = SlotApi.from_environment()
+    if api is None:
+        return False
+    api.report_state(state, since)
+    return True
+
+
+def enabled_slots() -> frozenset[str] | None:
+    """Enabled rollout pods of this pod's run; None outside a cluster or before the operator wrote a list."""
+    api = SlotApi.from_environment()
+    return None if api is None else api.enabled_slots()
+
+
+def enabled_workers() -> frozenset[str] | None:
+    """As `enabled_slots`, as worker names (`rollout-<rank>`)."""
+    pods = enabled_slots()
+    return None if pods is None else frozenset(worker_name(p) for p in pods)
