@@ -192,9 +192,9 @@ class ArmSpec(Spec):
 
 def _default_arms() -> list[ArmSpec]:
     return [
-        ArmSpec(kind="chain", depth=3),
-        ArmSpec(kind="chain", depth=6),
-        ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
+        ArmSpec(kind="chain", depth=2),
+        ArmSpec(kind="chain", depth=1),
+        ArmSpec(kind="tree", depth=2, topk=2, verify_tokens=4),
         ArmSpec(kind="ngram", depth=4),
     ]
 

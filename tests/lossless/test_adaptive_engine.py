@@ -1,0 +1,191 @@
+"""The adaptive stepper (SD on/off by running batch, bandit-chosen arms) is lossless and re-prefills nothing.
+
+- Greedy decoding in float64 with the adaptive stepper equals plain decoding token for token while
+  the batch shrinks across the SD threshold and the bandit switches between n-gram chains, EAGLE
+  chains, EAGLE trees and an always-right oracle chain.
+- The target forwards exactly the prompt tokens plus what each step verified: switching SD on or
+  changing arms costs zero re-prefill tokens (counted at the target's embedding layer).
+- The bandit inside the engine records rewards per bucket, tries every arm, and keeps exploring
+  with epsilon > 0 (with epsilon 0 it settles on the best arm).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from tlt.adaptive.arms import Arm, build_arms, verify_width
+from tlt.adaptive.bandit import BucketedBandit
+from tlt.adaptive.stepper import AdaptiveStepper, build_adaptive_stepper
+from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.tiny import tiny_model
+from tlt.rollout.batch import RunningBatch
+from tlt.rollout.drafting import Draft
+from tlt.rollout.engine import Engine
+from tlt.rollout.tree import chain_tree
+from tlt.rollout.types import Completion, Request, SamplingParams
+
+MAX_CONTEXT = 96
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 9, 10, 9, 10, 9, 10], [11, 12, 13, 14, 11, 12, 13, 14],
+           [3, 4, 3, 4, 5, 3, 4, 5]]
+MAX_NEW = (56, 8, 36, 12)  # rows finish at different steps: the batch shrinks 4 -> 3 -> 2 -> 1
+LONG_MAX_NEW = (88, 8, 56, 12)  # longer SD phases for the bandit test
+ARMS = [
+    ArmSpec(kind="ngram", depth=3),
+    ArmSpec(kind="chain", depth=2),
+    ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5),
+    ArmSpec(kind="chain", depth=4),
+]
+
+
+def _requests(max_new: tuple[int, ...] = MAX_NEW) -> list[Request]:
+    return [Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n))
+            for i, (p, n) in enumerate(zip(PROMPTS, max_new))]
+
+
+def _spec(**overrides) -> SpeculativeSpec:
+    base = dict(mode="tlt", threshold=2, buckets=[1, 2], arms=ARMS, epsilon=0.5, window=4, ngram_min=1, ngram_max=3)
+    return SpeculativeSpec(**{**base, **overrides})
+
+
+def _eagle(model: PreTrainedModel) -> EagleDrafter:
+    torch.manual_seed(3)
+    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype)
+    drafter.bind_policy(model)
+    return drafter
+
+
+class OracleChain:
+    """Drafts the plain engine's next k greedy tokens: every draft is accepted."""
+
+    def __init__(self, answers: dict[str, list[int]], k: int) -> None:
+        self.answers, self.k = answers, k
+
+    def propose(self, batch: RunningBatch) -> Draft:
+        futures = [self.answers[s.request.request_id][len(s.tokens): len(s.tokens) + self.k] for s in batch.sequences]
+        n = torch.tensor([len(f) for f in futures])
+        padded = torch.tensor([f + [0] * (self.k - len(f)) for f in futures])
+        return Draft(chain_tree(batch.last_token, padded, n), chain=True)
+
+
+@pytest.fixture(scope="module")
+def model64() -> PreTrainedModel:
+    return tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
+
+
+@pytest.fixture(scope="module")
+def plain64(model64: PreTrainedModel) -> list[Completion]:
+    return Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT).generate(_requests())
+
+
+class TargetTokenCounter:
+    """Counts every token the target model embeds (any forward of the target, prefill included)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.count = 0
+        self.handle = model.model.embed_tokens.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self.count += inputs[0].numel()
+
+
+def _adaptive_engine(model, spec, answers=None, *, seed=0, clock=None) -> tuple[Engine, AdaptiveStepper]:
+    engine = Engine(model, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=True)
+    stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed)
+    if answers is not None:  # one more arm: the oracle, whose drafts are all accepted
+        arms = stepper.arms + [Arm(len(stepper.arms), "oracle-d6", ArmSpec(kind="chain", depth=6),
+                                   OracleChain(answers, 6))]
+        bandit = BucketedBandit(len(arms), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed))
+        stepper = AdaptiveStepper(engine.runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets,
+                                  **({"clock": clock} if clock else {}))
+    engine.stepper = stepper
+    return engine, stepper
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_adaptive_equals_plain_float64_through_switches_and_arm_changes(seed, model64, plain64):
+    answers = {c.request_id: c.token_ids for c in plain64}
+    engine, stepper = _adaptive_engine(model64, _spec(), answers, seed=seed)
+    out = engine.generate(_requests())
+    assert [c.token_ids for c in out] == [c.token_ids for c in plain64]
+    for got, want in zip(out, plain64):
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-6)
+    modes = [r.arm is not None for r in stepper.log]
+    assert modes[0] is False and True in modes, "the batch must start plain (4 > threshold 2) and switch SD on"
+    assert len({r.arm for r in stepper.log if r.arm}) >= 3, "the bandit must switch between several arms"
+    assert stepper.stats.accepted > 0, "some drafts must be accepted (the oracle arm at least)"
+    for record in stepper.log:
+        assert (record.arm is not None) == (record.running <= 2)
+
+
+def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, plain64):
+    answers = {c.request_id: c.token_ids for c in plain64}
+    engine, stepper = _adaptive_engine(model64, _spec(), answers)
+    counter = TargetTokenCounter(model64)
+    try:
+        engine.generate(_requests())
+    finally:
+        counter.handle.remove()
+    prompt_tokens = sum(len(p) for p in PROMPTS)  # equal lengths: prefill has no padding
+    assert len({len(p) for p in PROMPTS}) == 1
+    widths = {a.label: verify_width(a.spec) for a in stepper.arms}
+    verified = 0
+    for r in stepper.log:
+        expected = r.running if r.arm is None else r.running * widths[r.arm]
+        assert r.target_tokens == expected, f"step {r} fed other than the verified tokens"
+        verified += expected
+    assert counter.count == prompt_tokens + verified
+    assert engine.tokens_processed == prompt_tokens + verified
+    switches = sum(1 for a, b in itertools.pairwise(stepper.log) if a.arm != b.arm)
+    assert switches >= 3
+
+
+def _fixed_clock():
+    ticks = itertools.count()
+    return lambda: float(next(ticks))  # every step lasts exactly 1 s: reward = tokens gained
+
+
+def test_bandit_in_engine_records_rewards_per_bucket_and_explores(model64):
+    plain = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT).generate(_requests(LONG_MAX_NEW))
+    answers = {c.request_id: c.token_ids for c in plain}
+    greedy_engine, greedy = _adaptive_engine(model64, _spec(epsilon=0.0), answers, clock=_fixed_clock())
+    greedy_engine.generate(_requests(LONG_MAX_NEW))
+    explore_engine, explore = _adaptive_engine(model64, _spec(epsilon=0.6), answers, clock=_fixed_clock())
+    explore_engine.generate(_requests(LONG_MAX_NEW))
+    oracle = len(explore.arms) - 1
+    for stepper in (greedy, explore):
+        for bucket in (0, 1):
+            steps_in_bucket = sum(1 for r in stepper.log if r.bucket == bucket)
+            stats = stepper.bandit.stats(bucket)
+            assert sum(s.pulls for s in stats) == steps_in_bucket
+            assert all(s.pulls >= 1 and s.estimate is not None for s in stats), "every arm tried in every bucket"
+    for bucket in (0, 1):
+        # epsilon 0: after one try each, the oracle (most tokens per second) is always chosen
+        assert [s.pulls for i, s in enumerate(greedy.bandit.stats(bucket)) if i != oracle] == [1] * oracle
+        assert greedy.bandit.best(bucket) == oracle
+    # epsilon 0.6: the other arms keep getting pulled
+    others = sum(s.pulls for b in (0, 1) for i, s in enumerate(explore.bandit.stats(b)) if i != oracle)
+    assert others >= 2 * oracle + 4
+
+
+def test_mode_off_is_plain_decoding_and_ngram_mode_uses_only_ngram_arms(model64, plain64):
+    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=False)
+    off = build_adaptive_stepper(_spec(mode="off"), engine.runner, None, rows=4, context=MAX_CONTEXT)
+    engine.stepper = off
+    assert [c.token_ids for c in engine.generate(_requests())] == [c.token_ids for c in plain64]
+    assert all(r.arm is None for r in off.log)
+    ngram = build_adaptive_stepper(_spec(mode="ngram"), engine.runner, None, rows=4, context=MAX_CONTEXT)
+    engine.stepper = ngram
+    assert [c.token_ids for c in engine.generate(_requests())] == [c.token_ids for c in plain64]
+    assert {r.arm for r in ngram.log if r.arm} == {"ngram-d3"}
+
+
+def test_build_arms_refuses_learned_arms_without_a_drafter(model64):
+    with pytest.raises(ValueError, match="needs the learned drafter"):
+        build_arms(_spec(mode="static"), embed=model64.get_input_embeddings(), drafter=None,
+                   max_batch_size=4, max_context=MAX_CONTEXT)

@@ -1,0 +1,71 @@
+"""Arms are built from `speculative.arms` per mode, labelled stably, and EAGLE arms share one drafter cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from tlt.adaptive.arms import arm_indices, arm_label, build_arms, tree_budget, verify_width
+from tlt.adaptive.stepper import AdaptiveStepper, new_bandit
+from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.tiny import tiny_model
+from tlt.rollout.drafting import EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.runner import ModelRunner
+
+ARMS = [ArmSpec(kind="chain", depth=3), ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
+        ArmSpec(kind="ngram", depth=5), ArmSpec(kind="tree", depth=2, topk=3)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("qwen2", vocab_size=32, seed=1)
+
+
+def _drafter(model):
+    d = EagleDrafter(drafter_config_from_target(model.config))
+    d.bind_policy(model)
+    return d
+
+
+def test_labels_budgets_and_verify_widths():
+    assert [arm_label(a) for a in ARMS] == ["chain-d3", "tree-d4k2v8", "ngram-d5", "tree-d2k3v6"]
+    assert tree_budget(ARMS[3]) == 6, "verifyTokens 0 means depth * topk"
+    assert [verify_width(a) for a in ARMS] == [4, 9, 6, 7]
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("off", []), ("ngram", [2]), ("static", [0, 1, 2, 3]),
+                                                ("tlt", [0, 1, 2, 3])])
+def test_modes_select_arms(mode, expected):
+    assert arm_indices(SpeculativeSpec(mode=mode, arms=ARMS)) == expected
+
+
+def test_ngram_mode_without_an_ngram_arm_is_refused():
+    with pytest.raises(ValueError, match="kind 'ngram'"):
+        arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="chain", depth=2)]))
+
+
+def test_factory_builds_each_kind_and_eagle_arms_share_one_cache(model):
+    arms = build_arms(SpeculativeSpec(mode="tlt", arms=ARMS), embed=model.get_input_embeddings(),
+                      drafter=_drafter(model), max_batch_size=2, max_context=64)
+    kinds = [type(a.drafter) for a in arms]
+    assert kinds == [EagleChainDrafter, EagleTreeDrafter, NgramDrafter, EagleTreeDrafter]
+    assert arms[0].drafter.k == 3 and arms[2].drafter.k == 5
+    assert (arms[1].drafter.topk, arms[1].drafter.depth, arms[1].drafter.budget) == (2, 4, 8)
+    assert arms[0].drafter.state is arms[1].drafter.state is arms[3].drafter.state
+    assert [a.index for a in arms] == [0, 1, 2, 3]
+
+
+def test_ngram_mode_needs_no_drafter_and_keeps_spec_indices(model):
+    arms = build_arms(SpeculativeSpec(mode="ngram", arms=ARMS), embed=model.get_input_embeddings(), drafter=None,
+                      max_batch_size=2, max_context=64)
+    assert [(a.index, a.label) for a in arms] == [(2, "ngram-d5")]
+
+
+def test_stepper_refuses_a_bandit_of_another_shape(model):
+    spec = SpeculativeSpec(mode="ngram", arms=ARMS, buckets=[1, 2])
+    runner = ModelRunner(model, max_batch_size=2, max_context=64)
+    arms = build_arms(spec, embed=model.get_input_embeddings(), drafter=None, max_batch_size=2, max_context=64)
+    with pytest.raises(ValueError, match="arms"):
+        AdaptiveStepper(runner, arms, new_bandit(spec, 3, seed=0), threshold=2, buckets=[1, 2])
+    stepper = AdaptiveStepper(runner, arms, new_bandit(spec, 1, seed=0), threshold=2, buckets=[1, 2])
+    assert [stepper.bucket(n) for n in (1, 2, 3)] == [0, 1, None]

@@ -1,0 +1,43 @@
+"""The verify cost curve helpers: interpolation, ideal speedup, threshold choice, and a real measurement's shape."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tlt.adaptive.costs import CostPoint, cost_ratio, ideal_speedup, measure_costs, pick_threshold
+from tlt.models.tiny import tiny_model
+
+# ratio grows with batch and width: 1 + 0.02 * batch * (width - 1)
+POINTS = [CostPoint(b, w, 0.01, 1 + 0.02 * b * (w - 1), 1.0, 2.0) for b in (1, 4, 32) for w in (1, 5, 9)]
+
+
+def test_cost_ratio_hits_measured_points_and_interpolates_between_them():
+    assert math.isclose(cost_ratio(POINTS, 4, 5), 1 + 0.02 * 4 * 4)
+    assert math.isclose(cost_ratio(POINTS, 4, 3), (cost_ratio(POINTS, 4, 1) + cost_ratio(POINTS, 4, 5)) / 2)
+    between = cost_ratio(POINTS, 18, 9)
+    assert cost_ratio(POINTS, 4, 9) < between < cost_ratio(POINTS, 32, 9)
+    assert cost_ratio(POINTS, 64, 9) == cost_ratio(POINTS, 32, 9), "clamped past the largest batch"
+
+
+def test_ideal_speedup_is_accept_length_over_cost_ratio():
+    assert ideal_speedup(3.0, 1.5) == 2.0
+    with pytest.raises(ValueError, match="ratio"):
+        ideal_speedup(3.0, 0.0)
+
+
+def test_threshold_is_the_largest_batch_where_the_arm_pays():
+    # width 9, accept 2: pays while 1 + 0.16 * b < 2, i.e. b < 6.25
+    assert pick_threshold(POINTS, 9, 2.0) == 6
+    assert pick_threshold(POINTS, 9, 1.0) == 0, "an arm that accepts nothing never pays"
+
+
+def test_measure_costs_reports_every_pair_with_width_one_as_unit():
+    model = tiny_model("qwen2", vocab_size=32, seed=0)
+    points = measure_costs(model, batches=[1, 2], widths=[3], context=8, repeats=2)
+    assert [(p.batch, p.width) for p in points] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    for p in points:
+        assert p.seconds > 0 and p.ratio_min <= p.ratio_max
+        if p.width == 1:
+            assert p.ratio == 1.0

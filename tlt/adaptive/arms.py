@@ -1,0 +1,120 @@
+"""Speculative-decoding arms: drafters built from `speculative.arms`, filtered by `speculative.mode`.
+
+An arm is one drafting strategy the bandit may pick: an n-gram chain, an EAGLE chain of some depth
+or an EAGLE tree (top-k children per node, `depth` levels, a verify budget). Modes:
+
+- off: no arms (plain decoding only);
+- ngram: only the `ngram` arms (model-free, no learned drafter needed);
+- static / tlt: every arm; `chain` and `tree` arms draft with the learned EAGLE drafter.
+
+All EAGLE arms of one engine share ONE drafter KV cache (`EagleCache`): whichever arm runs, the
+drafter catches up from the target's saved hidden states only on positions it has not seen, so
+switching arms (or switching SD on) never re-runs the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.models.drafter import EagleDrafter
+from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+
+LEARNED_KINDS = ("chain", "tree")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One bandit arm: its place in `speculative.arms`, a short label, its spec and its drafter."""
+
+    index: int
+    label: str
+    spec: ArmSpec
+    drafter: Drafter
+
+
+def arm_label(arm: ArmSpec) -> str:
+    """A short stable name for metrics, e.g. 'chain-d4', 'tree-d4k2v8', 'ngram-d4'."""
+    if arm.kind == "tree":
+        return f"tree-d{arm.depth}k{arm.topk}v{tree_budget(arm)}"
+    return f"{arm.kind}-d{arm.depth}"
+
+
+def tree_budget(arm: ArmSpec) -> int:
+    """Draft nodes a tree arm verifies: `verifyTokens`, or depth * topk when it is 0."""
+    return arm.verify_tokens or arm.depth * arm.topk
+
+
+def verify_width(arm: ArmSpec) -> int:
+    """Tokens per row the target forwards in one step of this arm (the root plus its draft nodes)."""
+    return 1 + (tree_budget(arm) if arm.kind == "tree" else arm.depth)
+
+
+def arm_indices(spec: SpeculativeSpec) -> list[int]:
+    """Indices into `spec.arms` usable in `spec.mode` (see the module docstring)."""
+    if spec.mode == "off":
+        return []
+    if spec.mode == "ngram":
+        chosen = [i for i, a in enumerate(spec.arms) if a.kind == "ngram"]
+        if not chosen:
+            raise ValueError("speculative.mode 'ngram' needs at least one arm of kind 'ngram' in speculative.arms")
+        return chosen
+    return list(range(len(spec.arms)))
+
+
+def build_arms(
+    spec: SpeculativeSpec,
+    *,
+    embed: nn.Embedding,
+    drafter: EagleDrafter | None,
+    max_batch_size: int,
+    max_context: int,
+) -> list[Arm]:
+    """The arms of `spec.mode`, each with its drafter (a drafter factory over `spec.arms`).
+
+    embed: the target's input embedding (the EAGLE drafter reads x[t+1] through it); drafter: the
+    learned EAGLE drafter, bound to the target's embedding and head; required when an arm of kind
+    chain or tree is in use. The engine must keep hidden states (`Engine(return_hidden=True)`).
+    """
+    indices = arm_indices(spec)
+    needs_drafter = any(spec.arms[i].kind in LEARNED_KINDS for i in indices)
+    if needs_drafter and drafter is None:
+        raise ValueError(
+            f"speculative.mode {spec.mode!r} with arms of kind chain/tree needs the learned drafter; none was given"
+        )
+    shared = EagleCache(drafter, embed, max_batch_size, max_context) if needs_drafter else None
+    arms = []
+    for i in indices:
+        arm = spec.arms[i]
+        built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context)
+        arms.append(Arm(i, arm_label(arm), arm, built))
+    return arms
+
+
+def _drafter(
+    arm: ArmSpec,
+    spec: SpeculativeSpec,
+    drafter: EagleDrafter | None,
+    embed: nn.Embedding,
+    shared: EagleCache | None,
+    max_batch_size: int,
+    max_context: int,
+) -> Drafter:
+    if arm.kind == "ngram":
+        return NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max)
+    if drafter is None or shared is None:
+        raise ValueError(f"arm kind {arm.kind!r} needs the learned drafter")
+    built: EagleChainDrafter | EagleTreeDrafter
+    if arm.kind == "chain":
+        built = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context)
+    elif arm.kind == "tree":
+        built = EagleTreeDrafter(
+            drafter, embed, topk=arm.topk, depth=arm.depth, budget=tree_budget(arm),
+            max_batch_size=max_batch_size, max_context=max_context,
+        )
+    else:
+        raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', got {arm.kind!r}")
+    built.state = shared
+    return built

@@ -1,0 +1,142 @@
+"""The verify cost curve: what one target forward of k tokens per row costs relative to one token.
+
+Speculative decoding pays while verifying k + 1 tokens costs little more than decoding 1, i.e.
+while the running batch is small. `measure_costs` times the engine's own forward (runner + LM
+head) over a cache filled to `context` slots, for every (batch, width) pair, interleaved within
+each repeat so machine load hits all pairs alike. On a shared machine wall time mostly measures
+the scheduler: by default the clock is this process's CPU time (exact with one torch thread,
+which also avoids OpenMP threads spinning while their partner is descheduled) and the estimate
+is the fastest repeat (interference only adds time); the per-repeat ratios give the spread.
+`ideal_speedup` turns an accept length and a cost ratio into the speedup SD would reach with a
+free drafter; `pick_threshold` is the largest batch where an arm still pays.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from transformers import PreTrainedModel
+
+from tlt.rollout.runner import ModelRunner, causal_mask
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """Verify cost at one (batch, width): seconds per forward (fastest repeat) and the ratio to width 1.
+
+    ratio: fastest t(batch, width) over fastest t(batch, 1); ratio_min / ratio_max: the range of
+    the per-repeat ratios t(batch, width) / t(batch, 1) (the noise of a shared machine).
+    """
+
+    batch: int
+    width: int
+    seconds: float
+    ratio: float
+    ratio_min: float
+    ratio_max: float
+
+
+def _forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
+    lengths = torch.full((batch,), context, dtype=torch.long, device=runner.device)
+    slots = lengths[:, None] + torch.arange(width, device=runner.device)[None, :]  # [B, W]
+    mask = causal_mask(lengths, width, context + width)  # [B, W, S]
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, runner.model.config.vocab_size, (batch, width), generator=generator).to(runner.device)
+
+    def go() -> None:
+        runner.logits(runner.forward(tokens, slots, slots, mask))
+
+    return go
+
+
+@torch.no_grad()
+def measure_costs(
+    model: PreTrainedModel,
+    *,
+    batches: list[int],
+    widths: list[int],
+    context: int,
+    repeats: int,
+    clock: Literal["cpu", "wall"] = "cpu",
+) -> list[CostPoint]:
+    """Time a forward of `width` tokens per row for `batch` rows after `context` cached slots.
+
+    Width 1 (plain decoding) is always measured. One warm-up round, then `repeats` rounds, each
+    running every (batch, width) once. clock: "cpu" (process CPU time; see the module docstring)
+    or "wall". Returns one CostPoint per pair, batch-major.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    now = CLOCKS[clock]
+    widths = sorted(set(widths) | {1})
+    runner = ModelRunner(model, max_batch_size=max(batches), max_context=context + max(widths) + 1,
+                         capacity=context + max(widths) + 1)
+    runner.cache.start(max(batches))
+    runner.cache.lengths = [context] * max(batches)  # slots hold zeros: cost does not depend on values
+    fns = {(b, w): _forward_fn(runner, b, w, context) for b in batches for w in widths}
+    for fn in fns.values():
+        fn()
+    seconds: dict[tuple[int, int], list[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            t0 = now()
+            fn()
+            seconds[key].append(max(now() - t0, 1e-9))
+    out = []
+    for b in batches:
+        base = seconds[(b, 1)]
+        for w in widths:
+            ratios = [t / t1 for t, t1 in zip(seconds[(b, w)], base)]
+            fastest = min(seconds[(b, w)])
+            out.append(CostPoint(b, w, fastest, fastest / min(base), min(ratios), max(ratios)))
+    return out
+
+
+def cost_ratio(points: list[CostPoint], batch: int, width: int) -> float:
+    """Cost ratio at (batch, width), interpolated linearly in batch and width between measured points
+    (clamped at the measured ends)."""
+    batches = sorted({p.batch for p in points})
+    table = {(p.batch, p.width): p.ratio for p in points}
+
+    def at_batch(b: int) -> float:
+        widths = sorted(w for (bb, w) in table if bb == b)
+        return _interp(width, widths, [table[(b, w)] for w in widths])
+
+    return _interp(batch, batches, [at_batch(b) for b in batches])
+
+
+def _interp(x: float, xs: list[int], ys: list[float]) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= x < x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    raise ValueError(f"measured points must be ascending, got {xs}")
+
+
+def ideal_speedup(accept_length: float, ratio: float) -> float:
+    """Speedup of SD over plain decoding with a free drafter: tokens per step over the step's cost
+    relative to a plain step (accept_length counts the target's own next token, so >= 1)."""
+    if ratio <= 0:
+        raise ValueError(f"ratio must be > 0, got {ratio}")
+    return accept_length / ratio
+
+
+def pick_threshold(points: list[CostPoint], width: int, accept_length: float) -> int:
+    """Largest measured batch where an arm of `width` verify tokens with `accept_length` still pays
+    (ideal speedup > 1); 0 when it pays nowhere. Linear interpolation between measured batches."""
+    batches = sorted({p.batch for p in points})
+    best = 0
+    for b in range(1, max(batches) + 1):
+        if ideal_speedup(accept_length, cost_ratio(points, b, width)) > 1.0:
+            best = b
+    return best
