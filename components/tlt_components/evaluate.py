@@ -1,0 +1,46 @@
+"""Drafter evaluation (the `evaluate_drafter` component): accept length and speedup on held-out prompts.
+
+The exported EAGLE folder is loaded strictly for the policy (`tlt.drafter.export.load_eagle`);
+the first `num_prompts` held-out problems of the prepared data run plainly and speculatively
+(`tlt.drafter.evaluate.evaluate_drafter`), and the measurements come back as flat metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tlt.drafter.evaluate import evaluate_drafter
+from tlt.drafter.export import load_eagle
+from tlt.models.loading import load_policy
+from tlt_components.common import at_least, choice
+from tlt_components.prepare import read_problems
+
+DTYPES = ("float32", "bfloat16", "float64")
+
+
+def evaluate_export(
+    eagle_dir: str | Path,
+    policy_dir: str | Path,
+    data_dir: str | Path,
+    *,
+    num_prompts: int,
+    draft_tokens: int,
+    max_new_tokens: int,
+    batch_size: int,
+    temperature: float,
+    dtype: str,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Metrics of the exported drafter against its policy (see tlt.drafter.evaluate)."""
+    for name, value in (("num_prompts", num_prompts), ("draft_tokens", draft_tokens),
+                        ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
+        at_least(name, value, 1)
+    at_least("temperature", temperature, 0.0)
+    choice("dtype", dtype, DTYPES)
+    policy, tokenizer = load_policy(policy_dir, dtype)
+    drafter = load_eagle(eagle_dir, policy)
+    problems = read_problems(data_dir, "eval")[:num_prompts]
+    result = evaluate_drafter(policy, tokenizer, drafter, problems, draft_tokens=draft_tokens,
+                              max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
+                              seed=seed)
+    return result.as_metrics()

@@ -1,0 +1,93 @@
+"""Data preparation (the `prepare_data` component): the run's prompts and answers, validated, as a Dataset.
+
+The source is the run spec's `dataset` section: the built-in task, or a JSONL / Parquet file read
+with its `promptKey` / `answerKey`. A missing file, a record without one of the keys, an empty
+prompt or answer, or no records at all fails the component with the file, record and field named.
+The artifact is a folder:
+
+    train.jsonl     {"prompt": ..., "answer": ...} per line, the training problems
+    eval.jsonl      the held-out problems (a file source has one split: the same problems)
+    dataset.json    the dataset section it was made from and the statistics below
+
+Artifact metadata: counts, prompt / answer length statistics in characters (p50 / p90 / p99 /
+max / mean), whether eval equals train, and the sha256 of train.jsonl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tlt.tasks.datasets import DatasetError, load_problems
+from tlt.tasks.datasets import read_problems as read_file
+from tlt.tasks.evaluate import length_stats
+from tlt.tasks.problem import Problem
+from tlt_components.common import parse_run_spec
+
+log = logging.getLogger(__name__)
+
+TRAIN_FILE = "train.jsonl"
+EVAL_FILE = "eval.jsonl"
+INFO_FILE = "dataset.json"
+
+
+def _write_jsonl(path: Path, problems: list[Problem]) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for problem in problems:
+            handle.write(json.dumps({"prompt": problem.prompt, "answer": problem.answer}, ensure_ascii=False) + "\n")
+
+
+def check_problems(problems: list[Problem], where: str) -> None:
+    """Raise DatasetError for no problems or an empty prompt / answer (naming the record)."""
+    if not problems:
+        raise DatasetError(f"{where}: no problems")
+    for index, problem in enumerate(problems):
+        for field in ("prompt", "answer"):
+            if not getattr(problem, field).strip():
+                raise DatasetError(f"{where} record {index}: {field} is empty")
+
+
+def prepare_dataset(run_spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Validate the run spec's dataset, write the artifact folder, return its metadata."""
+    dataset = parse_run_spec(run_spec).spec.dataset
+    where = "built-in task" if dataset.source == "builtin" else f"dataset file {dataset.path}"
+    train, held_out = load_problems(dataset, "train"), load_problems(dataset, "eval")
+    check_problems(train, where)
+    check_problems(held_out, where)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(out / TRAIN_FILE, train)
+    _write_jsonl(out / EVAL_FILE, held_out)
+    metadata = {
+        "source": dataset.source,
+        "num_train": len(train),
+        "num_eval": len(held_out),
+        "eval_is_train": dataset.source == "file",
+        "prompt_chars": length_stats([len(p.prompt) for p in train]),
+        "answer_chars": length_stats([len(p.answer) for p in train]),
+        "sha256": hashlib.sha256((out / TRAIN_FILE).read_bytes()).hexdigest(),
+        "dataset": dataset.model_dump(mode="json", by_alias=True),
+    }
+    (out / INFO_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True))
+    log.info("prepared %d train / %d eval problems from the %s", len(train), len(held_out), where)
+    return metadata
+
+
+def read_problems(data_dir: str | Path, split: str) -> list[Problem]:
+    """The problems of a prepared Dataset folder; split is `train` or `eval`."""
+    files = {"train": TRAIN_FILE, "eval": EVAL_FILE}
+    if split not in files:
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    return read_file(Path(data_dir) / files[split], "prompt", "answer")
+
+
+def read_info(data_dir: str | Path) -> dict[str, Any]:
+    """The dataset.json of a prepared Dataset folder."""
+    path = Path(data_dir) / INFO_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{data_dir} is not a prepared dataset (no {INFO_FILE}); produce it with prepare_data")
+    return json.loads(path.read_text())

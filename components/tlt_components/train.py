@@ -1,0 +1,181 @@
+"""Training (the `train` component): run the RL loop on a cluster or in this process, publish outputs.
+
+`mode` is explicit and there is no fallback between the two:
+- `local`: the run trains on this machine, in `work_dir` (a fresh temporary folder when empty;
+  an existing one resumes from its checkpoints), with the runtime `local_runtime` names, as
+  `tlt train` does: `ray` (a local Ray cluster: the only runtime that trains a drafter, for
+  `speculative.mode` static / tlt) or `single-process` (`tlt train --local`: no drafter). The
+  final policy and, when the run trained one, the newest drafter snapshot are copied into the
+  Model artifacts.
+- `cluster`: a `TLTTrainingRun` is created and followed (`tlt_components.cluster`). Its outputs
+  stay on the run's checkpoint volume: the Model artifacts record where (`location.json`).
+
+The run spec is validated by `tlt.config_io.parse_run`; it must have the dataset section the
+prepared Dataset artifact was made from. Step metrics come back as data (`TrainResult.metrics`):
+every numeric metric of the last step under its own name, a per-step series of the main ones as
+`stepNNNN_<name>`, and `steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tlt.config import TLTTrainingRun
+from tlt.drafter.export import ExportResult, export_eagle, resolve_checkpoint
+from tlt_components.common import at_least, choice, object_name, parse_run_spec
+from tlt_components.prepare import read_info
+
+log = logging.getLogger(__name__)
+
+MODES = ("cluster", "local")
+LOCAL_RUNTIMES = ("ray", "single-process")
+DRAFTER_DIR = "drafter"  # where the runtimes write drafter snapshots under their output folder
+LOCATION_FILE = "location.json"
+SERIES_KEYS = ("reward_mean", "response_length_mean", "tokens_per_second", "step_seconds", "accept_length",
+               "drafter_loss")
+
+
+@dataclass
+class TrainResult:
+    """What `run_train` produced: metrics and the metadata of the policy and drafter artifacts."""
+
+    metrics: dict[str, float]
+    policy_metadata: dict[str, Any]
+    drafter_metadata: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_prepared(run: TLTTrainingRun, info: dict[str, Any]) -> None:
+    """ValueError unless the prepared data was made from this run's dataset section (fields named)."""
+    current = run.spec.dataset.model_dump(mode="json", by_alias=True)
+    prepared = info.get("dataset", {})
+    differ = sorted(k for k in set(current) | set(prepared) if current.get(k) != prepared.get(k))
+    if differ:
+        raise ValueError(
+            f"the prepared data was made from a different dataset section (fields {differ}); "
+            "pass the same run spec to prepare_data and train"
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def history_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Flat numeric metrics of a run's step history (see the module docstring)."""
+    metrics: dict[str, float] = {"steps": float(len(history))}
+    for row in history:
+        for key in SERIES_KEYS:
+            if _is_number(row.get(key)):
+                metrics[f"step{int(row['step']):04d}_{key}"] = float(row[key])
+    if history:
+        metrics.update({k: float(v) for k, v in history[-1].items() if _is_number(v) and k != "step"})
+    return metrics
+
+
+def _copy_folder(source: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, target, dirs_exist_ok=True)
+
+
+def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: Path, drafter_dir: Path) -> TrainResult:
+    """Train in `work_dir` with `runtime`; copy the policy and the newest drafter snapshot (if any) out."""
+    from tlt.runtime.local import POLICY_DIR, LocalTrainer
+
+    if runtime == "ray":
+        from tlt.runtime.ray_coordinator import RayTrainer
+
+        trainer: LocalTrainer | RayTrainer = RayTrainer(run, work_dir)
+    else:
+        trainer = LocalTrainer(run, work_dir)
+    history = trainer.train(on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]))
+    _copy_folder(work_dir / POLICY_DIR, policy_dir)
+    snapshots = work_dir / DRAFTER_DIR
+    drafter_trained = snapshots.exists()
+    if drafter_trained:
+        _copy_folder(resolve_checkpoint(snapshots), drafter_dir)
+    else:
+        log.info("the run trained no drafter (speculative.mode %s, runtime %s): the drafter artifact is empty",
+                 run.spec.speculative.mode, runtime)
+    return TrainResult(
+        metrics=history_metrics(history),
+        policy_metadata={"location": "artifact", "steps": len(history)},
+        drafter_metadata={"location": "artifact", "trained": drafter_trained, "runtime": runtime,
+                          "speculative_mode": run.spec.speculative.mode},
+        history=history,
+    )
+
+
+def train_cluster(run: TLTTrainingRun, *, namespace: str, name: str, poll_seconds: float, timeout_seconds: float,
+                  policy_dir: Path, drafter_dir: Path, api: Any = None) -> TrainResult:
+    """Create and follow a TLTTrainingRun; the artifacts record where its outputs are."""
+    from tlt_components.cluster import train_on_cluster
+
+    actual, status = train_on_cluster(run, namespace=namespace, name=name, poll_seconds=poll_seconds,
+                                      timeout_seconds=timeout_seconds, api=api)
+    location = {"location": "cluster", "namespace": namespace, "run": actual,
+                "claimName": run.spec.checkpoint.claim_name, "checkpointPath": run.spec.checkpoint.path}
+    for folder in (policy_dir, drafter_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / LOCATION_FILE).write_text(json.dumps(location, indent=2, sort_keys=True))
+    step, drafter = status.get("step") or {}, status.get("drafter") or {}
+    metrics = {"steps": float(step.get("current") or 0), "restarts": float(status.get("restarts") or 0)}
+    if _is_number(drafter.get("acceptLength")):
+        metrics["accept_length"] = float(drafter["acceptLength"])
+    return TrainResult(metrics=metrics, policy_metadata=location, drafter_metadata=location)
+
+
+def run_train(
+    run_spec: dict[str, Any],
+    data_dir: str | Path,
+    *,
+    mode: str,
+    policy_dir: str | Path,
+    local_runtime: str = "ray",
+    drafter_dir: str | Path,
+    namespace: str = "default",
+    run_name: str = "",
+    poll_seconds: float = 10.0,
+    timeout_seconds: float = 0.0,
+    work_dir: str = "",
+    api: Any = None,
+) -> TrainResult:
+    """Validate every input, then train in the chosen mode (see the module docstring)."""
+    choice("mode", mode, MODES)
+    choice("local_runtime", local_runtime, LOCAL_RUNTIMES)
+    at_least("poll_seconds", poll_seconds, 0.1)
+    at_least("timeout_seconds", timeout_seconds, 0)
+    run = parse_run_spec(run_spec)
+    check_prepared(run, read_info(data_dir))
+    if mode == "cluster":
+        object_name("namespace", namespace)
+        if run_name:
+            object_name("run_name", run_name)
+        return train_cluster(run, namespace=namespace, name=run_name, poll_seconds=poll_seconds,
+                             timeout_seconds=timeout_seconds, policy_dir=Path(policy_dir),
+                             drafter_dir=Path(drafter_dir), api=api)
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tlt-train-"))
+    return train_local(run, local_runtime, work, Path(policy_dir), Path(drafter_dir))
+
+
+def export_trained_drafter(drafter_dir: str | Path, metadata: dict[str, Any], policy_dir: str | Path,
+                           out_dir: str | Path, *, dtype: str) -> ExportResult:
+    """Export the drafter artifact of `train` as an EAGLE folder; a clear error when it holds none."""
+    if metadata.get("location") == "cluster":
+        raise ValueError(
+            f"the drafter of TLTTrainingRun {metadata.get('namespace')}/{metadata.get('run')} is on its checkpoint "
+            f"volume (claim {metadata.get('claimName')!r}, path {metadata.get('checkpointPath')!r}), not in this "
+            "artifact; export it where that volume is mounted (tlt export-drafter)"
+        )
+    if metadata.get("trained") is False:
+        raise ValueError(
+            f"the training run produced no drafter (speculative.mode {metadata.get('speculative_mode')!r}, "
+            f"runtime {metadata.get('runtime')!r}); train with speculative.mode static or tlt on the ray runtime"
+        )
+    return export_eagle(drafter_dir, policy_dir, out_dir, dtype=dtype)  # type: ignore[arg-type]

@@ -1,0 +1,124 @@
+"""Spot trainers, the drafter hub and asynchronous drafter snapshots, in one process (no Ray)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tlt.drafter.async_ckpt import AsyncCheckpointer
+from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.hub import DrafterHub
+from tlt.drafter.objective import drafter_loss
+from tlt.drafter.trainer import SpotTrainer
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
+from tlt.models.tiny import tiny_model
+from tlt.rollout.types import Completion
+
+
+def policy():
+    return tiny_model(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)
+
+
+def filled_buffer(model, seed: int) -> OnlineBuffer:
+    g = torch.Generator().manual_seed(seed)
+    buffer = OnlineBuffer(buffer_steps=1, row_tokens=32, seed=seed)
+    completions = []
+    for i in range(6):
+        n = 4 + 3 * i
+        tokens = torch.randint(4, 32, (n + 3,), generator=g).tolist()
+        with torch.no_grad():
+            hidden = model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0, :-1]
+        completions.append(Completion(f"r{i}", tokens[:3], tokens[3:], torch.zeros(n), hidden, "stop"))
+    buffer.add(completions, step=1)
+    return buffer
+
+
+def trainer_for(name: str, model, hub: DrafterHub, seed: int) -> SpotTrainer:
+    drafter = EagleDrafter(drafter_config_from_target(model.config))
+    drafter.bind_policy(model)
+    trainer = SpotTrainer(name, drafter, filled_buffer(model, seed), hub.push)
+    trainer.load(*hub.pull())
+    return trainer
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def test_stop_is_acknowledged_with_both_timestamps_and_the_thread_ends():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    trainer = trainer_for("w0", model, hub, seed=0)
+    started = trainer.start(step=1)
+    wait_for(lambda: trainer.current.iterations >= 2)
+    ack = trainer.stop()
+    assert not trainer.active
+    assert started <= ack["stop_received_at"] <= ack["stopped_at"]
+    assert ack["iterations"] >= 2 and ack["error"] is None
+    assert hub.version == ack["iterations"] == ack["version_last"]
+
+
+def test_two_active_trainers_update_one_drafter():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    first, second = trainer_for("w0", model, hub, seed=1), trainer_for("w1", model, hub, seed=2)
+    first.start(step=1)
+    second.start(step=1)
+    wait_for(lambda: {p["trainer"] for p in hub.pushes} == {"w0", "w1"} and len(hub.pushes) >= 6)
+    acks = [first.stop(), second.stop()]
+    assert hub.version == sum(a["iterations"] for a in acks), "every pushed gradient is one step of the one drafter"
+    versions = [p["version"] for p in hub.pushes]
+    assert versions == list(range(1, hub.version + 1))
+    # each trainer ends on parameters the hub produced, so both hold the same drafter afterwards
+    first.load(*hub.pull())
+    second.load(*hub.pull())
+    for (name, a), b in zip(first.drafter.state_dict().items(), second.drafter.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_training_lowers_the_loss_on_the_buffer():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 3e-3)
+    trainer = trainer_for("w0", model, hub, seed=3)
+    before = buffer_loss(trainer)
+    trainer.start(step=1)
+    wait_for(lambda: trainer.current.iterations >= 60, timeout=60)
+    trainer.stop()
+    assert buffer_loss(trainer) < 0.9 * before
+
+
+@torch.no_grad()
+def buffer_loss(trainer: SpotTrainer) -> float:
+    losses = []
+    for packed in trainer.buffer.batches(0):
+        b = packed.batch
+        pred = trainer.drafter(b.input_ids, b.features, b.position_ids, attention_mask=packed.attn_mask)
+        d = trainer.drafter
+        losses.append(float(drafter_loss(pred, d.logits(pred), b.target, d.logits(b.target), b.mask).total))
+    return sum(losses) / len(losses)
+
+
+def test_async_snapshot_returns_before_writing_and_loads_as_a_drafter(tmp_path):
+    model = policy()
+    config = drafter_config_from_target(model.config)
+    drafter = EagleDrafter(config)
+    ckpt = AsyncCheckpointer(tmp_path / "drafter", config, keep=2)
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            drafter.fc.weight.add_(1.0)
+        ckpt.submit(step, drafter.state_dict())
+    assert ckpt.wait(timeout=30)
+    loaded = load_drafter(ckpt.latest(), model)
+    assert ckpt.latest().name.startswith("step-00000003-")
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert "embed_tokens" not in " ".join(loaded.state_dict()), "only trainable drafter params are saved"
+    assert len(list((tmp_path / "drafter").glob("step-*"))) <= 2
+    ckpt.submit(3, drafter.state_dict())  # a second snapshot of the same step lands beside the first
+    assert ckpt.wait(timeout=30)
+    assert ckpt.latest().is_dir() and load_drafter(ckpt.latest(), model) is not None
+    ckpt.close()

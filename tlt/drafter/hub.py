@@ -1,0 +1,124 @@
+"""The drafter hub: ONE drafter's trainable parameters and its AdamW, shared by every active trainer.
+
+Data parallelism by parameter server: each trainer computes a gradient on a packed batch of its
+own worker's buffer (its data shard) against the parameters it last received, pushes it, and
+gets the updated parameters back. The hub applies every pushed gradient in arrival order (grad
+clip 1.0, then AdamW 0.9/0.95, wd 0.01: `tlt.drafter.objective.make_optimizer`), so N active
+trainers make N optimizer steps on one drafter. A gradient is at most N - 1 versions stale; a
+trainer that is stopped simply stops pushing, so preemption never stalls the others (an
+all-reduce group would have to be rebuilt every time a trainer leaves). The hub never binds an
+embedding or head: it only holds the drafter's own parameters.
+
+The hub runs as a Ray actor (`tlt.runtime.ray_actors`); this class has no Ray in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig
+
+from tlt.drafter.async_ckpt import AsyncCheckpointer
+from tlt.drafter.objective import make_optimizer
+from tlt.models.drafter import EagleDrafter
+
+log = logging.getLogger(__name__)
+
+MAX_GRAD_NORM = 1.0
+
+
+class DrafterHub:
+    """Parameters (float32) + AdamW of one EagleDrafter; `version` counts applied gradients."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        learning_rate: float,
+        *,
+        seed: int = 0,
+        snapshot_dir: str | Path | None = None,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.drafter = EagleDrafter(config).float()
+        self.optimizer = make_optimizer(self.drafter, learning_rate)
+        self.version = 0
+        self.pushes: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.checkpointer = AsyncCheckpointer(snapshot_dir, config) if snapshot_dir is not None else None
+
+    def params(self) -> dict[str, torch.Tensor]:
+        """The current trainable parameters (copies)."""
+        with self._lock:
+            return {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
+
+    def pull(self) -> tuple[int, dict[str, torch.Tensor]]:
+        with self._lock:
+            return self.version, {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
+
+    def push(
+        self, trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int, loss: float
+    ) -> tuple[int, dict[str, torch.Tensor]]:
+        """Apply one trainer's gradient; return (new version, new parameters).
+
+        grads: parameter name -> gradient, same names and shapes as the drafter's parameters.
+        based_on: the version the gradient was computed against (its staleness is recorded).
+        """
+        named = dict(self.drafter.named_parameters())
+        if set(grads) != set(named):
+            raise ValueError(
+                f"trainer {trainer!r}: gradient keys differ from the drafter's parameters "
+                f"(missing {sorted(set(named) - set(grads))[:3]}, unexpected {sorted(set(grads) - set(named))[:3]})"
+            )
+        with self._lock:
+            for name, param in named.items():
+                param.grad = grads[name].to(param.dtype)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), MAX_GRAD_NORM))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.pushes.append({"time": time.time(), "trainer": trainer, "version": self.version + 1,
+                                "staleness": self.version - based_on, "tokens": tokens, "loss": loss,
+                                "grad_norm": grad_norm})
+            self.version += 1
+            return self.version, {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
+
+    def take_pushes(self) -> list[dict[str, Any]]:
+        """The push records since the last call (trainer, version, staleness, tokens, loss, time)."""
+        with self._lock:
+            out, self.pushes = self.pushes, []
+            return out
+
+    def snapshot(self, step: int) -> float:
+        """Queue an asynchronous snapshot of the parameters; returns the seconds it held the caller."""
+        if self.checkpointer is None:
+            raise RuntimeError("DrafterHub was created without snapshot_dir; no snapshots to write")
+        with self._lock:
+            return self.checkpointer.submit(step, self.drafter.state_dict())
+
+    def wait_snapshots(self, timeout: float | None = None) -> bool:
+        return True if self.checkpointer is None else self.checkpointer.wait(timeout)
+
+    def state(self) -> dict[str, Any]:
+        """Everything a whole-run checkpoint needs to resume the hub exactly."""
+        with self._lock:
+            return {
+                "params": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(),
+                "version": self.version,
+            }
+
+    def load_params(self, params: dict[str, torch.Tensor]) -> None:
+        """Start from given drafter parameters (e.g. `speculative.drafterPath`) with a fresh optimizer."""
+        with self._lock:
+            self.drafter.load_state_dict(params)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.drafter.load_state_dict(state["params"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.version = int(state["version"])
+        log.info("drafter hub restored at version %d", self.version)

@@ -1,0 +1,124 @@
+"""Connecting to Ray and placing the run's actors.
+
+Local (the default): `ray.init(num_cpus=...)` starts a private cluster in this process (~4 s).
+Actors ask for fractional CPUs so that a 2-core machine holds every role at once, and each sets
+its own torch thread count (Ray's CPU numbers are bookkeeping; torch would otherwise start one
+thread per core in every process and the cores would thrash).
+
+A cluster: `ray.init(address=...)` joins it unchanged. Where nodes advertise the custom resources
+`tlt_rollout` / `tlt_verifier` (`ray start --resources '{"tlt_rollout": 1}'` on rollout pods),
+each actor asks for a sliver of its role's resource and so lands on a pod of that role; the
+coordinator and the policy update stay in the driver (policy rank 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from tlt.config import RunSpec
+from tlt.runtime.ray_workers import HubWorker, RolloutWorker, VerifierWorker
+
+log = logging.getLogger(__name__)
+
+ROLE_RESOURCES = {"rollout": "tlt_rollout", "verifier": "tlt_verifier"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """CPU shares and torch threads of each actor kind."""
+
+    rollout_cpus: float
+    rollout_threads: int
+    verifier_cpus: float
+    hub_cpus: float
+    driver_threads: int
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str, float]:
+    """Join the cluster at `address`, else start a local one; returns the cluster's resources."""
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            cpus = num_cpus or os.cpu_count() or 1
+            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+    return ray.cluster_resources()
+
+
+def placement(spec: RunSpec, resources: dict[str, float]) -> Placement:
+    """Share the CPUs: most to rollout workers (their trainers run in the same processes), a little to
+    verifiers and the hub. Works for any core count >= 1; threads are at least one per actor."""
+    cpus = float(resources.get("CPU", 1.0))
+    workers = max(spec.rollout.replicas, 1)
+    verifiers = max(spec.verifier.replicas, 1)
+    small = min(0.1, cpus / (10 * (verifiers + 1)))
+    rollout = (cpus - small * (verifiers + 1)) / workers
+    return Placement(
+        rollout_cpus=_floor4(rollout),
+        rollout_threads=max(1, math.floor(rollout)),
+        verifier_cpus=_floor4(small),
+        hub_cpus=_floor4(small),
+        driver_threads=max(1, int(cpus)),
+    )
+
+
+def _floor4(x: float) -> float:
+    """x rounded down to 4 decimals (shares never add up to more than the cluster has)."""
+    return math.floor(x * 10_000) / 10_000
+
+
+def _role_options(role: str, resources: dict[str, float], cpus: float) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": cpus}
+    custom = ROLE_RESOURCES.get(role)
+    if custom is not None and resources.get(custom, 0) > 0:
+        options["resources"] = {custom: 0.001}
+    return options
+
+
+@dataclass
+class Actors:
+    rollout: list[Any]
+    verifiers: list[Any]
+    hub: Any | None
+
+    def all(self) -> list[Any]:
+        return [*self.rollout, *self.verifiers, *([self.hub] if self.hub is not None else [])]
+
+    def kill(self) -> None:
+        for actor in self.all():
+            ray.kill(actor, no_restart=True)
+
+
+def create_actors(
+    spec: RunSpec, policy_path: str, target_config: Any, resources: dict[str, float], snapshot_dir: str | None
+) -> Actors:
+    """Start the verifiers, the drafter hub (modes static / tlt) and the rollout workers; wait until ready."""
+    plan = placement(spec, resources)
+    verifier_cls = ray.remote(VerifierWorker)
+    verifiers = [
+        verifier_cls.options(name=None, **_role_options("verifier", resources, plan.verifier_cpus)).remote(
+            spec.dataset.answer_format)
+        for _ in range(max(spec.verifier.replicas, 1))
+    ]
+    hub = None
+    if spec.speculative.mode in ("static", "tlt"):
+        hub = ray.remote(HubWorker).options(num_cpus=plan.hub_cpus, max_concurrency=4).remote(
+            target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir)
+    rows = math.ceil(spec.algorithm.prompts_per_step / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
+    rollout_cls = ray.remote(RolloutWorker)
+    workers = [
+        rollout_cls.options(max_concurrency=4, **_role_options("rollout", resources, plan.rollout_cpus)).remote(
+            i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads)
+        for i in range(max(spec.rollout.replicas, 1))
+    ]
+    ray.get([w.status.remote() for w in workers] + ([hub.ping.remote()] if hub is not None else []))
+    log.info("started %d rollout workers (%.2f CPU, %d threads each), %d verifiers%s", len(workers),
+             plan.rollout_cpus, plan.rollout_threads, len(verifiers), ", a drafter hub" if hub is not None else "")
+    return Actors(rollout=workers, verifiers=verifiers, hub=hub)

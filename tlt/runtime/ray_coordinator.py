@@ -1,0 +1,367 @@
+"""The distributed RL loop on Ray: the coordinator (this process, policy rank 0) drives the steps.
+
+One step:
+1. push the policy weights (one object in the store) and the hub's newest drafter to every
+   rollout worker; each generates its shard of prompts x group size and streams every finished
+   response to a verifier;
+2. a worker that finishes its shard releases its KV cache and turns IDLE; if drafter training is
+   on this step and its slot is enabled, its spot trainer starts (TRAINING) and pushes gradients
+   to the one drafter hub;
+3. every trainer is stopped and acknowledges (its timestamps and ours) when its device is
+   needed: with `stop_trainers_at="update"` (one machine: rollout and update share the device)
+   when every shard is done, before the policy update; with `"rollout"` (rollout pods with
+   their own devices) before the next step's first rollout token, so trainers also harvest
+   the update phase;
+4. rewards are gathered, GRPO updates the policy here, metrics are recorded, the hub writes an
+   asynchronous drafter snapshot, and every `checkpoint.intervalSteps` a whole-run checkpoint
+   (policy, optimizer, drafter params + optimizer, metrics) is written.
+
+Failures: an actor that dies (or a task that raises) fails the step; all actors are torn down,
+the run reloads its newest whole-run checkpoint (or the initial policy when there is none) and
+starts fresh actors; restarts beyond `runPolicy.backoffLimit` fail the run. When this process
+(the coordinator's node) is lost, Ray takes its actors with it; rerunning the same command (or
+the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
+
+Modes (`speculative.mode`; steppers from `tlt.runtime.ray_stepper`): off and ngram keep no
+drafter; static trains the drafter only in the idle time of the run's first step, then freezes
+it; tlt trains it every step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
+
+from tlt.config import RunSpec, TLTTrainingRun
+from tlt.models.drafter import load_drafter
+from tlt.models.loading import resolve_dtype, save_policy
+from tlt.runtime import steps
+from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
+from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
+from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
+from tlt.runtime.ray_slots import SlotSource
+from tlt.tasks.datasets import load_problems
+from tlt.tasks.warmstart import WarmstartConfig, warm_start
+
+log = logging.getLogger(__name__)
+
+STEP_FAILURES = (RayActorError, RayTaskError, ObjectLostError, WorkerCrashedError)
+EVENTS_FILE = "events.jsonl"
+DRAFTER_DIR = "drafter"
+EventFn = Callable[[dict[str, Any]], None]
+
+
+class RunFailed(RuntimeError):
+    """The run failed more often than `runPolicy.backoffLimit` allows."""
+
+
+def shards(ids: list[int], workers: int) -> list[list[int]]:
+    """Split prompt ids into `workers` contiguous, near-equal shards (prompt-major order kept)."""
+    size = math.ceil(len(ids) / workers)
+    return [ids[i * size : (i + 1) * size] for i in range(workers)]
+
+
+def trains_drafter(spec: RunSpec, step: int) -> bool:
+    """Whether trainers may run in `step`'s idle time: mode tlt with drafter.training on; mode static
+    only in the run's first step and only when it does not start from speculative.drafterPath."""
+    mode = spec.speculative.mode
+    if mode == "tlt":
+        return spec.drafter.training
+    return mode == "static" and step == 1 and spec.speculative.drafter_path is None
+
+
+def policy_path(run: TLTTrainingRun, warmstart: WarmstartConfig | None) -> str:
+    """The folder the workers load the policy architecture and tokenizer from."""
+    if run.spec.model.path is not None:
+        return run.spec.model.path
+    return str(warm_start(warmstart or WarmstartConfig()))
+
+
+class RayTrainer:
+    """Coordinator + policy update in this process; rollout workers, verifiers and the drafter hub as actors."""
+
+    def __init__(self, run: TLTTrainingRun, out_dir: str | Path, *, warmstart: WarmstartConfig | None = None,
+                 address: str | None = None, num_cpus: int | None = None, on_event: EventFn | None = None,
+                 stop_trainers_at: str = "update") -> None:
+        if stop_trainers_at not in ("update", "rollout"):
+            raise ValueError(f"stop_trainers_at must be 'update' or 'rollout', got {stop_trainers_at!r}")
+        self.stop_trainers_at = stop_trainers_at
+        self._running_trainers: dict[Any, float] = {}
+        self.run = run
+        self.spec = run.spec
+        self.algo = run.spec.algorithm
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
+        self.on_event = on_event
+        self.problems = load_problems(self.spec.dataset, "train")
+        self.policy_path = policy_path(run, warmstart)
+        self.warmstart = warmstart
+        self.resources = connect(address, num_cpus)
+        torch.set_num_threads(placement(self.spec, self.resources).driver_threads)
+        self.slots = SlotSource(self.spec.drafter.enabled_slots, self.out_dir)
+        self.actors: Actors | None = None
+        self.restarts = 0
+        self._load_initial()
+        self._resume()
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / METRICS_FILE
+
+    def _load_initial(self) -> None:
+        self.policy, self.tokenizer = build_policy(self.spec, self.warmstart)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.compute_dtype = resolve_dtype(self.spec.model.dtype)
+        self.optimizer = build_optimizer(self.policy, self.spec)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.drafter_state: dict[str, Any] | None = None
+
+    def _emit(self, kind: str, **info: Any) -> None:
+        event = {"type": kind, "time": time.time(), "step": self.step + 1, **info}
+        with (self.out_dir / EVENTS_FILE).open("a") as fh:
+            fh.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _resume(self) -> None:
+        ckpt = load_latest(self.checkpoint_root)
+        if ckpt is not None:
+            current = self.spec.model_dump(mode="json", by_alias=True)
+            conflicts = resume_conflicts(ckpt.state.get("spec", {}), current)
+            if conflicts:
+                raise ResumeError(f"{self.checkpoint_root} holds a checkpoint of a different run:\n  "
+                                  + "\n  ".join(conflicts))
+            self.policy.load_state_dict(ckpt.tensors["policy"])
+            self.optimizer.load_state_dict(ckpt.objects["optimizer"])
+            torch.set_rng_state(ckpt.tensors["rng"]["torch"])
+            self.step = ckpt.step
+            self.history = list(ckpt.state["metrics"])
+            self.restarts = int(ckpt.state.get("restarts", 0))
+            if "drafter" in ckpt.tensors:
+                self.drafter_state = {"params": ckpt.tensors["drafter"], "optimizer": ckpt.objects["drafter_optimizer"],
+                                      "version": int(ckpt.state["drafter_version"])}
+            log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
+        tmp = self.metrics_path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
+        tmp.write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in self.history))
+        os.replace(tmp, self.metrics_path)
+
+    def start_actors(self) -> Actors:
+        snapshot_dir = str(self.out_dir / DRAFTER_DIR)
+        self.actors = create_actors(self.spec, self.policy_path, self.policy.config, self.resources, snapshot_dir)
+        if self.actors.hub is not None and self.drafter_state is not None:
+            ray.get(self.actors.hub.load_state.remote(self.drafter_state))
+        elif self.actors.hub is not None and self.spec.speculative.drafter_path is not None:
+            initial = load_drafter(self.spec.speculative.drafter_path, self.policy.config)
+            ray.get(self.actors.hub.load_params.remote(initial.float().state_dict()))
+        self._emit("actors", rollout=len(self.actors.rollout), verifiers=len(self.actors.verifiers))
+        return self.actors
+
+    def shutdown(self) -> None:
+        if self.actors is not None:
+            self.actors.kill()
+            self.actors = None
+
+    def save(self) -> Path:
+        """A whole-run checkpoint of the current step (the drafter comes from the hub, synchronously)."""
+        tensors = {"policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+                   "rng": {"torch": torch.get_rng_state()}}
+        objects: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        state: dict[str, Any] = {"step": self.step, "metrics": self.history, "restarts": self.restarts,
+                                 "spec": self.spec.model_dump(mode="json", by_alias=True)}
+        if self.actors is not None and self.actors.hub is not None:
+            self.drafter_state = ray.get(self.actors.hub.state.remote())
+        if self.drafter_state is not None:
+            tensors["drafter"] = self.drafter_state["params"]
+            objects["drafter_optimizer"] = self.drafter_state["optimizer"]
+            state["drafter_version"] = self.drafter_state["version"]
+        ckpt = Checkpoint(step=self.step, tensors=tensors, objects=objects, state=state)
+        return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
+
+    def train_step(self) -> dict[str, Any]:
+        """Run step `self.step + 1` on the actors; returns its metrics."""
+        actors = self.actors or self.start_actors()
+        step = self.step + 1
+        started = time.time()
+        ids = steps.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
+        engine_dtype = resolve_dtype(self.spec.model.dtype)
+        weights = ray.put({k: v.detach().to(engine_dtype) for k, v in self.policy.state_dict().items()})
+        carried = self._stop_trainers(self._running_trainers)
+        self._running_trainers = {}
+        drafter = actors.hub.pull.remote() if actors.hub is not None else None
+        dispatched = time.time()
+        futures = {}
+        for worker, shard in zip(actors.rollout, shards(ids, len(actors.rollout))):
+            if shard:
+                ref = worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter)
+                futures[ref] = worker
+        self._emit("phase", phase="rollout", workers=len(futures))
+        results, trainers = self._collect_rollouts(futures, step)
+        rollout_end = time.time()
+        if self.stop_trainers_at == "update":
+            acks = carried + self._stop_trainers(trainers)
+        else:
+            acks, self._running_trainers = carried, trainers
+        self._emit("phase", phase="update")
+        completions = [c for r in results for c in r["completions"]]
+        rewards = torch.tensor(ray.get([ref for r in results for ref in r["rewards"]]), dtype=torch.float32)
+        rewards = rewards.view(len(ids), self.algo.group_size)
+        batch = steps.build_batch(completions, rewards)
+        recomputed = steps.policy_logprobs(self.policy, batch, self.algo, pad_id=self.pad_id,
+                                           compute_dtype=self.compute_dtype)
+        gap = steps.logprob_gap(batch.old_logprobs, recomputed, batch)
+        batch.old_logprobs = recomputed
+        update_started = time.time()
+        update = steps.update_policy(self.policy, self.optimizer, batch, self.algo, pad_id=self.pad_id,
+                                     compute_dtype=self.compute_dtype)
+        update_seconds = time.time() - update_started
+        metrics = {"step": step, **self._rollout_metrics(completions, rewards, results, started, rollout_end),
+                   **update, "logprob_gap": gap, "update_seconds": update_seconds, "update_started_at": update_started,
+                   "rollout_dispatched_at": dispatched,
+                   **self._drafter_metrics(results, acks, rollout_end), "step_seconds": time.time() - started}
+        if actors.hub is not None:
+            actors.hub.snapshot.remote(step)
+        metrics["worker_states"] = {name: states for name, states in zip(
+            [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()]))}
+        self.step = step
+        self.history.append(metrics)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+        return metrics
+
+    def _collect_rollouts(self, futures: dict[Any, Any], step: int) -> tuple[list[dict[str, Any]], dict[Any, float]]:
+        """Wait for every shard; start each finished worker's trainer when allowed. Results in shard order."""
+        order = list(futures)
+        done: dict[Any, dict[str, Any]] = {}
+        trainers: dict[Any, float] = {}
+        train = trains_drafter(self.spec, step) and self.actors is not None and self.actors.hub is not None
+        pending = list(order)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in ready:
+                result = ray.get(ref)
+                done[ref] = result
+                worker = futures[ref]
+                if train and len(trainers) < self.spec.drafter.max_trainers and self.slots.enabled(result["worker"]):
+                    requested = time.time()
+                    ray.get(worker.start_training.remote(step))
+                    trainers[worker] = requested
+                    self._emit("trainer", worker=result["worker"], action="start", requested_at=requested)
+            self._emit_workers()
+        return [done[ref] for ref in order], trainers
+
+    def _emit_workers(self) -> None:
+        if self.on_event is not None and self.actors is not None:
+            self._emit("workers", workers=ray.get([w.status.remote() for w in self.actors.rollout]))
+
+    def _stop_trainers(self, trainers: dict[Any, float]) -> list[dict[str, Any]]:
+        """Stop every trainer of this step and collect acknowledgements (both processes' timestamps)."""
+        if not trainers:
+            return []
+        requested = time.time()
+        refs = [w.stop_training.remote() for w in trainers]
+        acks = ray.get(refs)
+        acked = time.time()
+        for ack, started in zip(acks, trainers.values()):
+            ack.update(requested_at=requested, acked_at=acked, start_requested_at=started)
+            if ack.get("error"):
+                log.warning("trainer on %s failed: %s", ack["worker"], ack["error"])
+            self._emit("trainer", worker=ack["worker"], action="stop", requested_at=requested, acked_at=acked,
+                       stopped_at=ack["stopped_at"])
+        self._emit_workers()
+        return acks
+
+    def _rollout_metrics(self, completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
+                         started: float, rollout_end: float) -> dict[str, Any]:
+        """steps.rollout_metrics over all shards; the tail is the slowest worker's (the critical path)."""
+        slowest = max(results, key=lambda r: r["finished_at"])
+        trace = steps.RolloutTrace(steps=list(slowest["trace"]))
+        out = steps.rollout_metrics(completions, rewards, trace, rollout_end - started)
+        out["idle_seconds"] = sum(rollout_end - r["finished_at"] for r in results)
+        row_steps = sum(r["sd_row_steps"] for r in results)
+        out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
+        out["sd_row_steps"] = row_steps
+        arms: dict[str, int] = {}
+        for r in results:
+            for arm, count in r["sd_arms"].items():
+                arms[arm] = arms.get(arm, 0) + count
+        out["sd_arms"] = dict(sorted(arms.items()))
+        out["streamed_rewards"] = sum(r["streamed"] for r in results)
+        out["response_lengths"] = [len(c.token_ids) for c in completions]
+        return out
+
+    def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]],
+                         rollout_end: float) -> dict[str, Any]:
+        if self.actors is None or self.actors.hub is None:
+            return {}
+        agree, total = sum(r["agree"] for r in results), sum(r["agree_total"] for r in results)
+        pushes = ray.get(self.actors.hub.take_pushes.remote())
+        trained = [a for a in acks if a.get("was_training")]
+        latencies = [a["acked_at"] - a["requested_at"] for a in trained]
+        return {
+            "drafter_agreement": agree / total if total else None,
+            "drafter_version": pushes[-1]["version"] if pushes else None,
+            "drafter_loss": sum(p["loss"] for p in pushes) / len(pushes) if pushes else None,
+            "drafter_updates": len(pushes),
+            "drafter_trainers": sorted({p["trainer"] for p in pushes}),
+            "drafter_tokens": sum(p["tokens"] for p in pushes),
+            "harvested_seconds": sum(a["stopped_at"] - a["started_at"] for a in trained),
+            "stop_latency_max": max(latencies) if latencies else None,
+            "trainer_acks": trained,
+            "hub_pushes": pushes,
+        }
+
+    def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Run the remaining steps with checkpoints and restarts; write the final policy. Returns all metrics."""
+        interval = self.spec.checkpoint.interval_steps
+        try:
+            while self.step < self.algo.steps:
+                try:
+                    metrics = self.train_step()
+                except STEP_FAILURES as exc:
+                    self._restart(exc)
+                    continue
+                if self.step % interval == 0 or self.step == self.algo.steps:
+                    self.save()
+                    self._emit("checkpoint", saved_step=self.step)
+                if on_step is not None:
+                    on_step(metrics)
+            self._stop_trainers(self._running_trainers)
+            self._running_trainers = {}
+            if self.actors is not None and self.actors.hub is not None:
+                # submitted before waiting: the hub's calls run on several threads, in no fixed order
+                ray.get(self.actors.hub.snapshot.remote(self.step))
+                ray.get(self.actors.hub.wait_snapshots.remote(60.0))
+        finally:
+            self.shutdown()
+        save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
+        return self.history
+
+    def _restart(self, exc: BaseException) -> None:
+        failed = self.step + 1
+        self.restarts += 1
+        limit = self.spec.run_policy.backoff_limit
+        self.shutdown()
+        self._running_trainers = {}
+        self._load_initial()
+        restarts = self.restarts
+        self._resume()
+        self.restarts = restarts
+        self._emit("restart", failed_step=failed, resumed_step=self.step, restarts=self.restarts, limit=limit,
+                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        log.warning("step %d failed (%s); restart %d of %d from checkpoint step %d", failed, type(exc).__name__,
+                    self.restarts, limit, self.step)
+        if self.restarts > limit:
+            raise RunFailed(f"step {failed} failed and {self.restarts} restarts exceed runPolicy.backoffLimit={limit}; "
+                            f"last error: {exc}") from exc

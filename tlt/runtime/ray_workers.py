@@ -1,0 +1,265 @@
+"""The run's worker roles, as plain classes that `tlt.runtime.ray_cluster` turns into Ray actors.
+
+- `RolloutWorker`: its own engine copy of the policy, its prompt shard each step, its online
+  buffer and a co-located spot trainer (a thread in the same process, sharing the device once
+  the engine has released its KV cache). Responses go to the verifiers the moment they finish.
+  Reports GENERATING / IDLE / TRAINING with timestamps to the coordinator, and in a cluster also on
+  its pod for the operator (`tlt.runtime.k8s_slots`).
+- `VerifierWorker`: scores one response against its reference (CPU).
+- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`).
+
+Rollout uses the step building blocks of `tlt.runtime.steps` (requests, rollout trace).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from tlt.adaptive.bandit import BucketedBandit
+from tlt.adaptive.stepper import AdaptiveStepper
+from tlt.config import RunSpec
+from tlt.drafter.buffer import OnlineBuffer, pack
+from tlt.drafter.hub import DrafterHub
+from tlt.drafter.trainer import SpotTrainer, packed_agreement
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.loading import load_policy
+from tlt.rl.rewards import score
+from tlt.rollout.batch import RunningBatch
+from tlt.rollout.engine import Engine
+from tlt.rollout.kv_cache import KVCache
+from tlt.rollout.sequence import Sequence
+from tlt.rollout.stepper import Stepper
+from tlt.runtime import k8s_slots, steps
+from tlt.runtime.ray_stepper import rollout_stepper
+from tlt.tasks.problem import Problem
+
+log = logging.getLogger(__name__)
+
+GENERATING, IDLE, TRAINING = "GENERATING", "IDLE", "TRAINING"
+DRAFTER_MODES = ("static", "tlt")
+
+
+class FinishWatcher:
+    """A stepper around another: after each step, hands every newly finished sequence to `on_finish`."""
+
+    def __init__(self, inner: Stepper, on_finish: Callable[[Sequence], None]) -> None:
+        self.inner = inner
+        self.on_finish = on_finish
+        self.seen: set[str] = set()
+
+    def step(self, batch: RunningBatch) -> int:
+        fed = self.inner.step(batch)
+        for seq in batch.sequences:
+            if seq.finished and seq.request.request_id not in self.seen:
+                self.seen.add(seq.request.request_id)
+                self.on_finish(seq)
+        return fed
+
+
+def release_kv_cache(engine: Engine) -> None:
+    """Give back the engine's KV memory between rollouts (it regrows on the next prefill)."""
+    old = engine.runner.cache
+    num_layers, rows, heads, _, head_dim = old.k.shape
+    engine.runner.cache = KVCache(num_layers=num_layers, num_kv_heads=heads, head_dim=head_dim, max_batch_size=rows,
+                                  capacity=1, max_capacity=old.max_capacity, dtype=old.k.dtype, device=old.k.device)
+
+
+class VerifierWorker:
+    """Scores responses (`tlt.rl.rewards.score`)."""
+
+    def __init__(self, answer_format: str, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.answer_format = answer_format
+        self.scored = 0
+
+    def score(self, response: str, reference: str) -> float:
+        self.scored += 1
+        return score(response, reference, self.answer_format)
+
+
+class HubWorker(DrafterHub):
+    """The drafter hub as an actor: built from the policy's config (a picklable PretrainedConfig)."""
+
+    def __init__(self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None,
+                 threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        super().__init__(drafter_config_from_target(target_config), learning_rate, seed=seed,
+                         snapshot_dir=snapshot_dir)
+
+    def ping(self) -> bool:
+        return True
+
+
+class RolloutWorker:
+    """One rollout engine, its buffer and its spot trainer; methods run on the actor's threads."""
+
+    def __init__(self, index: int, spec: RunSpec, policy_path: str, rows: int, verifiers: list[Any],
+                 hub: Any | None, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.index = index
+        self.name = worker_identity(index)
+        self.spec = spec
+        self.verifiers = verifiers
+        model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
+        context = min(spec.model.max_context, model.config.max_position_embeddings)
+        self.uses_drafter = spec.speculative.mode in DRAFTER_MODES
+        self.rows, self.context = max(rows, 1), context
+        self.engine = Engine(model, max_batch_size=self.rows, max_context=context, return_hidden=self.uses_drafter)
+        self.plain_stepper = self.engine.stepper
+        self._lock = threading.Lock()
+        self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
+        self.states: list[tuple[str, float]] = [(IDLE, time.time())]
+        self.running = 0
+        self.trainer: SpotTrainer | None = None
+        self.bandit: BucketedBandit | None = None
+        if self.uses_drafter:
+            drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
+            drafter.bind_policy(model)
+            self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
+            push = _hub_push(hub) if hub is not None else _no_hub
+            self.trainer = SpotTrainer(self.name, drafter, self.buffer, push)
+
+    def _set_state(self, state: str) -> None:
+        now = time.time()
+        with self._lock:
+            self.states.append((state, now))
+        self._reporter.submit(_report_to_pod, state, now)  # one thread: the pod sees states in order
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            state, since = self.states[-1]
+        run = self.trainer.current if self.trainer is not None else None
+        return {"worker": self.name, "state": state, "since": since, "running": self.running,
+                "trainer_iterations": run.iterations if run is not None else 0}
+
+    def take_states(self) -> list[tuple[str, float]]:
+        """State transitions since the last call (the current state stays as the first entry)."""
+        with self._lock:
+            out, self.states = self.states, self.states[-1:]
+            return out
+
+    def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
+                drafter: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+        """Generate this shard (group_size samples of each problem) and stream each finished response to
+        a verifier. Returns completions (without hidden states), reward refs in completion order, the
+        engine trace, and the drafter's top-1 agreement on these fresh rollouts."""
+        if self.trainer is not None and self.trainer.active:
+            raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
+        self._set_state(GENERATING)
+        started = time.time()
+        self.engine.load_weights(weights)
+        if drafter is not None and self.trainer is not None:
+            self.trainer.load(*drafter)
+        references = {}
+        requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
+        for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
+            references[request.request_id] = problem.answer
+        rewards: dict[str, Any] = {}
+        first_done: list[float] = []
+
+        def send(seq: Sequence) -> None:
+            text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+            verifier = self.verifiers[len(rewards) % len(self.verifiers)]
+            rewards[seq.request.request_id] = verifier.score.remote(text, references[seq.request.request_id])
+            first_done.append(time.time())
+
+        trace = steps.RolloutTrace()
+
+        def on_step(metrics: Any) -> None:
+            self.running = metrics.running
+            trace(metrics)
+
+        stepper = rollout_stepper(self.spec.speculative, self.engine.runner,
+                                  self.trainer.drafter if self.trainer is not None else None, rows=self.rows,
+                                  context=self.context, bandit=self.bandit, seed=self.spec.algorithm.seed + self.index)
+        self.engine.stepper = FinishWatcher(stepper, send)
+        try:
+            completions = self.engine.generate(requests, on_step=on_step)
+        finally:
+            self.engine.stepper = self.plain_stepper
+            self.running = 0
+        adaptive = stepper if isinstance(stepper, AdaptiveStepper) else None
+        if adaptive is not None:
+            self.bandit = adaptive.bandit
+        streamed = len(rewards)
+        for completion in completions:
+            if completion.request_id not in rewards:
+                rewards[completion.request_id] = self.verifiers[0].score.remote(
+                    self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+                    references[completion.request_id])
+        finished = time.time()
+        release_kv_cache(self.engine)
+        agreement = self._agreement_and_buffer(completions, step)
+        self._set_state(IDLE)
+        for c in completions:
+            c.hidden = None
+        return {"worker": self.name, "completions": completions,
+                "rewards": [rewards[c.request_id] for c in completions], "streamed": streamed,
+                "trace": trace.steps, "started_at": started, "finished_at": finished,
+                "first_response_at": first_done[0] if first_done else finished,
+                "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
+                "sd_accepted": adaptive.stats.accepted if adaptive else 0,
+                "sd_arms": adaptive.summary()["arms_chosen"] if adaptive else {},
+                **agreement}
+
+    def _agreement_and_buffer(self, completions: list[Any], step: int) -> dict[str, Any]:
+        if self.trainer is None:
+            return {"agree": 0, "agree_total": 0}
+        self.buffer.add(completions, step)
+        fresh = [s for s in self.buffer.samples if s.step == step]
+        agree, total = packed_agreement(self.trainer.drafter, pack(fresh, self.spec.drafter.batch_tokens))
+        return {"agree": agree, "agree_total": total, "buffer_positions": self.buffer.num_trainable}
+
+    def start_training(self, step: int) -> float:
+        if self.trainer is None:
+            raise RuntimeError(f"{self.name}: speculative.mode {self.spec.speculative.mode!r} has no drafter to train")
+        started = self.trainer.start(step)
+        self._set_state(TRAINING)
+        return started
+
+    def stop_training(self) -> dict[str, Any]:
+        """Stop the trainer (if running) and acknowledge with this process's timestamps."""
+        if self.trainer is None or not self.trainer.active:
+            now = time.time()
+            return {"worker": self.name, "was_training": False, "stop_received_at": now, "stopped_at": now}
+        ack = self.trainer.stop()
+        self._set_state(IDLE)
+        return {"worker": self.name, "was_training": True, **ack}
+
+
+def worker_identity(index: int) -> str:
+    """`rollout-<rank>` of the rollout pod this actor runs on (the operator's slot names), else `rollout-<index>`."""
+    pod = os.environ.get("TLT_POD_NAME")
+    if os.environ.get("TLT_ROLE") == "rollout" and pod:
+        return k8s_slots.worker_name(pod)
+    return f"rollout-{index}"
+
+
+def _report_to_pod(state: str, since: float) -> None:
+    """Publish the state on this pod for the operator (a no-op outside a cluster); never fails the worker."""
+    try:
+        k8s_slots.report_state(state, datetime.datetime.fromtimestamp(since, datetime.UTC))
+    except k8s_slots.SlotApiError as exc:
+        log.warning("could not report worker state %s to the pod: %s", state, exc)
+
+
+def _hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
+    import ray
+
+    def push(trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int, loss: float):
+        return ray.get(hub.push.remote(trainer, grads, based_on, tokens, loss))
+
+    return push
+
+
+def _no_hub(trainer: str, *_: Any) -> tuple[int, dict[str, torch.Tensor]]:
+    raise RuntimeError(f"trainer {trainer}: no drafter hub (speculative.mode static or tlt needs one)")
