@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast crds bench clean system-deps
+.PHONY: demo test test-fast crds pipeline bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,9 @@ test-fast: $(STAMP)
 
 crds: $(STAMP)
 	$(VENV)/bin/tlt crd --out crds/tlt.dev_tltrainingruns.yaml
+
+pipeline: $(STAMP)
+	$(PY) -m tlt_components.pipeline
 
 bench: $(STAMP)
 	$(VENV)/bin/tlt bench engine --json bench-engine.json
