@@ -1,0 +1,119 @@
+"""`tlt bench run` produces a complete, internally consistent report (never checks timings).
+
+The slow test runs the workload's `--quick` version end to end through the Ray loop; the fast
+ones check the pinned workload file and the summary's arithmetic on synthetic step metrics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+
+from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run
+from tlt.bench.run_summary import mean_ci95, summarize
+
+TOP_KEYS = ("rollout_speedup", "e2e_speedup", "amdahl_e2e_bound", "accept_length_ratio", "interference_fraction",
+            "interference_ci95", "reward_delta", "ideal_speedup", "workload_sha256")
+VARIANT_KEYS = ("rollout_seconds", "step_seconds", "seconds_per_token", "heldout_accept_length", "arms_chosen",
+                "harvested_seconds", "response_length", "truncation_rate", "seconds_by_running", "rollout_share")
+
+
+def check_consistent(report: dict, steps: int) -> None:
+    for key in TOP_KEYS:
+        assert key in report, f"report lacks {key}"
+    assert report["workload_sha256"] == hashlib.sha256(DEFAULT_WORKLOAD.read_bytes()).hexdigest()
+    v = report["variants"]
+    assert set(v) == {"vanilla", "ngram", "static", "tlt", "tlt-shadow"}
+    for name, s in v.items():
+        for key in VARIANT_KEYS:
+            assert key in s, f"variant {name} lacks {key}"
+        for key in ("rollout_seconds", "step_seconds"):
+            assert s[key]["min"] <= s[key]["median"] <= s[key]["max"]
+        assert s["rollout_seconds"]["median"] <= s["step_seconds"]["max"]
+        assert len(s["heldout_accept_length"]) == steps
+        p = s["response_length"]
+        assert p["p50"] <= p["p90"] <= p["max"]
+        assert 0.0 <= s["truncation_rate"] <= 1.0
+    assert all(a is None for a in v["vanilla"]["heldout_accept_length"]), "vanilla has no drafter"
+    assert all(a is not None and a >= 1.0 for a in v["tlt"]["heldout_accept_length"]), "bonus token included"
+    speedup = v["vanilla"]["rollout_seconds"]["median"] / v["tlt"]["rollout_seconds"]["median"]
+    assert math.isclose(report["rollout_speedup"], speedup)
+    assert math.isclose(report["e2e_speedup"],
+                        v["vanilla"]["step_seconds"]["median"] / v["tlt"]["step_seconds"]["median"])
+    share = v["vanilla"]["rollout_share"]["median"]
+    assert 0 < share <= 1
+    assert math.isclose(report["amdahl_e2e_bound"], 1 / ((1 - share) + share / speedup))
+    assert math.isclose(report["accept_length_ratio"],
+                        v["tlt"]["heldout_accept_length"][-1] / v["static"]["heldout_accept_length"][-1])
+    assert math.isclose(report["reward_delta"],
+                        v["tlt"]["final_reward"]["median"] - v["vanilla"]["final_reward"]["median"])
+    lo, hi = report["interference_ci95"]
+    assert lo <= report["interference_fraction"] <= hi
+    assert report["ideal_speedup"] >= 1.0
+    assert math.isclose(report["tlt_fraction_of_ideal"], speedup / report["ideal_speedup"])
+    json.dumps(report, default=str)
+
+
+def test_workload_file_is_pinned_and_every_variant_is_a_valid_run():
+    workload = load_workload()
+    assert workload.sha256 == hashlib.sha256(DEFAULT_WORKLOAD.read_bytes()).hexdigest()
+    assert workload.repeats >= 3
+    algo = workload.spec["algorithm"]
+    assert (algo["temperature"], algo["topP"]) == (1.0, 1.0)
+    modes = {v: variant_run(workload, v, 0).spec.speculative for v in workload.variants}
+    assert {v: m.mode for v, m in modes.items()} == {"vanilla": "off", "ngram": "ngram", "static": "static",
+                                                    "tlt": "tlt", "tlt-shadow": "tlt"}
+    assert modes["tlt-shadow"].threshold == 0, "shadow training must never draft"
+    quick = load_workload(quick=True)
+    assert quick.sha256 == workload.sha256 and quick.repeats >= 2
+
+
+def _synthetic_runs(workload) -> list[dict]:
+    runs = []
+    for repeat in range(3):
+        for i, variant in enumerate(workload.variants):
+            has_drafter = variant in ("static", "tlt", "tlt-shadow")
+            steps = [{"rollout_seconds": 4.0 + i + repeat, "step_seconds": 6.0 + i + 0.5 * repeat,
+                      "update_seconds": 1.0, "generated_tokens": 100 + s, "reward_mean": 0.1 * (s + i),
+                      "response_lengths": [3, 9, 40, 7],
+                      "truncation_rate": 0.25, "accept_length": 2.0 if has_drafter else None, "sd_row_steps": 5,
+                      "harvested_seconds": 0.5, "idle_seconds": 1.0,
+                      "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
+                      "arms_chosen": {"chain-d4": 3} if variant == "tlt" else None}
+                     for s in range(2)]
+            runs.append({"variant": variant, "repeat": repeat, "steps": steps,
+                         "heldout_accept_length": [1.5 + i, 2.0 + i] if has_drafter else [None, None]})
+    return runs
+
+
+def test_summary_is_internally_consistent_on_synthetic_metrics():
+    from tlt.bench.run import workload_info
+
+    workload = load_workload()
+    costs = [{"batch": b, "width": w, "seconds": 0.01, "ratio": 1.0 + 0.05 * b * (w - 1), "ratio_min": 1.0,
+              "ratio_max": 2.0} for b in (1, 2, 8) for w in (1, 5)]
+    report = summarize(workload_info(workload), _synthetic_runs(workload), costs, {"before": [1.0]})
+    check_consistent(report, steps=2)
+    assert report["variants"]["tlt"]["arms_chosen"] == {"chain-d4": 18}
+
+
+def test_mean_ci95_brackets_the_mean_and_needs_two_values():
+    mean, ci = mean_ci95([0.1, 0.3, 0.2])
+    assert math.isclose(mean, 0.2) and ci[0] < 0.2 < ci[1]
+    assert mean_ci95([0.5]) == (0.5, None)
+
+
+@pytest.mark.slow
+def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path):
+    from tlt.bench.run import run_bench
+
+    workload = load_workload(quick=True)
+    report = run_bench(workload, work_dir=tmp_path)
+    steps = int(workload.spec["algorithm"]["steps"])
+    check_consistent(report, steps=steps)
+    assert len(report["runs"]) == len(workload.variants) * workload.repeats
+    for run in report["runs"]:
+        assert len(run["steps"]) == steps

@@ -1,0 +1,211 @@
+"""`tlt bench run`: the pinned RL workload (`bench/workload.yaml`) under each SD variant, side by side.
+
+Every variant is a real RL run through the project's Ray loop (`RayTrainer`, local cluster), with
+the same policy, engine, dtype, threads, prompts and seeds; only its `speculative` section differs.
+Repeats are interleaved (every variant once per round) and sums over all steps are compared by
+median and range. After every step the variant's current drafter is measured at ONE fixed arm
+on held-out prompts (accept length, bonus token included), so drafters compare on equal terms.
+The verify cost curve of the same policy (`tlt.adaptive.costs`) gives the ideal SD speedup.
+Aggregation lives in `tlt.bench.run_summary`; this module runs things.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import yaml
+
+from tlt.adaptive.costs import measure_costs
+from tlt.bench.run_summary import summarize
+from tlt.config import TLTTrainingRun
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.loading import resolve_dtype
+from tlt.rollout.drafting import EagleChainDrafter
+from tlt.rollout.engine import Engine
+from tlt.rollout.speculative import SpeculativeStepper
+from tlt.rollout.types import Request, SamplingParams
+from tlt.runtime import steps
+from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.tasks.datasets import load_problems
+from tlt.tasks.warmstart import WarmstartConfig, reduced_config
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
+WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {"reduced": reduced_config, "default": WarmstartConfig}
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The parsed workload file: its sha256, and the settings used (quick overrides applied)."""
+
+    path: Path
+    sha256: str
+    name: str
+    warmstart: str
+    spec: dict[str, Any]
+    variants: dict[str, dict[str, Any]]
+    repeats: int
+    heldout: dict[str, Any]
+    costs: dict[str, Any]
+    quick: bool
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats: int | None = None) -> Workload:
+    """Read `path`; with quick, apply its `quick` overrides; `repeats` overrides the file's."""
+    raw = path.read_bytes()
+    data = yaml.safe_load(raw)
+    missing = [k for k in ("name", "warmstart", "spec", "variants", "repeats", "heldout", "costs") if k not in data]
+    if missing:
+        raise ValueError(f"{path}: missing keys {missing}")
+    if data["warmstart"] not in WARMSTARTS:
+        raise ValueError(f"{path}: warmstart must be one of {sorted(WARMSTARTS)}, got {data['warmstart']!r}")
+    if quick:
+        data = _merge(data, data.get("quick", {}))
+    n = repeats if repeats is not None else int(data["repeats"])
+    if n < 1:
+        raise ValueError(f"repeats must be >= 1, got {n}")
+    for name in ("vanilla", "tlt", "static", "tlt-shadow"):
+        if name not in data["variants"]:
+            raise ValueError(f"{path}: variants must include {name!r} (the summary compares against it)")
+    return Workload(path, hashlib.sha256(raw).hexdigest(), data["name"], data["warmstart"], data["spec"],
+                    data["variants"], n, data["heldout"], data["costs"], quick)
+
+
+def variant_run(workload: Workload, variant: str, repeat: int) -> TLTTrainingRun:
+    """The TLTTrainingRun of one variant (the common spec with the variant's overrides)."""
+    spec = _merge(workload.spec, workload.variants[variant])
+    return TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
+
+
+class BenchTrainer(RayTrainer):
+    """The Ray loop, also recording each step's engine time by running-batch size (all workers)."""
+
+    def _rollout_metrics(self, completions, rewards, results, started, rollout_end):  # type: ignore[override]
+        out = super()._rollout_metrics(completions, rewards, results, started, rollout_end)
+        by_running: dict[int, float] = {}
+        for result in results:
+            for m in result["trace"]:
+                if m.step > 0:
+                    by_running[m.running] = by_running.get(m.running, 0.0) + m.seconds
+        out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
+        return out
+
+
+@torch.inference_mode()
+def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | None:
+    """Accept length of the run's current drafter (from its hub) with the current policy, at one
+    fixed EAGLE chain arm, on held-out prompts; None for a run without a drafter."""
+    if trainer.actors is None or trainer.actors.hub is None:
+        return None
+    _, params = ray.get(trainer.actors.hub.pull.remote())
+    cfg = workload.heldout
+    policy = copy.deepcopy(trainer.policy).to(resolve_dtype(trainer.spec.model.dtype)).eval()
+    drafter = EagleDrafter(drafter_config_from_target(policy.config)).to(policy.dtype)
+    drafter.load_state_dict({k: v.to(policy.dtype) for k, v in params.items()})
+    drafter.bind_policy(policy)
+    problems = load_problems(trainer.spec.dataset, "eval")[: cfg["prompts"]]
+    stop = (trainer.tokenizer.eos_token_id,) if trainer.tokenizer.eos_token_id is not None else ()
+    algo = trainer.spec.algorithm
+    requests = [Request(f"heldout-{i}", trainer.tokenizer(p.prompt).input_ids,
+                        SamplingParams(algo.temperature, algo.top_p, cfg["maxNewTokens"], stop,
+                                       steps.derive_seed("heldout", cfg["seed"], i)))
+                for i, p in enumerate(problems)]
+    context = min(policy.config.max_position_embeddings,
+                  max(len(r.prompt_ids) for r in requests) + cfg["maxNewTokens"] + cfg["depth"] + 1)
+    engine = Engine(policy, max_batch_size=1, max_context=context, return_hidden=True)
+    stepper = SpeculativeStepper(engine.runner, EagleChainDrafter(drafter, policy.get_input_embeddings(),
+                                                                  cfg["depth"], 1, context))
+    engine.stepper = stepper
+    engine.generate(requests)
+    return stepper.stats.accept_length
+
+
+def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int) -> dict[str, Any]:
+    """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
+    run = variant_run(workload, variant, repeat)
+    trainer = BenchTrainer(run, out_dir, warmstart=WARMSTARTS[workload.warmstart](), num_cpus=num_cpus)
+    accept: list[float | None] = []
+    started = time.perf_counter()
+    history = trainer.train(on_step=lambda _: accept.append(heldout_accept_length(trainer, workload)))
+    keep = ("rollout_seconds", "step_seconds", "update_seconds", "generated_tokens", "reward_mean",
+            "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "harvested_seconds",
+            "idle_seconds", "seconds_by_running", "arms_chosen", "drafter_updates", "tail_seconds")
+    return {"variant": variant, "repeat": repeat, "wall_seconds": time.perf_counter() - started,
+            "steps": [{k: m.get(k) for k in keep} for m in history], "heldout_accept_length": accept}
+
+
+def policy_costs(workload: Workload) -> list[dict[str, Any]]:
+    """The verify cost curve of the starting policy in the workload's dtype (see tlt.adaptive.costs)."""
+    from tlt.tasks.warmstart import load_policy, warm_start
+
+    model, _ = load_policy(warm_start(WARMSTARTS[workload.warmstart]()))
+    model = model.to(resolve_dtype(workload.spec["model"]["dtype"])).eval()
+    c = workload.costs
+    points = measure_costs(model, batches=list(c["batches"]), widths=list(c["widths"]), context=int(c["context"]),
+                           repeats=int(c["repeats"]))
+    return [p.__dict__ for p in points]
+
+
+def _load_average() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int = 2,
+              progress: Progress | None = None) -> dict[str, Any]:
+    """Run every variant `workload.repeats` times, interleaved; returns the summary (see run_summary).
+
+    Each run's metrics are also written to `<work_dir>/<variant>-<repeat>.json` as soon as it ends
+    (and the cost curve to `<work_dir>/costs.json`).
+    """
+    note = progress or (lambda text: log.info("%s", text))
+    load = {"before": _load_average()}
+    torch.set_num_threads(1)  # as the rollout workers (one thread each); exact CPU-time costs
+    note("measuring the verify cost curve")
+    costs = policy_costs(workload)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tlt-bench-") as tmp:
+        root = Path(work_dir) if work_dir is not None else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "costs.json").write_text(json.dumps(costs) + "\n")
+        try:
+            for repeat in range(workload.repeats):
+                for variant in workload.variants:
+                    note(f"repeat {repeat + 1}/{workload.repeats}: {variant}")
+                    result = run_variant(workload, variant, repeat, root / f"{variant}-{repeat}", num_cpus)
+                    load[f"after-{variant}-{repeat}"] = _load_average()
+                    (root / f"{variant}-{repeat}.json").write_text(json.dumps(result, default=str) + "\n")
+                    runs.append(result)
+        finally:
+            ray.shutdown()
+    load["after"] = _load_average()
+    return summarize(workload_info(workload), runs, costs, load)
+
+
+def workload_info(workload: Workload) -> dict[str, Any]:
+    return {"path": str(workload.path), "sha256": workload.sha256, "name": workload.name, "quick": workload.quick,
+            "repeats": workload.repeats, "variants": list(workload.variants), "heldout": workload.heldout,
+            "speculative": {v: _merge(workload.spec, o).get("speculative", {}) for v, o in workload.variants.items()},
+            "algorithm": workload.spec.get("algorithm", {}), "threads": torch.get_num_threads()}

@@ -1,0 +1,76 @@
+"""`tlt bench run` arguments and output: terminal table, JSON and PNG (the work is in tlt.bench.run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", type=Path, default=None, help="workload file (default bench/workload.yaml)")
+    parser.add_argument("--quick", action="store_true", help="the workload's small version (checks the pipeline)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: the workload's)")
+    parser.add_argument("--png", type=Path, default=None, help="also write the figure here")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep each run's output folder here")
+    parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _span(entry: dict[str, float], spec: str = ".1f") -> str:
+    return f"{entry['median']:{spec}} [{entry['min']:{spec}}, {entry['max']:{spec}}]"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # a log file or pipe: no wrapping of the wide table
+    table = Table(title=f"tlt bench run: {report['workload']['name']} (sha256 {report['workload_sha256'][:12]}, "
+                        f"{report['workload']['repeats']} repeats, median [range])")
+    for column in ("variant", "rollout s", "step s", "ms/token", "accept (held-out, last)", "arms chosen",
+                   "harvested s", "len p50/p90/max", "trunc", "final reward"):
+        table.add_column(column, justify="right")
+    for name, v in report["variants"].items():
+        accept = v["heldout_accept_length"][-1] if v["heldout_accept_length"] else None
+        arms = ", ".join(f"{k}:{n}" for k, n in v["arms_chosen"].items()) or "-"
+        lengths = v["response_length"]
+        table.add_row(name, _span(v["rollout_seconds"]), _span(v["step_seconds"]),
+                      f"{1000 * v['seconds_per_token']['median']:.2f}", _fmt(accept), arms,
+                      f"{v['harvested_seconds']['median']:.1f}", f"{lengths['p50']}/{lengths['p90']}/{lengths['max']}",
+                      f"{v['truncation_rate']:.2f}", f"{v['final_reward']['median']:.3f}")
+    console.print(table)
+    ci = report["interference_ci95"]
+    console.print(
+        f"rollout speedup {report['rollout_speedup']:.2f}x, end to end {report['e2e_speedup']:.2f}x "
+        f"(Amdahl bound {report['amdahl_e2e_bound']:.2f}x at rollout share {report['vanilla_rollout_share']:.2f}); "
+        f"ideal SD speedup {_fmt(report['ideal_speedup'])}x, TLT reaches {_fmt(report['tlt_fraction_of_ideal'])} "
+        f"of it; accept length TLT/static {_fmt(report['accept_length_ratio'])}; interference "
+        f"{report['interference_fraction']:+.3f} (95% CI {'n/a' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}); "
+        f"reward delta {report['reward_delta']:+.3f}")
+    by_running = report["variants"]["vanilla"]["seconds_by_running"]
+    console.print("vanilla decode seconds by running batch: "
+                  + ", ".join(f"{k}: {s:.2f}" for k, s in by_running.items()))
+    console.print(f"load average before/after: {report['load_average'].get('before')} / "
+                  f"{report['load_average'].get('after')}")
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, run_bench
+    from tlt.bench.run_plot import plot_report
+
+    workload = load_workload(args.workload or DEFAULT_WORKLOAD, quick=args.quick, repeats=args.repeats)
+    report = run_bench(workload, work_dir=args.work_dir, num_cpus=args.num_cpus, progress=print)
+    print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    if args.png:
+        print(f"wrote {plot_report(report, args.png)}")
+    return 0

@@ -1,0 +1,157 @@
+"""Aggregation of `tlt bench run` results: pure functions from per-run step metrics to the report.
+
+Per variant and repeat, times are SUMS over all RL steps; across repeats the report gives the
+median and the range [min, max]. Speedups are ratios of medians against `vanilla`.
+
+- rollout_speedup / e2e_speedup: vanilla's rollout (step) time over TLT's.
+- amdahl_e2e_bound: the end-to-end speedup rollout_speedup would give if nothing else changed,
+  1 / ((1 - s) + s / rollout_speedup) with s = vanilla's rollout share of step time.
+- accept_length_ratio: TLT's held-out accept length (fixed arm) over static's, at the last step.
+- interference_fraction: step time of tlt-shadow (trainer runs, its drafter unused) over
+  vanilla's, minus 1; mean over repeats (paired by repeat) with a Student-t 95% interval.
+- reward_delta: TLT's final-step mean reward minus vanilla's (medians over repeats).
+- ideal_speedup: vanilla's decode time re-weighted by running-batch size: every batch size SD
+  covers (at most TLT's threshold) runs faster by accept_length / cost_ratio(batch, width) (with a
+  free drafter; never slower than plain), with TLT's last-step held-out accept length at the fixed
+  arm of `width` = depth + 1 verified tokens; tlt_fraction_of_ideal = rollout_speedup / ideal.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from typing import Any
+
+from tlt.adaptive.costs import CostPoint, cost_ratio, ideal_speedup
+from tlt.tasks.evaluate import length_stats
+
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """{'median', 'min', 'max'} of a non-empty list."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def mean_ci95(values: list[float]) -> tuple[float, list[float] | None]:
+    """Mean and Student-t 95% interval of the mean; the interval is None for fewer than 2 values."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    df = len(values) - 1
+    half = (T975[df - 1] if df <= len(T975) else 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, [mean - half, mean + half]
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summary of one variant's runs (one per repeat, each with per-step metrics)."""
+    rollout = [sum(s["rollout_seconds"] for s in r["steps"]) for r in runs]
+    step = [sum(s["step_seconds"] for s in r["steps"]) for r in runs]
+    tokens = [sum(s["generated_tokens"] for s in r["steps"]) for r in runs]
+    lengths = [n for r in runs for s in r["steps"] for n in s["response_lengths"]]
+    n_steps = min(len(r["steps"]) for r in runs)
+    arms: Counter[str] = Counter()
+    for r in runs:
+        for s in r["steps"]:
+            arms.update(s.get("arms_chosen") or {})
+    by_running: dict[str, list[float]] = {}
+    for r in runs:
+        totals: Counter[str] = Counter()
+        for s in r["steps"]:
+            totals.update(s.get("seconds_by_running") or {})
+        for size, seconds in totals.items():
+            by_running.setdefault(size, []).append(seconds)
+    stats = length_stats(lengths)
+    return {
+        "repeats": len(runs),
+        "rollout_seconds": spread(rollout),
+        "step_seconds": spread(step),
+        "rollout_share": spread([a / b for a, b in zip(rollout, step)]),
+        "generated_tokens": spread([float(t) for t in tokens]),
+        "seconds_per_token": spread([a / max(t, 1) for a, t in zip(rollout, tokens)]),
+        "heldout_accept_length": [_median_or_none([r["heldout_accept_length"][i] for r in runs])
+                                  for i in range(n_steps)],
+        "rollout_accept_length": [_median_or_none([r["steps"][i]["accept_length"] for r in runs])
+                                  for i in range(n_steps)],
+        "arms_chosen": dict(sorted(arms.items())),
+        "harvested_seconds": spread([sum(s.get("harvested_seconds") or 0.0 for s in r["steps"]) for r in runs]),
+        "idle_seconds": spread([sum(s.get("idle_seconds") or 0.0 for s in r["steps"]) for r in runs]),
+        "response_length": {"p50": stats["p50"], "p90": stats["p90"], "max": stats["max"]},
+        "truncation_rate": statistics.fmean(s["truncation_rate"] for r in runs for s in r["steps"]),
+        "final_reward": spread([r["steps"][-1]["reward_mean"] for r in runs]),
+        "seconds_by_running": {k: statistics.median(by_running[k]) for k in sorted(by_running, key=int)},
+    }
+
+
+def ideal_rollout_speedup(seconds_by_running: dict[str, float], points: list[CostPoint], *, threshold: int,
+                          width: int, accept_length: float) -> float:
+    """Decode-time speedup if every step at a running batch <= threshold ran SD at `width` with
+    `accept_length` and a free drafter (never slower than plain); see the module docstring."""
+    total = sum(seconds_by_running.values())
+    if total <= 0:
+        return 1.0
+    sped = 0.0
+    for size, seconds in seconds_by_running.items():
+        b = int(size)
+        gain = max(1.0, ideal_speedup(accept_length, cost_ratio(points, b, width))) if b <= threshold else 1.0
+        sped += seconds / gain
+    return total / sped
+
+
+def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[dict[str, Any]],
+              load: dict[str, list[float]]) -> dict[str, Any]:
+    """The report: per-variant summaries, the headline ratios (module docstring), costs and load."""
+    variants = {v: variant_summary([r for r in runs if r["variant"] == v]) for v in workload["variants"]}
+    van, tlt, static = variants["vanilla"], variants["tlt"], variants["static"]
+    rollout_speedup = van["rollout_seconds"]["median"] / tlt["rollout_seconds"]["median"]
+    share = van["rollout_share"]["median"]
+    paired = {}
+    for r in runs:
+        paired.setdefault(r["repeat"], {})[r["variant"]] = sum(s["step_seconds"] for s in r["steps"])
+    both = [p for p in paired.values() if {"tlt-shadow", "vanilla"} <= set(p)]
+    interference = [p["tlt-shadow"] / p["vanilla"] - 1.0 for p in both]
+    interference_mean, interference_ci = mean_ci95(interference)
+    tlt_accept = tlt["heldout_accept_length"][-1] if tlt["heldout_accept_length"] else None
+    static_accept = static["heldout_accept_length"][-1] if static["heldout_accept_length"] else None
+    points = [CostPoint(**p) for p in costs]
+    threshold = int(workload["speculative"]["tlt"].get("threshold", _default_threshold()))
+    width = int(workload["heldout"]["depth"]) + 1
+    ideal = None
+    if tlt_accept is not None and points:
+        ideal = ideal_rollout_speedup(van["seconds_by_running"], points, threshold=threshold, width=width,
+                                      accept_length=tlt_accept)
+    return {
+        "workload_sha256": workload["sha256"],
+        "workload": workload,
+        "rollout_speedup": rollout_speedup,
+        "e2e_speedup": van["step_seconds"]["median"] / tlt["step_seconds"]["median"],
+        "vanilla_rollout_share": share,
+        "amdahl_e2e_bound": 1.0 / ((1.0 - share) + share / rollout_speedup),
+        "accept_length_ratio": tlt_accept / static_accept if tlt_accept is not None and static_accept else None,
+        "interference_fraction": interference_mean,
+        "interference_ci95": interference_ci,
+        "interference_per_repeat": interference,
+        "reward_delta": tlt["final_reward"]["median"] - van["final_reward"]["median"],
+        "ideal_speedup": ideal,
+        "tlt_fraction_of_ideal": rollout_speedup / ideal if ideal else None,
+        "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept},
+        "variants": variants,
+        "costs": costs,
+        "load_average": load,
+        "runs": runs,
+    }
+
+
+def _default_threshold() -> int:
+    from tlt.config import SpeculativeSpec
+
+    return SpeculativeSpec().threshold
