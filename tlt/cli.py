@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warmstart": ("tlt.commands.warmstart", "train (or find cached) the built-in task's warm-started policy"),
     "crd": ("tlt.commands.crd", "write the TLTTrainingRun CRD YAML generated from the run spec"),
     "train": ("tlt.commands.train", "run a TLTTrainingRun on this machine (resumes from its checkpoints)"),
+    "worker": ("tlt.commands.worker", "run one pod of a TLTTrainingRun on a cluster (the operator's pod entry point)"),
     "demo": ("tlt.commands.demo", "train examples/run.yaml on a local Ray cluster, with live display and report"),
     "export-drafter": ("tlt.commands.export_drafter", "write a drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable)"),
     "generate": ("tlt.commands.generate", "complete prompts from a file with the rollout engine"),

@@ -1,0 +1,76 @@
+"""Two `tlt worker` "pods" as local processes on this machine: policy rank 0 (Ray head + coordinator) and
+one rollout pod joining it. The one-step run finishes with exit 0 on the head (the run's Succeeded) and
+a checkpoint, and the rollout pod exits non-zero once the head is gone (as the operator's contract asks).
+
+The head listens on a free port of its own and each process stops only its own Ray node (SIGTERM to its
+`ray start --block`), never `ray stop`, so Ray clusters of other processes on this machine are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tlt.tasks.warmstart import reduced_config, warm_start
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _node_ip() -> str:
+    """The address Ray itself picks for this machine (a driver finds its raylet by it)."""
+    from ray._private.services import get_node_ip_address
+
+    return str(get_node_ip_address())
+
+
+def _pod(role: str, spec: Path, ip: str, head: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TLT_RUN_NAME": "wl", "TLT_ROLE": role, "TLT_RANK": "0", "TLT_POD_NAME": f"wl-{role}-0",
+           "TLT_NAMESPACE": "default", "TLT_POD_IP": ip, "TLT_HEAD_ADDRESS": head,
+           "RAY_gcs_rpc_server_reconnect_timeout_s": "10", "OMP_NUM_THREADS": "1"}
+    for name in ("RAY_ADDRESS", "KUBERNETES_SERVICE_HOST"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "tlt.cli", "worker", "--role", role, "--spec", str(spec), "--out", str(out),
+            "--join-timeout", "180"]
+    return subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def test_head_and_rollout_pod_finish_a_one_step_run(tmp_path):
+    policy = warm_start(reduced_config())
+    spec = tmp_path / "run.yaml"
+    spec.write_text(yaml.safe_dump({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
+                                    "metadata": {"name": "wl"}, "spec": {
+        "model": {"path": str(policy), "dtype": "float32", "maxContext": 256},
+        "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
+        "algorithm": {"steps": 1, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16, "microBatchSize": 4},
+        "rollout": {"replicas": 1}, "verifier": {"replicas": 0}, "speculative": {"mode": "off"}}}))
+    ip, out = _node_ip(), tmp_path / "work"
+    head_address = f"{ip}:{_free_port()}"
+    head = _pod("policy", spec, ip, head_address, out, tmp_path / "policy.log")
+    rollout = _pod("rollout", spec, ip, head_address, tmp_path / "rollout-work", tmp_path / "rollout.log")
+    try:
+        head_code = head.wait(timeout=420)
+        rollout_code = rollout.wait(timeout=120)
+    finally:
+        for pod in (head, rollout):
+            if pod.poll() is None:
+                pod.terminate()
+                pod.wait(timeout=60)
+    logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:] for name in ("policy", "rollout")}
+    assert head_code == 0, logs["policy"]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1]
+    assert (out / "checkpoints" / "LATEST").read_text() == "step-00000001"
+    assert rollout_code != 0, "a rollout pod that lost its head must fail:\n" + logs["rollout"]

@@ -1,0 +1,256 @@
+"""`tlt worker --role R --spec FILE`: the entry point of a TLTTrainingRun's pods.
+
+Implements the worker contract of `tlt_operator.builders.pod` (its docstring is the reference):
+- policy rank 0 starts the Ray head (GCS on the port of `$TLT_HEAD_ADDRESS`), waits until every rollout
+  and verifier pod of the spec has joined, then runs the coordinator in this process
+  (`tlt.runtime.ray_train.train_ray`) into /var/lib/tlt, the pod's working directory, where a relative
+  `checkpoint.path` resolves onto the checkpoint volume (so a replaced head resumes from the last
+  checkpoint). It stops the head at the end and exits 0 when every step is done: the run's Succeeded.
+- rollout / verifier pods join the head as Ray nodes that advertise one unit of their role's custom
+  resource (`tlt_rollout` / `tlt_verifier`, the names `tlt.runtime.ray_cluster` asks for), so the
+  coordinator's actors of that role land on them; `ray start --block` holds the pod.
+- policy ranks > 0 join as plain Ray nodes (no role resource). The coordinator does the whole policy
+  update in its own process, so these ranks only add capacity for actors that ask for no role
+  resource (the drafter hub); they hold their pod like rollout pods.
+A node that returns from `ray start --block` has lost its Ray processes (the head is gone, or a
+daemon died): the worker exits non-zero and the operator replaces the pod. After a successful run the
+head stops first; the other nodes notice only after Ray's GCS reconnect timeout, by which time the
+policy rank-0 pod has Succeeded, and the operator judges the run by that pod.
+
+Every command is an argument list run without a shell; the only values from outside are the pod's IP
+and the head address from the environment, each passed as one argument. Ray's token authentication is
+the same on every pod: `RAY_AUTH_MODE` from the pod's environment, else off (`ray_environment`).
+
+Exit status: 0 done (policy rank 0), 1 the run failed or this node lost the cluster, 2 the spec or the
+environment is wrong, 143 terminated (SIGTERM from the kubelet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Literal, get_args
+
+from tlt.config import RunSpec, TLTTrainingRun
+from tlt.config_io import SpecError, load_run
+from tlt.runtime.ray_cluster import ROLE_RESOURCES
+
+log = logging.getLogger(__name__)
+
+Role = Literal["policy", "rollout", "verifier"]
+ROLES: tuple[str, ...] = get_args(Role)
+WORK_DIR = Path("/var/lib/tlt")
+ENV_VARS = ("TLT_RUN_NAME", "TLT_ROLE", "TLT_RANK", "TLT_POD_NAME", "TLT_NAMESPACE", "TLT_POD_IP", "TLT_HEAD_ADDRESS")
+RAY = (sys.executable, "-m", "ray.scripts.scripts")
+EXIT_TERMINATED = 128 + signal.SIGTERM
+AUTH_MODE = "RAY_AUTH_MODE"
+
+
+class EnvError(ValueError):
+    """The pod's environment does not follow the worker contract."""
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """The worker contract's environment, checked."""
+
+    run_name: str
+    role: Role
+    rank: int
+    pod_name: str
+    namespace: str
+    pod_ip: str
+    head_address: str
+
+    @property
+    def is_head(self) -> bool:
+        return self.role == "policy" and self.rank == 0
+
+
+def head_port(head_address: str) -> int:
+    """The GCS port of `host:port` (TLT_HEAD_ADDRESS)."""
+    host, sep, port = head_address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EnvError(f"TLT_HEAD_ADDRESS must be host:port with a port in 1-65535, got {head_address!r}")
+    return int(port)
+
+
+def read_env(environ: Mapping[str, str], role: str) -> WorkerEnv:
+    """The contract's variables from `environ`; `role` (from --role) must match TLT_ROLE."""
+    if role not in ROLES:
+        raise EnvError(f"--role must be one of {list(ROLES)}, got {role!r}")
+    missing = [name for name in ENV_VARS if not environ.get(name)]
+    if missing:
+        raise EnvError(f"missing environment variable(s) {', '.join(missing)}: the operator's pods set them "
+                       f"(tlt_operator.builders.pod); set them by hand to run a worker elsewhere")
+    if environ["TLT_ROLE"] != role:
+        raise EnvError(f"TLT_ROLE is {environ['TLT_ROLE']!r} but --role is {role!r}; they must agree")
+    rank = environ["TLT_RANK"]
+    if not rank.isdigit():
+        raise EnvError(f"TLT_RANK must be a non-negative integer, got {rank!r}")
+    head_port(environ["TLT_HEAD_ADDRESS"])
+    return WorkerEnv(run_name=environ["TLT_RUN_NAME"], role=role, rank=int(rank),  # type: ignore[arg-type]
+                     pod_name=environ["TLT_POD_NAME"], namespace=environ["TLT_NAMESPACE"],
+                     pod_ip=environ["TLT_POD_IP"], head_address=environ["TLT_HEAD_ADDRESS"])
+
+
+def ray_start_args(role: Role, rank: int, head_address: str, pod_ip: str) -> list[str]:
+    """The `ray start --block` argument list of a pod: the head (GCS on the head address's port) for policy
+    rank 0, else a node joining `head_address`; rollout and verifier nodes carry their role's resource.
+    `--block` on the head too: SIGTERM to that one process stops this node's Ray processes, and only them.
+    The head offers no CPUs to Ray: its CPUs are the policy update's, which runs in the coordinator's
+    process outside Ray's bookkeeping, and the coordinator shares the cluster's CPUs among its actors."""
+    common = ["--node-ip-address", pod_ip, "--disable-usage-stats"]
+    if role == "policy" and rank == 0:
+        return [*RAY, "start", "--head", "--port", str(head_port(head_address)), *common,
+                "--num-cpus", "0", "--include-dashboard", "false", "--block"]
+    resource = ROLE_RESOURCES.get(role)
+    resources = ["--resources", json.dumps({resource: 1})] if resource is not None else []
+    return [*RAY, "start", "--address", head_address, *common, *resources, "--block"]
+
+
+def ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of this pod's Ray processes: `environ` with Ray's token authentication pinned.
+
+    Ray 2.60 turns token auth on for a head that finds a token file in $HOME, while a driver that connects
+    to an explicit address never turns it on: left to chance the coordinator is refused by its own head.
+    `RAY_AUTH_MODE` from the pod's environment is kept (`token` with `RAY_AUTH_TOKEN` from a Secret, set
+    in every role's `podTemplate.env`); unset, it is `disabled` on every pod alike."""
+    return {**environ, AUTH_MODE: environ.get(AUTH_MODE) or "disabled"}
+
+
+def missing_nodes(spec: RunSpec, resources: Mapping[str, float]) -> dict[str, int]:
+    """Role resource -> pods of that role that have not joined yet (each joined pod adds one unit)."""
+    wanted = {ROLE_RESOURCES["rollout"]: spec.rollout.replicas, ROLE_RESOURCES["verifier"]: spec.verifier.replicas}
+    have = {name: int(resources.get(name, 0)) for name in wanted}
+    return {name: n - have[name] for name, n in wanted.items() if have[name] < n}
+
+
+def wait_for_head(host: str, port: int, head: subprocess.Popen[bytes], deadline: float, poll: float = 0.5) -> None:
+    """Until the GCS port accepts connections (`ray.init` against a GCS that is not up yet blocks for minutes).
+    Raises ConnectionError when the head process exits first, TimeoutError past `deadline` (monotonic)."""
+    while True:
+        if head.poll() is not None:
+            raise ConnectionError(f"ray start --head exited {head.returncode} before its GCS at {host}:{port} was up")
+        try:
+            with socket.create_connection((host, port), timeout=poll):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Ray head's GCS at {host}:{port} was not up in time") from None
+            time.sleep(poll)
+
+
+def wait_for_nodes(address: str, spec: RunSpec, deadline: float, poll: float = 2.0) -> None:
+    """Connect to the head and wait until every rollout and verifier pod has joined: the coordinator
+    places its actors by the resources it sees when it starts. Raises TimeoutError naming the missing."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    while missing := missing_nodes(spec, ray.cluster_resources()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("still waiting for nodes: "
+                               + ", ".join(f"{n} with {name}" for name, n in sorted(missing.items())))
+        log.info("waiting for nodes: %s", missing)
+        time.sleep(poll)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--role", required=True, choices=ROLES, help="this pod's role")
+    parser.add_argument("--spec", required=True, type=Path, help="the run's manifest (the mounted ConfigMap)")
+    parser.add_argument("--out", type=Path, default=WORK_DIR,
+                        help=f"policy rank 0: output folder; relative checkpoint.path resolves here (default {WORK_DIR})")
+    parser.add_argument("--join-timeout", type=float, default=600.0,
+                        help="policy rank 0: seconds to wait for the head and every rollout and verifier pod (default 600)")
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(EXIT_TERMINATED)
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    try:
+        spec = load_run(args.spec)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    environ = os.environ if environ is None else environ
+    try:
+        env = read_env(environ, args.role)
+    except EnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ray_env = ray_environment(environ)
+    if ray_env[AUTH_MODE] == "disabled":
+        log.warning("Ray token authentication is off: any process that reaches this pod's Ray ports can run code "
+                    "in the cluster; to turn it on set %s=token and RAY_AUTH_TOKEN (from a Secret) in every "
+                    "role's podTemplate.env", AUTH_MODE)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if env.is_head:
+            return run_head(env, spec, args.out, args.join_timeout, ray_env)
+        return run_node(env, ray_env)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_head(env: WorkerEnv, run_spec: TLTTrainingRun, out: Path, join_timeout: float,
+             ray_env: dict[str, str]) -> int:
+    """Start the head, run the coordinator, stop the head; the coordinator's exit status."""
+    head = subprocess.Popen(ray_start_args(env.role, env.rank, env.head_address, env.pod_ip), shell=False,
+                            env=ray_env)
+    port = head_port(env.head_address)
+    address = f"{env.pod_ip}:{port}"
+    deadline = time.monotonic() + join_timeout
+    try:
+        try:
+            wait_for_head(env.pod_ip, port, head, deadline)
+            wait_for_nodes(address, run_spec.spec, deadline)
+        except (TimeoutError, ConnectionError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        from tlt.runtime.ray_train import train_ray
+
+        return train_ray(run_spec, out, address=address)
+    finally:
+        import ray
+
+        ray.shutdown()
+        _stop(head)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a `ray start --block` (it stops its node's Ray processes); SIGKILL after 30 s."""
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def run_node(env: WorkerEnv, ray_env: dict[str, str]) -> int:
+    """Join the head and hold the pod; non-zero once `ray start --block` returns (the cluster is lost)."""
+    args = ray_start_args(env.role, env.rank, env.head_address, env.pod_ip)
+    child = subprocess.Popen(args, shell=False, env=ray_env)
+    try:
+        code = child.wait()
+    finally:
+        _stop(child)
+    print(f"error: ray start --block exited {code}: this node lost the cluster (head gone or a Ray daemon died)",
+          file=sys.stderr)
+    return code if code != 0 else 1
