@@ -116,3 +116,15 @@ def test_live_display_shows_phase_worker_states_and_restarts():
     console.print(display.render())
     shown = console.file.getvalue()
     assert "TRAINING" in shown and "GENERATING" in shown and "rollout-1" in shown
+
+
+def test_role_pods_get_one_actor_each_with_that_pods_cpus():
+    """On a cluster of role pods the rollout actor fits ONE rollout pod, not a share of the cluster."""
+    from tlt.runtime.ray_cluster import _role_options
+
+    s = RunSpec.model_validate({"rollout": {"replicas": 2, "resources": {"cpu": "8"}},
+                                "verifier": {"replicas": 1, "resources": {"cpu": "2"}}})
+    cluster = {"CPU": 18.0, "tlt_rollout": 2.0, "tlt_verifier": 1.0}
+    plan = placement(s, cluster)
+    assert plan.rollout_cpus == 8.0 and plan.rollout_threads == 8
+    assert _role_options("rollout", cluster, plan.rollout_cpus) == {"num_cpus": 8.0, "resources": {"tlt_rollout": 1}}

@@ -7,8 +7,9 @@ thread per core in every process and the cores would thrash).
 
 A cluster: `ray.init(address=...)` joins it unchanged. Where nodes advertise the custom resources
 `tlt_rollout` / `tlt_verifier` (`ray start --resources '{"tlt_rollout": 1}'` on rollout pods),
-each actor asks for a sliver of its role's resource and so lands on a pod of that role; the
-coordinator and the policy update stay in the driver (policy rank 0).
+each actor asks for one unit of its role's resource, so it lands on a pod of that role and no
+two actors share a pod, and for the CPUs of ONE such pod (the role's `resources.cpu`), not a share
+of the whole cluster's; the coordinator and the policy update stay in the driver (policy rank 0).
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
 def placement(spec: RunSpec, resources: dict[str, float]) -> Placement:
     """Share the CPUs: most to rollout workers (their trainers run in the same processes), a little to
     verifiers and the hub. Works for any core count >= 1; threads are at least one per actor."""
+    if resources.get(ROLE_RESOURCES["rollout"], 0) > 0:  # role pods: one actor per pod, that pod's CPUs
+        rollout = cpu_quantity(spec.rollout.resources.cpu)
+        small = min(0.1, cpu_quantity(spec.verifier.resources.cpu))
+        return Placement(
+            rollout_cpus=_floor4(rollout),
+            rollout_threads=max(1, math.floor(rollout)),
+            verifier_cpus=_floor4(small),
+            hub_cpus=_floor4(small),
+            driver_threads=max(1, math.floor(cpu_quantity(spec.policy.resources.cpu))),
+        )
     cpus = float(resources.get("CPU", 1.0))
     workers = max(spec.rollout.replicas, 1)
     verifiers = max(spec.verifier.replicas, 1)
@@ -69,6 +80,11 @@ def placement(spec: RunSpec, resources: dict[str, float]) -> Placement:
     )
 
 
+def cpu_quantity(quantity: str) -> float:
+    """A Kubernetes CPU quantity as cores: "2" -> 2.0, "500m" -> 0.5."""
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
 def _floor4(x: float) -> float:
     """x rounded down to 4 decimals (shares never add up to more than the cluster has)."""
     return math.floor(x * 10_000) / 10_000
@@ -78,7 +94,7 @@ def _role_options(role: str, resources: dict[str, float], cpus: float) -> dict[s
     options: dict[str, Any] = {"num_cpus": cpus}
     custom = ROLE_RESOURCES.get(role)
     if custom is not None and resources.get(custom, 0) > 0:
-        options["resources"] = {custom: 0.001}
+        options["resources"] = {custom: 1}
     return options
 
 
