@@ -97,3 +97,22 @@ def test_worker_rbac_allows_exactly_the_slot_calls(cluster: Cluster) -> None:
                for v in rule["verbs"]}
     assert used <= allowed, "the worker Role must allow every call of k8s_slots"
     assert ("tlt.dev", "tltrainingruns", "get") not in allowed, "the run itself stays out of the workers' reach"
+
+
+def test_coordinator_progress_lands_on_its_pod_and_the_operator_reads_it(cluster: Cluster) -> None:
+    """The `tlt.dev/progress` annotation the operator mirrors into `.status.step` / `.status.drafter`."""
+    from tlt_operator.lifecycle import view_pod
+
+    head = {"metadata": {"name": "r1-policy-0", "labels": {"tlt.dev/run": "r1"}},
+            "spec": {"containers": [{"name": "worker", "image": "tlt:dev"}]}}
+    cluster.core.create_namespaced_pod(NAMESPACE, head)
+    api = SlotApi(cluster.fake.url, "r1-policy-0", NAMESPACE, "r1")
+    api.report_progress({"step": 3, "step_seconds": 41.5, "drafter_version": 7, "accept_length": 2.25,
+                         "drafter_trainers": ["rollout-0", "rollout-1"], "reward_mean": 0.4})
+    pod = cluster.core.api_client.sanitize_for_serialization(cluster.core.read_namespaced_pod("r1-policy-0", NAMESPACE))
+    assert view_pod(pod, run_uid="").progress == {"step": 3, "lastStepSeconds": 41.5, "drafterVersion": 7,
+                                                  "acceptLength": 2.25, "activeTrainers": 2}
+
+
+def test_progress_leaves_out_what_the_step_did_not_report() -> None:
+    assert json.loads(k8s_slots.progress_annotation({"step": 1, "accept_length": None})) == {"step": 1}

@@ -35,6 +35,7 @@ from tlt.config import API_GROUP, API_VERSION, PLURAL
 log = logging.getLogger(__name__)
 
 WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
+PROGRESS_ANNOTATION = "tlt.dev/progress"
 STATES = ("GENERATING", "IDLE", "TRAINING")
 WorkerState = Literal["GENERATING", "IDLE", "TRAINING"]
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -59,6 +60,17 @@ def state_annotation(state: WorkerState, since: datetime.datetime) -> str:
         raise ValueError(f"worker state must be one of {list(STATES)}, got {state!r}")
     stamp = since.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return json.dumps({"state": state, "since": stamp}, separators=(",", ":"))
+
+
+def progress_annotation(metrics: dict[str, Any]) -> str:
+    """The coordinator's `tlt.dev/progress` value from one step's metrics (the operator mirrors it
+    into `.status.step` and `.status.drafter`); keys the step did not report are left out."""
+    fields = {"step": "step", "lastStepSeconds": "step_seconds", "drafterVersion": "drafter_version",
+              "acceptLength": "accept_length"}
+    report = {key: metrics[name] for key, name in fields.items() if metrics.get(name) is not None}
+    if metrics.get("drafter_trainers") is not None:
+        report["activeTrainers"] = len(metrics["drafter_trainers"])
+    return json.dumps(report, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,11 @@ class SlotApi:
         patch = {"metadata": {"annotations": {WORKER_STATE_ANNOTATION: value}}}
         self._call("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", patch)
 
+    def report_progress(self, metrics: dict[str, Any]) -> None:
+        """Annotate this (policy rank-0) pod with the step's progress."""
+        patch = {"metadata": {"annotations": {PROGRESS_ANNOTATION: progress_annotation(metrics)}}}
+        self._call("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", patch)
+
     def enabled_slots(self) -> frozenset[str] | None:
         """Pod names whose slot the operator enabled; None while it has written no list."""
         path = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.run}/status"
@@ -123,6 +140,15 @@ def report_state(state: WorkerState, since: datetime.datetime | None = None) -> 
     if api is None:
         return False
     api.report_state(state, since)
+    return True
+
+
+def report_progress(metrics: dict[str, Any]) -> bool:
+    """Publish the step's progress on this pod; False (nothing done) outside a cluster."""
+    api = SlotApi.from_environment()
+    if api is None:
+        return False
+    api.report_progress(metrics)
     return True
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tlt.config import TLTTrainingRun
+from tlt.runtime import k8s_slots
 from tlt.runtime.checkpoint import CheckpointError
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.local import ResumeError
@@ -21,6 +22,16 @@ from tlt.runtime.report import write_report
 from tlt.tasks.warmstart import WarmstartConfig
 
 log = logging.getLogger(__name__)
+
+
+def _on_step(display: LiveDisplay, metrics: dict) -> None:
+    """Show the step; on a cluster also publish it on this pod for the operator (best effort: a
+    failed annotation is logged, never fails the run)."""
+    display.step(metrics)
+    try:
+        k8s_slots.report_progress(metrics)
+    except k8s_slots.SlotApiError as exc:
+        log.warning("could not publish progress on the pod: %s", exc)
 
 
 def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num_cpus: int | None = None,
@@ -38,7 +49,7 @@ def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num
             if trainer.step:
                 console.print(f"resuming {run.metadata.name} at step {trainer.step}/{total} from "
                               f"{trainer.checkpoint_root}")
-            history = trainer.train(on_step=display.step)
+            history = trainer.train(on_step=lambda metrics: _on_step(display, metrics))
     except (CheckpointError, ResumeError) as exc:
         console.print(f"[red]error:[/red] cannot resume from {out}: {exc}", highlight=False)
         return 1
