@@ -204,17 +204,12 @@ class LocalTrainer:
                                     trace=trace)
         rollout_seconds = time.perf_counter() - started
         rewards = steps.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format)
-        batch = steps.build_batch(completions, rewards)
-        recomputed = steps.policy_logprobs(self.policy, batch, self.algo, pad_id=self.pad_id,
-                                           compute_dtype=self.compute_dtype)
-        gap = steps.logprob_gap(batch.old_logprobs, recomputed, batch)
-        batch.old_logprobs = recomputed
         update_started = time.perf_counter()
-        update = steps.update_policy(self.policy, self.optimizer, batch, self.algo, pad_id=self.pad_id,
-                                     compute_dtype=self.compute_dtype)
+        update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
+                             compute_dtype=self.compute_dtype)
         steps.sync_weights(self.policy, self.engine)
         metrics = {"step": step, **steps.rollout_metrics(completions, rewards, trace, rollout_seconds), **update,
-                   "logprob_gap": gap, "update_seconds": time.perf_counter() - update_started,
+                   "update_seconds": time.perf_counter() - update_started,
                    "step_seconds": time.perf_counter() - started}
         if self.speculative is not None:
             metrics["accept_length"] = self.speculative.stats.accept_length

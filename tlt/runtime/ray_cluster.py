@@ -48,7 +48,9 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
             ray.init(address=address, log_to_driver=False)
         else:
             cpus = num_cpus or os.cpu_count() or 1
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+            # address="local": always a new private cluster, even where /tmp/ray/ray_current_cluster
+            # names one that `ray start` left on this machine (plain ray.init() would join it).
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
     return ray.cluster_resources()
 

@@ -217,17 +217,12 @@ class RayTrainer:
         completions = [c for r in results for c in r["completions"]]
         rewards = torch.tensor(ray.get([ref for r in results for ref in r["rewards"]]), dtype=torch.float32)
         rewards = rewards.view(len(ids), self.algo.group_size)
-        batch = steps.build_batch(completions, rewards)
-        recomputed = steps.policy_logprobs(self.policy, batch, self.algo, pad_id=self.pad_id,
-                                           compute_dtype=self.compute_dtype)
-        gap = steps.logprob_gap(batch.old_logprobs, recomputed, batch)
-        batch.old_logprobs = recomputed
         update_started = time.time()
-        update = steps.update_policy(self.policy, self.optimizer, batch, self.algo, pad_id=self.pad_id,
-                                     compute_dtype=self.compute_dtype)
+        update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
+                             compute_dtype=self.compute_dtype)
         update_seconds = time.time() - update_started
         metrics = {"step": step, **self._rollout_metrics(completions, rewards, results, started, rollout_end),
-                   **update, "logprob_gap": gap, "update_seconds": update_seconds, "update_started_at": update_started,
+                   **update, "update_seconds": update_seconds, "update_started_at": update_started,
                    "rollout_dispatched_at": dispatched,
                    **self._drafter_metrics(results, acks, rollout_end), "step_seconds": time.time() - started}
         if actors.hub is not None:

@@ -248,6 +248,27 @@ def update_policy(
         return policy_update(policy, optimizer, batch, algo, pad_id=pad_id)
 
 
+def learn(
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    completions: list[Completion],
+    rewards: torch.Tensor,
+    algo: AlgorithmSpec,
+    *,
+    pad_id: int,
+    compute_dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """One step's learning from its rollouts: build the GRPO batch (rewards [P, G]), recompute the
+    old log-probs under the policy (the engine's may differ by rounding), update. Returns the update's
+    metrics plus `logprob_gap`, the largest engine-vs-policy log-prob difference."""
+    batch = build_batch(completions, rewards)
+    recomputed = policy_logprobs(policy, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype)
+    gap = logprob_gap(batch.old_logprobs, recomputed, batch)
+    batch.old_logprobs = recomputed
+    update = update_policy(policy, optimizer, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype)
+    return {**update, "logprob_gap": gap}
+
+
 def sync_weights(policy: PreTrainedModel, engine: Engine) -> None:
     """Copy the policy's weights into the engine's model in place (cast to the engine's dtype).
 
