@@ -16,38 +16,79 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a tiny model and short runs (seconds): checks the bench, measures little"
     )
+    parser.add_argument(
+        "--part", choices=("all", "hf", "sd"), default="all",
+        help="hf: this engine vs transformers generate; sd: speculative decoding rows and costs; all: both",
+    )
 
 
 def _engine_run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from tlt.bench.engine import EngineBenchConfig, run_engine_bench
+    from tlt.bench.engine import EngineBenchConfig, SdBenchConfig, run_engine_bench, run_sd_bench
 
     console = Console()
-    if args.quick:
-        cfg = EngineBenchConfig.quick(repeats=args.repeats or 1)
-    else:
-        cfg = EngineBenchConfig(repeats=args.repeats or 3)
-    if cfg.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         console.print("[red]error:[/red] --repeats must be >= 1")
         return 2
+    result: dict = {}
     with console.status("benchmarking") as status:
-        result = run_engine_bench(cfg, on_row=lambda text: status.update(text))
-    table = Table(title=f"engine tokens/s ({result['config']['params'] / 1e6:.1f}M params, "
-                  f"prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, median of {cfg.repeats})")
-    for column in ("dtype", "batch", "hf-generate tok/s", "tlt tok/s", "tlt / hf"):
-        table.add_column(column, justify="right")
-    rows = {(r["engine"], r["dtype"], r["batch"]): r["tokens_per_s"] for r in result["rows"]}
-    for ratio in result["ratios"]:
-        key = (ratio["dtype"], ratio["batch"])
-        table.add_row(ratio["dtype"], str(ratio["batch"]), f"{rows[('hf-generate', *key)]:.1f}",
-                      f"{rows[('tlt', *key)]:.1f}", f"{ratio['tlt_over_hf']:.2f}x")
-    console.print(table)
+        if args.part in ("all", "hf"):
+            cfg = EngineBenchConfig.quick(repeats=args.repeats or 1) if args.quick else EngineBenchConfig(
+                repeats=args.repeats or 3)
+            result.update(run_engine_bench(cfg, on_row=lambda text: status.update(text)))
+        if args.part in ("all", "sd"):
+            sd_cfg = SdBenchConfig.quick(repeats=args.repeats or 1) if args.quick else SdBenchConfig(
+                repeats=args.repeats or 3)
+            result.update(run_sd_bench(sd_cfg, on_row=lambda text: status.update(text)))
+    for table in _engine_tables(result):
+        console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _engine_tables(result: dict) -> list:
+    from rich.table import Table
+
+    tables = []
+    if "rows" in result:
+        cfg = result["config"]
+        table = Table(title=f"engine tokens/s ({cfg['params'] / 1e6:.1f}M params, prompt {cfg['prompt_len']}, "
+                      f"{cfg['new_tokens']} new tokens, median of {cfg['repeats']})")
+        for column in ("dtype", "batch", "hf-generate tok/s", "tlt tok/s", "tlt / hf", "range", "by CPU time"):
+            table.add_column(column, justify="right")
+        rows = {(r["engine"], r["dtype"], r["batch"]): r["tokens_per_s"] for r in result["rows"]}
+        for ratio in result["ratios"]:
+            key = (ratio["dtype"], ratio["batch"])
+            table.add_row(ratio["dtype"], str(ratio["batch"]), f"{rows[('hf-generate', *key)]:.1f}",
+                          f"{rows[('tlt', *key)]:.1f}", f"{ratio['tlt_over_hf']:.2f}x",
+                          "{:.2f}-{:.2f}".format(*ratio["tlt_over_hf_range"]), f"{ratio['tlt_over_hf_cpu']:.2f}x")
+        tables.append(table)
+    if "sd" in result:
+        sd = result["sd"]
+        table = Table(title=f"speculative decoding ({sd['policy']['params'] / 1e6:.2f}M-param warm-started policy, "
+                      f"{sd['config']['dtype']}, drafter top-1 {sd['drafter']['train_top1_agreement']:.2f}, "
+                      f"median of {sd['config']['repeats']})")
+        for column in ("variant", "batch", "T", "accept len", "tok/s", "vs plain", "range"):
+            table.add_column(column, justify="right")
+        for row, ratio in zip(sd["rows"], sd["ratios"]):
+            low, high = ratio["over_plain_range"]
+            table.add_row(row["variant"], str(row["batch"]), f"{row['temperature']:g}", f"{row['accept_length']:.2f}",
+                          f"{row['tokens_per_s']:.0f}", f"{ratio['over_plain']:.2f}x", f"{low:.2f}-{high:.2f}")
+        tables.append(table)
+        costs = result["costs"]
+        table = Table(title=f"costs after {costs['context']} cached tokens (ms, {costs['estimate']})")
+        for column in ("batch", "width (tokens/row)", "target forward ms", "vs 1 token"):
+            table.add_column(column, justify="right")
+        for point in costs["verify"]:
+            table.add_row(str(point["batch"]), str(point["width"]), f"{point['seconds'] * 1e3:.2f}",
+                          f"{point['ratio']:.2f}x")
+        for point in costs["drafter_step"]:
+            table.add_row(str(point["batch"]), "drafter step", f"{point['seconds'] * 1e3:.2f}", "")
+        tables.append(table)
+    return tables
 
 
 # name -> (help, add_arguments, run)

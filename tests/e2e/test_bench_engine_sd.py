@@ -1,0 +1,94 @@
+"""`tlt bench engine --quick` writes a complete, internally consistent JSON (never checks timings).
+
+One CLI run on the reduced warm-started policy and a tiny random model: engine-vs-generate rows for
+every (engine, dtype, batch), speculative rows for every (variant, batch, temperature) with accept
+lengths a draft of that shape can reach, ratios against the matching plain row, and the cost curve.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tlt.bench.engine import EngineBenchConfig, SdBenchConfig
+from tlt.cli import main
+
+# One quick CLI run (a tiny engine-vs-generate bench, a drafter trained a few steps, 20 SD engines):
+# ~3 min on the shared 2-core machine, so it sits in the slow tier.
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("bench") / "engine.json"
+    assert main(["bench", "engine", "--quick", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_engine_rows_cover_every_engine_dtype_and_batch(report):
+    cfg = EngineBenchConfig.quick()
+    keys = {(r["engine"], r["dtype"], r["batch"]) for r in report["rows"]}
+    assert keys == {(e, d, b) for e in ("hf-generate", "tlt") for d in cfg.dtypes for b in cfg.batches}
+    assert all(r["tokens_per_s"] > 0 and r["tokens"] == r["batch"] * cfg.new_tokens for r in report["rows"])
+    assert {(r["dtype"], r["batch"]) for r in report["ratios"]} == {(d, b) for d in cfg.dtypes for b in cfg.batches}
+    for ratio in report["ratios"]:
+        low, high = ratio["tlt_over_hf_range"]
+        assert 0 < low <= high and ratio["tlt_over_hf_cpu"] > 0
+
+
+def test_sd_rows_cover_every_variant_batch_and_temperature(report):
+    cfg = SdBenchConfig.quick()
+    sd = report["sd"]
+    keys = [(r["variant"], r["batch"], r["temperature"]) for r in sd["rows"]]
+    expected = {(v, b, t) for v in cfg.variants() for b in cfg.batches for t in cfg.temperatures}
+    assert len(keys) == len(expected) and set(keys) == expected
+    assert [(r["variant"], r["batch"], r["temperature"]) for r in sd["ratios"]] == keys
+
+
+def test_accept_lengths_are_reachable_by_each_draft_shape(report):
+    cfg = SdBenchConfig.quick()
+    most = {f"chain-{d}": d + 1 for d in cfg.chain_depths}
+    most[cfg.variants()[-2]] = cfg.tree[1] + 1  # tree: at most depth drafts plus the next token
+    most[cfg.variants()[-1]] = cfg.ngram[0] + 1
+    for row in report["sd"]["rows"]:
+        if row["variant"] == "plain":
+            assert row["accept_length"] == 1.0
+        else:
+            assert 1.0 <= row["accept_length"] <= most[row["variant"]], row
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0
+        assert row["tokens_per_s_range"][0] <= row["tokens_per_s"] <= row["tokens_per_s_range"][1]
+        assert 0 < row["mean_running"] <= row["batch"]
+
+
+def test_ratios_compare_against_the_matching_plain_row(report):
+    rows = {(r["variant"], r["batch"], r["temperature"]): r for r in report["sd"]["rows"]}
+    for ratio in report["sd"]["ratios"]:
+        row = rows[ratio["variant"], ratio["batch"], ratio["temperature"]]
+        plain = rows["plain", ratio["batch"], ratio["temperature"]]
+        assert ratio["over_plain"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
+        low, high = ratio["over_plain_range"]
+        assert low <= high
+        if ratio["variant"] == "plain":
+            assert ratio["over_plain"] == 1.0 and ratio["outputs_equal_plain"]
+
+
+def test_costs_cover_every_batch_and_verify_width(report):
+    cfg = SdBenchConfig.quick()
+    costs = report["costs"]
+    widths = sorted({1, *cfg.cost_widths})
+    assert [(p["batch"], p["width"]) for p in costs["verify"]] == [(b, w) for b in cfg.batches for w in widths]
+    for point in costs["verify"]:
+        assert point["seconds"] > 0
+        assert point["ratio_min"] <= point["ratio_max"]
+        if point["width"] == 1:
+            assert point["ratio"] == 1.0
+    assert [p["batch"] for p in costs["drafter_step"]] == list(cfg.batches)
+    assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["drafter_step"])
+
+
+def test_drafter_was_trained_on_the_policys_outputs(report):
+    drafter = report["sd"]["drafter"]
+    assert drafter["settings"]["policy"] == report["sd"]["policy"]["folder"].rstrip("/").rsplit("/", 1)[-1]
+    assert drafter["settings"]["steps"] == SdBenchConfig.quick().drafter_steps
+    assert 0.0 <= drafter["train_top1_agreement"] <= 1.0
