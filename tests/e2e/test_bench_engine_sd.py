@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from tlt.bench.engine import EngineBenchConfig, SdBenchConfig
+from tlt.bench.engine import EngineBenchConfig
+from tlt.bench.engine_sd import SdBenchConfig
 from tlt.cli import main
 
 # One quick CLI run (a tiny engine-vs-generate bench, a drafter trained a few steps, 20 SD engines):

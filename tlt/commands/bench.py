@@ -25,7 +25,8 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
 def _engine_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tlt.bench.engine import EngineBenchConfig, SdBenchConfig, run_engine_bench, run_sd_bench
+    from tlt.bench.engine import EngineBenchConfig, run_engine_bench
+    from tlt.bench.engine_sd import SdBenchConfig, run_sd_bench
 
     console = Console()
     if args.repeats is not None and args.repeats < 1:

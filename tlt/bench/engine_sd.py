@@ -1,0 +1,287 @@
+"""`tlt bench engine --part sd`: speculative decoding vs plain decoding on the warm-started policy,
+with an EAGLE drafter trained on the policy's own outputs, plus the verify and drafter-step costs."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from tlt.adaptive.costs import measure_costs
+from tlt.drafter.evaluate import make_requests
+from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
+from tlt.rollout.drafting import EagleCache, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.engine import Engine
+from tlt.rollout.runner import causal_mask
+from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
+from tlt.rollout.types import Request
+from tlt.tasks.countdown import CountdownTask, generate
+from tlt.tasks.warmstart import WarmstartConfig, load_metadata, load_policy, reduced_config, warm_start
+
+log = logging.getLogger(__name__)
+
+from tlt.bench.engine import DTYPES
+
+
+@dataclass(frozen=True)
+class SdBenchConfig:
+    """Plain vs chain / tree / n-gram SD on the warm-started policy, plus the measured costs.
+
+    warmstart: "full" (WarmstartConfig()) or "reduced" (reduced_config()). Each running batch B runs
+    max(B, min_prompts) task prompts (waves of B, rows leave at eos). The drafter trains for
+    drafter_steps on the policy's own T=1 samples of drafter_prompts other task prompts.
+    """
+
+    warmstart: str = "full"
+    dtype: str = "fp32"
+    batches: tuple[int, ...] = (1, 4, 32)
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    min_prompts: int = 8
+    max_new_tokens: int = 128
+    chain_depths: tuple[int, ...] = (2, 4)
+    tree: tuple[int, int, int] = (2, 4, 8)  # (top-k, depth, verify budget)
+    ngram: tuple[int, int, int] = (4, 2, 4)  # (k, ngram_min, ngram_max)
+    drafter_prompts: int = 512
+    drafter_steps: int = 400
+    drafter_batch: int = 32
+    drafter_lr: float = 3e-3
+    cost_widths: tuple[int, ...] = (2, 4, 8, 16)
+    cost_context: int = 128
+    repeats: int = 3
+    seed: int = 0
+    threads: int = 2
+
+    @classmethod
+    def quick(cls, repeats: int = 1) -> SdBenchConfig:
+        return cls(warmstart="reduced", batches=(1, 4), min_prompts=2, max_new_tokens=16, drafter_prompts=16,
+                   drafter_steps=5, drafter_batch=16, cost_widths=(2, 4), cost_context=32, repeats=repeats)
+
+    def variants(self) -> list[str]:
+        topk, depth, budget = self.tree
+        return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"tree-k{topk}-d{depth}-b{budget}",
+                f"ngram-{self.ngram[0]}"]
+
+
+def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokenizerBase]:
+    if cfg.warmstart not in ("full", "reduced"):
+        raise ValueError(f"warmstart must be 'full' or 'reduced', got {cfg.warmstart!r}")
+    folder = warm_start(WarmstartConfig() if cfg.warmstart == "full" else reduced_config())
+    model, tokenizer = load_policy(folder)
+    return folder, model.eval(), tokenizer
+
+
+def _task(folder: Path) -> CountdownTask:
+    return CountdownTask(**load_metadata(folder)["config"]["task"])
+
+
+def _drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
+    """The policy's own samples as aligned drafter batches (response positions only)."""
+    engine = Engine(policy, max_batch_size=64, max_context=_context(policy, requests), return_hidden=False)
+    seqs = [(c.prompt_ids + c.token_ids, len(c.prompt_ids)) for c in engine.generate(requests)]
+    out = []
+    for start in range(0, len(seqs), batch):
+        chunk = seqs[start : start + batch]
+        width = max(len(ids) for ids, _ in chunk)
+        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.bool)
+        valid = torch.zeros(len(chunk), width, dtype=torch.long)
+        for row, (ids, prompt_len) in enumerate(chunk):
+            tokens[row, : len(ids)] = torch.tensor(ids)
+            valid[row, : len(ids)] = 1
+            mask[row, prompt_len - 1 : len(ids)] = True  # f[t] that produced a response token
+        hidden = target_features(policy, tokens, valid)
+        out.append(drafter_inputs(tokens, hidden, mask))
+    return out
+
+
+def trained_drafter(cfg: SdBenchConfig, folder: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+                    ) -> tuple[EagleDrafter, dict]:
+    """An EAGLE drafter trained on the policy's own outputs, cached next to the policy by its settings."""
+    settings = {"policy": folder.name, "prompts": cfg.drafter_prompts, "steps": cfg.drafter_steps,
+                "batch": cfg.drafter_batch, "lr": cfg.drafter_lr, "max_new_tokens": cfg.max_new_tokens,
+                "seed": cfg.seed}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    target = folder / f"bench-drafter-{key}"
+    if (target / "bench.json").is_file():
+        return load_drafter(target, policy), json.loads((target / "bench.json").read_text())
+    problems = generate(cfg.drafter_prompts, cfg.seed + 7_777_777, _task(folder))
+    requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
+                             seed=cfg.seed + 7_777_777)
+    started = time.perf_counter()
+    batches = _drafter_data(policy, requests, cfg.drafter_batch)
+    torch.manual_seed(cfg.seed)
+    drafter = EagleDrafter(drafter_config_from_target(policy.config))
+    drafter.bind_policy(policy)
+    losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr)
+    held = _drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
+    with torch.no_grad():
+        pred = drafter(held.input_ids, held.features, held.position_ids)
+        agree = (drafter.logits(pred).argmax(-1) == drafter.logits(held.target).argmax(-1)) & held.mask
+    info = {"settings": settings, "cache_key": key, "train_seconds": time.perf_counter() - started,
+            "loss_first": losses[0], "loss_last": losses[-1],
+            "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1)}
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=folder))
+    save_drafter(drafter, staging)
+    (staging / "bench.json").write_text(json.dumps(info, indent=2))
+    try:
+        os.rename(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return drafter, info
+
+
+def _context(policy: PreTrainedModel, requests: list[Request]) -> int:
+    longest = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests)
+    return min(policy.config.max_position_embeddings, longest + 32)
+
+
+def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter: EagleDrafter, batch: int,
+              context: int) -> Engine:
+    """An engine for one SD variant name from cfg.variants()."""
+    engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain")
+    embed = policy.get_input_embeddings()
+    if variant.startswith("chain-"):
+        stepper_drafter = EagleChainDrafter(drafter, embed, int(variant[6:]), batch, context)
+    elif variant.startswith("tree-"):
+        topk, depth, budget = cfg.tree
+        stepper_drafter = EagleTreeDrafter(drafter, embed, topk=topk, depth=depth, budget=budget,
+                                           max_batch_size=batch, max_context=context)
+    elif variant.startswith("ngram-"):
+        stepper_drafter = NgramDrafter(*cfg.ngram)
+    elif variant == "plain":
+        return engine
+    else:
+        raise ValueError(f"unknown SD variant {variant!r}; known: {cfg.variants()}")
+    engine.stepper = SpeculativeStepper(engine.runner, stepper_drafter)
+    return engine
+
+
+@dataclass
+class SdRow:
+    variant: str
+    batch: int
+    temperature: float
+    prompts: int
+    tokens: int = 0
+    accept_length: float = 1.0
+    mean_running: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+    seconds: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        median = statistics.median(self.seconds)
+        return {"variant": self.variant, "batch": self.batch, "temperature": self.temperature,
+                "prompts": self.prompts, "tokens": self.tokens, "accept_length": self.accept_length,
+                "mean_running": self.mean_running, "seconds": self.seconds, "tokens_per_s": self.tokens / median,
+                "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)]}
+
+
+def _sd_runner(row: SdRow, engine: Engine, requests: list[Request]) -> Callable[[], float]:
+    def go() -> float:
+        running: list[int] = []
+        if isinstance(engine.stepper, SpeculativeStepper):
+            engine.stepper.stats = AcceptanceStats()
+        t0 = time.perf_counter()
+        out = engine.generate(requests, on_step=lambda m: running.append(m.running))
+        seconds = time.perf_counter() - t0
+        row.outputs = [c.token_ids for c in out]
+        row.tokens = sum(len(ids) for ids in row.outputs)
+        row.mean_running = statistics.fmean(running[1:] or running)  # decode steps (step 0 is prefill)
+        if isinstance(engine.stepper, SpeculativeStepper):
+            row.accept_length = engine.stepper.stats.accept_length
+        return seconds
+
+    return go
+
+
+def _drafter_step_costs(cfg: SdBenchConfig, drafter: EagleDrafter, policy: PreTrainedModel) -> list[dict]:
+    """Seconds of one drafter step (one token per row after cost_context cached slots, plus the head)."""
+    ctx = cfg.cost_context
+    state = EagleCache(drafter, policy.get_input_embeddings(), max(cfg.batches), ctx + 2)
+    fns = {}
+    for b in cfg.batches:
+        L = torch.full((b,), ctx, dtype=torch.long)
+        tokens = torch.ones(b, 1, dtype=torch.long)
+        feats = torch.zeros(b, 1, policy.config.hidden_size, dtype=policy.dtype)
+        mask = causal_mask(L, 1, ctx + 1)
+
+        def go(b: int = b, L: torch.Tensor = L, tokens: torch.Tensor = tokens, feats: torch.Tensor = feats,
+               mask: torch.Tensor = mask) -> None:
+            state.cache.start(b)
+            state.drafter.logits(state.forward(tokens, feats, L[:, None], L[:, None], mask))
+
+        fns[b] = go
+    seconds: dict[int, list[float]] = {b: [] for b in fns}
+    with torch.no_grad():
+        for _ in range(cfg.repeats + 1):
+            for b, go in fns.items():
+                t0 = time.perf_counter()
+                go()
+                seconds[b].append(time.perf_counter() - t0)
+    return [{"batch": b, "seconds": min(s[1:]), "seconds_median": statistics.median(s[1:])}
+            for b, s in seconds.items()]
+
+
+def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None) -> dict:
+    """{"sd": rows (accept length, tokens/s) and ratios vs plain, "costs": verify and drafter-step costs}."""
+    torch.set_num_threads(cfg.threads)
+    folder, policy, tokenizer = _policy(cfg)
+    drafter, drafter_info = trained_drafter(cfg, folder, policy, tokenizer)
+    policy = policy.to(DTYPES[cfg.dtype])
+    drafter = copy.deepcopy(drafter).to(DTYPES[cfg.dtype])
+    drafter.bind_policy(policy)
+    task = _task(folder)
+    variants: list[tuple[SdRow, Callable[[], float]]] = []
+    for batch in cfg.batches:
+        problems = generate(max(batch, cfg.min_prompts), cfg.seed + 1, task)
+        for temperature in cfg.temperatures:
+            requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens,
+                                     temperature=temperature, seed=cfg.seed)
+            context = _context(policy, requests)
+            for name in cfg.variants():
+                row = SdRow(name, batch, temperature, len(requests))
+                variants.append((row, _sd_runner(row, sd_engine(name, cfg, policy, drafter, batch, context),
+                                                 requests)))
+    for _, go in variants:  # warm-up round, not timed
+        go()
+    for round_ in range(cfg.repeats):
+        for row, go in variants:
+            row.seconds.append(go())
+            if on_row is not None:
+                on_row(f"SD round {round_ + 1}/{cfg.repeats}: {row.variant} batch {row.batch} T={row.temperature}")
+    plain = {(r.batch, r.temperature): r for r, _ in variants if r.variant == "plain"}
+    ratios = []
+    for row, _ in variants:
+        base = plain[row.batch, row.temperature]
+        per_round = [(row.tokens / s) / (base.tokens / sb) for s, sb in zip(row.seconds, base.seconds)]
+        ratios.append({"variant": row.variant, "batch": row.batch, "temperature": row.temperature,
+                       "over_plain": row.as_dict()["tokens_per_s"] / base.as_dict()["tokens_per_s"],
+                       "over_plain_range": [min(per_round), max(per_round)],
+                       "outputs_equal_plain": row.outputs == base.outputs})
+    verify = measure_costs(policy, batches=list(cfg.batches), widths=list(cfg.cost_widths),
+                           context=cfg.cost_context, repeats=max(cfg.repeats, 3), clock="wall")
+    sd = {
+        "config": {**asdict(cfg), "variants": cfg.variants(), "torch": torch.__version__,
+                   "threads": torch.get_num_threads()},
+        "policy": {"folder": str(folder), "params": sum(p.numel() for p in policy.parameters()),
+                   "warmstart_metrics": load_metadata(folder)["metrics"]},
+        "drafter": drafter_info,
+        "rows": [r.as_dict() for r, _ in variants],
+        "ratios": ratios,
+    }
+    costs = {"clock": "wall", "context": cfg.cost_context, "estimate": "fastest repeat",
+                  "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy)}
+    return {"sd": sd, "costs": costs}
