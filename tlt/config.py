@@ -184,7 +184,9 @@ class RoleSpec(Spec):
 class ArmSpec(Spec):
     """One speculative-decoding strategy the bandit may choose."""
 
-    kind: Literal["chain", "tree", "ngram"] = Field(description="Drafting strategy.")
+    kind: Literal["chain", "tree", "ngram", "plain"] = Field(
+        description="Drafting strategy; plain drafts nothing (lets the bandit learn where SD does not pay)."
+    )
     depth: int = Field(4, ge=1, le=32, description="Draft tokens per sequence (tree: levels).")
     topk: int = Field(1, ge=1, le=16, description="Children per node (tree only).")
     verify_tokens: int = Field(0, ge=0, le=256, description="Tree budget of tokens verified; 0: depth*topk.")

@@ -82,7 +82,7 @@ def _synthetic_runs(workload) -> list[dict]:
                       "truncation_rate": 0.25, "accept_length": 2.0 if has_drafter else None, "sd_row_steps": 5,
                       "harvested_seconds": 0.5, "idle_seconds": 1.0,
                       "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
-                      "arms_chosen": {"chain-d4": 3} if variant == "tlt" else None}
+                      "sd_arms": {"chain-d4": 3} if variant == "tlt" else None}
                      for s in range(2)]
             runs.append({"variant": variant, "repeat": repeat, "steps": steps,
                          "heldout_accept_length": [1.5 + i, 2.0 + i] if has_drafter else [None, None]})

@@ -41,6 +41,7 @@ ARMS = [
     ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5),
     ArmSpec(kind="chain", depth=4),
 ]
+WITH_PLAIN = [*ARMS, ArmSpec(kind="plain")]  # plain steps chosen by the bandit, between speculative ones
 
 
 def _requests(max_new: tuple[int, ...] = MAX_NEW) -> list[Request]:
@@ -110,7 +111,7 @@ def _adaptive_engine(model, spec, answers=None, *, seed=0, clock=None) -> tuple[
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_adaptive_equals_plain_float64_through_switches_and_arm_changes(seed, model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
-    engine, stepper = _adaptive_engine(model64, _spec(), answers, seed=seed)
+    engine, stepper = _adaptive_engine(model64, _spec(arms=WITH_PLAIN), answers, seed=seed)
     out = engine.generate(_requests())
     assert [c.token_ids for c in out] == [c.token_ids for c in plain64]
     for got, want in zip(out, plain64):
@@ -125,7 +126,7 @@ def test_greedy_adaptive_equals_plain_float64_through_switches_and_arm_changes(s
 
 def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
-    engine, stepper = _adaptive_engine(model64, _spec(), answers)
+    engine, stepper = _adaptive_engine(model64, _spec(arms=WITH_PLAIN), answers)
     counter = TargetTokenCounter(model64)
     try:
         engine.generate(_requests())
@@ -136,13 +137,14 @@ def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, 
     widths = {a.label: verify_width(a.spec) for a in stepper.arms}
     verified = 0
     for r in stepper.log:
-        expected = r.running if r.arm is None else r.running * widths[r.arm]
+        expected = r.running if r.arm is None else r.running * widths[r.arm]  # plain arm: width 1
         assert r.target_tokens == expected, f"step {r} fed other than the verified tokens"
         verified += expected
     assert counter.count == prompt_tokens + verified
     assert engine.tokens_processed == prompt_tokens + verified
     switches = sum(1 for a, b in itertools.pairwise(stepper.log) if a.arm != b.arm)
     assert switches >= 3
+    assert "plain" in {r.arm for r in stepper.log}, "the plain arm must be chosen between speculative arms"
 
 
 def _fixed_clock():

@@ -69,3 +69,17 @@ def test_stepper_refuses_a_bandit_of_another_shape(model):
         AdaptiveStepper(runner, arms, new_bandit(spec, 3, seed=0), threshold=2, buckets=[1, 2])
     stepper = AdaptiveStepper(runner, arms, new_bandit(spec, 1, seed=0), threshold=2, buckets=[1, 2])
     assert [stepper.bucket(n) for n in (1, 2, 3)] == [0, 1, None]
+
+
+def test_plain_arm_drafts_nothing_and_counts_as_a_plain_step(model):
+    arms = [ArmSpec(kind="ngram", depth=2), ArmSpec(kind="plain"), ArmSpec(kind="chain", depth=2)]
+    assert arm_label(arms[1]) == "plain" and verify_width(arms[1]) == 1
+    spec = SpeculativeSpec(mode="ngram", arms=arms, buckets=[1, 2])
+    assert arm_indices(spec) == [0, 1], "the plain arm is model-free: ngram mode keeps it"
+    built = build_arms(spec, embed=model.get_input_embeddings(), drafter=None, max_batch_size=2, max_context=64)
+    assert built[1].drafter is None
+    runner = ModelRunner(model, max_batch_size=2, max_context=64)
+    stepper = AdaptiveStepper(runner, built, new_bandit(spec, 2, seed=0), threshold=2, buckets=[1, 2])
+    assert stepper.speculative[1] is stepper.plain
+    with pytest.raises(ValueError, match="kind 'ngram'"):
+        arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="plain")]))

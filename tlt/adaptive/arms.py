@@ -1,10 +1,12 @@
 """Speculative-decoding arms: drafters built from `speculative.arms`, filtered by `speculative.mode`.
 
-An arm is one drafting strategy the bandit may pick: an n-gram chain, an EAGLE chain of some depth
-or an EAGLE tree (top-k children per node, `depth` levels, a verify budget). Modes:
+An arm is one drafting strategy the bandit may pick: an n-gram chain, an EAGLE chain of some depth,
+an EAGLE tree (top-k children per node, `depth` levels, a verify budget), or `plain` (no draft: a
+plain decode step, so the bandit itself learns the batch sizes where speculation does not pay).
+Modes:
 
 - off: no arms (plain decoding only);
-- ngram: only the `ngram` arms (model-free, no learned drafter needed);
+- ngram: only the `ngram` and `plain` arms (model-free, no learned drafter needed);
 - static / tlt: every arm; `chain` and `tree` arms draft with the learned EAGLE drafter.
 
 All EAGLE arms of one engine share ONE drafter KV cache (`EagleCache`): whichever arm runs, the
@@ -27,16 +29,19 @@ LEARNED_KINDS = ("chain", "tree")
 
 @dataclass(frozen=True)
 class Arm:
-    """One bandit arm: its place in `speculative.arms`, a short label, its spec and its drafter."""
+    """One bandit arm: its place in `speculative.arms`, a short label, its spec and its drafter
+    (None for a plain arm)."""
 
     index: int
     label: str
     spec: ArmSpec
-    drafter: Drafter
+    drafter: Drafter | None
 
 
 def arm_label(arm: ArmSpec) -> str:
-    """A short stable name for metrics, e.g. 'chain-d4', 'tree-d4k2v8', 'ngram-d4'."""
+    """A short stable name for metrics, e.g. 'chain-d4', 'tree-d4k2v8', 'ngram-d4', 'plain'."""
+    if arm.kind == "plain":
+        return "plain"
     if arm.kind == "tree":
         return f"tree-d{arm.depth}k{arm.topk}v{tree_budget(arm)}"
     return f"{arm.kind}-d{arm.depth}"
@@ -49,6 +54,8 @@ def tree_budget(arm: ArmSpec) -> int:
 
 def verify_width(arm: ArmSpec) -> int:
     """Tokens per row the target forwards in one step of this arm (the root plus its draft nodes)."""
+    if arm.kind == "plain":
+        return 1
     return 1 + (tree_budget(arm) if arm.kind == "tree" else arm.depth)
 
 
@@ -57,8 +64,8 @@ def arm_indices(spec: SpeculativeSpec) -> list[int]:
     if spec.mode == "off":
         return []
     if spec.mode == "ngram":
-        chosen = [i for i, a in enumerate(spec.arms) if a.kind == "ngram"]
-        if not chosen:
+        chosen = [i for i, a in enumerate(spec.arms) if a.kind in ("ngram", "plain")]
+        if not any(spec.arms[i].kind == "ngram" for i in chosen):
             raise ValueError("speculative.mode 'ngram' needs at least one arm of kind 'ngram' in speculative.arms")
         return chosen
     return list(range(len(spec.arms)))
@@ -101,7 +108,9 @@ def _drafter(
     shared: EagleCache | None,
     max_batch_size: int,
     max_context: int,
-) -> Drafter:
+) -> Drafter | None:
+    if arm.kind == "plain":
+        return None
     if arm.kind == "ngram":
         return NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max)
     if drafter is None or shared is None:
@@ -115,6 +124,6 @@ def _drafter(
             max_batch_size=max_batch_size, max_context=max_context,
         )
     else:
-        raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', got {arm.kind!r}")
+        raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'plain', got {arm.kind!r}")
     built.state = shared
     return built

@@ -5,7 +5,8 @@ Per step with B running rows:
   1. bucket = `sd_bucket(B, threshold, buckets)`: None (B above the threshold or past the last
      bucket) means a plain step;
   2. otherwise the bandit chooses an arm for that bucket (untried arms first, then epsilon-greedy
-     on the median reward of a sliding window) and the arm's `SpeculativeStepper` runs the step;
+     on the median reward of a sliding window) and the arm's `SpeculativeStepper` runs the step
+     (a `plain` arm runs a plain step: the bandit learns where drafting does not pay);
   3. reward = tokens the rows gained in the step (accepted drafts + the target's own next token)
      per second of the step, recorded for (bucket, arm).
 
@@ -79,9 +80,12 @@ class AdaptiveStepper:
         self.clock = clock
         self.stats = AcceptanceStats()
         self.plain = PlainStepper(runner)
-        self.speculative = [SpeculativeStepper(runner, arm.drafter) for arm in arms]
+        self.speculative: list[SpeculativeStepper | PlainStepper] = [
+            self.plain if arm.drafter is None else SpeculativeStepper(runner, arm.drafter) for arm in arms
+        ]
         for stepper in self.speculative:
-            stepper.stats = self.stats
+            if isinstance(stepper, SpeculativeStepper):
+                stepper.stats = self.stats
         self.log: list[StepRecord] = []
 
     def bucket(self, running: int) -> int | None:
@@ -107,9 +111,10 @@ class AdaptiveStepper:
         return fed
 
     def summary(self) -> dict[str, Any]:
-        """Metrics of the steps so far: step counts, arms chosen, accept length, seconds by running size."""
-        sd = [r for r in self.log if r.arm is not None]
-        chosen = Counter(r.arm for r in sd)
+        """Metrics of the steps so far: step counts, arms chosen (the plain arm included), accept length,
+        seconds by running size. sd_* count the steps that drafted; plain_* the others."""
+        chosen = Counter(r.arm for r in self.log if r.arm is not None)
+        sd = [r for r in self.log if r.arm is not None and r.arm != "plain"]
         by_running: dict[int, float] = {}
         for r in self.log:
             by_running[r.running] = by_running.get(r.running, 0.0) + r.seconds
@@ -117,7 +122,7 @@ class AdaptiveStepper:
             "sd_steps": len(sd),
             "plain_steps": len(self.log) - len(sd),
             "sd_seconds": sum(r.seconds for r in sd),
-            "plain_seconds": sum(r.seconds for r in self.log if r.arm is None),
+            "plain_seconds": sum(r.seconds for r in self.log if r.arm is None or r.arm == "plain"),
             "arms_chosen": dict(sorted(chosen.items())),
             "accept_length": self.stats.accept_length if self.stats.row_steps else None,
             "seconds_by_running": dict(sorted(by_running.items())),

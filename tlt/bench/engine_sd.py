@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.adaptive.costs import measure_costs
+from tlt.bench.engine import DTYPES
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
@@ -32,8 +33,6 @@ from tlt.tasks.countdown import CountdownTask, generate
 from tlt.tasks.warmstart import WarmstartConfig, load_metadata, load_policy, reduced_config, warm_start
 
 log = logging.getLogger(__name__)
-
-from tlt.bench.engine import DTYPES
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`tlt bench run`: the pinned RL workload (`bench/workload.yaml`) under each SD variant, side by side.
+"""`tlt bench run`: the pinned RL workload (`bench/workload.yaml`; the earlier `bench/workload-reduced-v1.yaml` also runs with `--workload`) under each SD variant, side by side.
 
 Every variant is a real RL run through the project's Ray loop (`RayTrainer`, local cluster), with
 the same policy, engine, dtype, threads, prompts and seeds; only its `speculative` section differs.
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
 WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {"reduced": reduced_config, "default": WarmstartConfig}
+DRAFTER_WARMSTART_KEYS = ("prompts", "steps", "batch", "learningRate", "maxNewTokens", "seed")
 Progress = Callable[[str], None]
 
 
@@ -61,6 +62,7 @@ class Workload:
     heldout: dict[str, Any]
     costs: dict[str, Any]
     quick: bool
+    drafter_warmstart: dict[str, Any] | None = None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -87,28 +89,43 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
     for name in ("vanilla", "tlt", "static", "tlt-shadow"):
         if name not in data["variants"]:
             raise ValueError(f"{path}: variants must include {name!r} (the summary compares against it)")
+    warm = data.get("drafterWarmstart")
+    if warm is not None:
+        unknown = sorted(set(warm) - set(DRAFTER_WARMSTART_KEYS))
+        if unknown:
+            raise ValueError(f"{path}: drafterWarmstart: unknown keys {unknown}; allowed: {list(DRAFTER_WARMSTART_KEYS)}")
     return Workload(path, hashlib.sha256(raw).hexdigest(), data["name"], data["warmstart"], data["spec"],
-                    data["variants"], n, data["heldout"], data["costs"], quick)
+                    data["variants"], n, data["heldout"], data["costs"], quick, warm)
 
 
-def variant_run(workload: Workload, variant: str, repeat: int) -> TLTTrainingRun:
-    """The TLTTrainingRun of one variant (the common spec with the variant's overrides)."""
+def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None]:
+    """The drafter every learned-drafter variant starts from (`drafterWarmstart`): an EAGLE drafter
+    trained for a fixed budget on the starting policy's own samples at T=1 on task prompts (the
+    step-0 distribution), cached beside the warm start. static freezes it, tlt keeps training it.
+    (None, None) when the workload has no `drafterWarmstart` (drafters then start untrained)."""
+    cfg = workload.drafter_warmstart
+    if not cfg:
+        return None, None
+    from tlt.bench.engine_sd import SdBenchConfig, trained_drafter
+    from tlt.tasks.warmstart import load_policy, warm_start
+
+    folder = warm_start(WARMSTARTS[workload.warmstart]())
+    policy, tokenizer = load_policy(folder)
+    sd_cfg = SdBenchConfig(warmstart="full" if workload.warmstart == "default" else workload.warmstart,
+                           max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
+                           drafter_steps=int(cfg["steps"]), drafter_batch=int(cfg["batch"]),
+                           drafter_lr=float(cfg["learningRate"]), seed=int(cfg["seed"]))
+    _, info = trained_drafter(sd_cfg, folder, policy.eval(), tokenizer)
+    return folder / f"bench-drafter-{info['cache_key']}", info
+
+
+def variant_run(workload: Workload, variant: str, repeat: int, drafter: Path | None = None) -> TLTTrainingRun:
+    """The TLTTrainingRun of one variant (the common spec with the variant's overrides); a variant with
+    a learned drafter (mode static / tlt) starts from `drafter` when given."""
     spec = _merge(workload.spec, workload.variants[variant])
+    if drafter is not None and spec.get("speculative", {}).get("mode", "tlt") in ("static", "tlt"):
+        spec = _merge(spec, {"speculative": {"drafterPath": str(drafter)}})
     return TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
-
-
-class BenchTrainer(RayTrainer):
-    """The Ray loop, also recording each step's engine time by running-batch size (all workers)."""
-
-    def _rollout_metrics(self, completions, rewards, results, started, rollout_end):  # type: ignore[override]
-        out = super()._rollout_metrics(completions, rewards, results, started, rollout_end)
-        by_running: dict[int, float] = {}
-        for result in results:
-            for m in result["trace"]:
-                if m.step > 0:
-                    by_running[m.running] = by_running.get(m.running, 0.0) + m.seconds
-        out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
-        return out
 
 
 @torch.inference_mode()
@@ -140,16 +157,17 @@ def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | No
     return stepper.stats.accept_length
 
 
-def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int) -> dict[str, Any]:
+def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int,
+                drafter: Path | None = None) -> dict[str, Any]:
     """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
-    run = variant_run(workload, variant, repeat)
-    trainer = BenchTrainer(run, out_dir, warmstart=WARMSTARTS[workload.warmstart](), num_cpus=num_cpus)
+    run = variant_run(workload, variant, repeat, drafter)
+    trainer = RayTrainer(run, out_dir, warmstart=WARMSTARTS[workload.warmstart](), num_cpus=num_cpus)
     accept: list[float | None] = []
     started = time.perf_counter()
     history = trainer.train(on_step=lambda _: accept.append(heldout_accept_length(trainer, workload)))
     keep = ("rollout_seconds", "step_seconds", "update_seconds", "generated_tokens", "reward_mean",
             "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "harvested_seconds",
-            "idle_seconds", "seconds_by_running", "arms_chosen", "drafter_updates", "tail_seconds")
+            "idle_seconds", "seconds_by_running", "sd_arms", "drafter_updates", "tail_seconds")
     return {"variant": variant, "repeat": repeat, "wall_seconds": time.perf_counter() - started,
             "steps": [{k: m.get(k) for k in keep} for m in history], "heldout_accept_length": accept}
 
@@ -182,6 +200,8 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
     """
     note = progress or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}
+    note("building (or finding) the warm-start drafter")
+    drafter, drafter_info = warm_drafter(workload)
     torch.set_num_threads(1)  # as the rollout workers (one thread each); exact CPU-time costs
     note("measuring the verify cost curve")
     costs = policy_costs(workload)
@@ -194,14 +214,14 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
             for repeat in range(workload.repeats):
                 for variant in workload.variants:
                     note(f"repeat {repeat + 1}/{workload.repeats}: {variant}")
-                    result = run_variant(workload, variant, repeat, root / f"{variant}-{repeat}", num_cpus)
+                    result = run_variant(workload, variant, repeat, root / f"{variant}-{repeat}", num_cpus, drafter)
                     load[f"after-{variant}-{repeat}"] = _load_average()
                     (root / f"{variant}-{repeat}.json").write_text(json.dumps(result, default=str) + "\n")
                     runs.append(result)
         finally:
             ray.shutdown()
     load["after"] = _load_average()
-    return summarize(workload_info(workload), runs, costs, load)
+    return summarize({**workload_info(workload), "drafter_warmstart": drafter_info}, runs, costs, load)
 
 
 def workload_info(workload: Workload) -> dict[str, Any]:

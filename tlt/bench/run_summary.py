@@ -62,7 +62,7 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     arms: Counter[str] = Counter()
     for r in runs:
         for s in r["steps"]:
-            arms.update(s.get("arms_chosen") or {})
+            arms.update(s.get("sd_arms") or {})
     by_running: dict[str, list[float]] = {}
     for r in runs:
         totals: Counter[str] = Counter()

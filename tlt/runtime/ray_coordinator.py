@@ -292,6 +292,11 @@ class RayTrainer:
             for arm, count in r["sd_arms"].items():
                 arms[arm] = arms.get(arm, 0) + count
         out["sd_arms"] = dict(sorted(arms.items()))
+        by_running: dict[int, float] = {}
+        for r in results:  # every worker's engine, not only the slowest
+            for size, seconds in steps.RolloutTrace(steps=list(r["trace"])).decode_seconds_by_running().items():
+                by_running[size] = by_running.get(size, 0.0) + seconds
+        out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
         out["streamed_rewards"] = sum(r["streamed"] for r in results)
         out["response_lengths"] = [len(c.token_ids) for c in completions]
         return out
@@ -354,9 +359,9 @@ class RayTrainer:
         self._resume()
         self.restarts = restarts
         self._emit("restart", failed_step=failed, resumed_step=self.step, restarts=self.restarts, limit=limit,
-                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        log.warning("step %d failed (%s); restart %d of %d from checkpoint step %d", failed, type(exc).__name__,
-                    self.restarts, limit, self.step)
+                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", detail=str(exc))
+        log.warning("step %d failed (%s); restart %d of %d from checkpoint step %d\n%s", failed, type(exc).__name__,
+                    self.restarts, limit, self.step, exc)
         if self.restarts > limit:
             raise RunFailed(f"step {failed} failed and {self.restarts} restarts exceed runPolicy.backoffLimit={limit}; "
                             f"last error: {exc}") from exc

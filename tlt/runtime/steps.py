@@ -117,6 +117,14 @@ class RolloutTrace:
     def engine_seconds(self) -> float:
         return sum(m.seconds for m in self.steps)
 
+    def decode_seconds_by_running(self) -> dict[int, float]:
+        """Wall seconds of decode steps (prefills excluded) by the number of rows running in them."""
+        out: dict[int, float] = {}
+        for m in self.steps:
+            if m.step > 0:
+                out[m.running] = out.get(m.running, 0.0) + m.seconds
+        return dict(sorted(out.items()))
+
 
 class ThresholdStepper:
     """Plain decoding while the running batch is large, speculative decoding once it has shrunk to
