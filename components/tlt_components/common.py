@@ -1,4 +1,5 @@
-"""What every TLT component shares: the image, the decorator options, parameter validation, logging."""
+"""What every TLT component shares: the image, the decorator options, the checkpoint mount, parameter
+validation, logging."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tlt.config_io import parse_run
 # pip-installed when a component starts.
 BASE_IMAGE: str = RoleSpec().image
 COMPONENT_OPTIONS: dict[str, Any] = {"base_image": BASE_IMAGE, "install_kfp_package": False}
+# Where the tlt-cluster pipeline mounts the run's checkpoint claim on the steps that read its outputs.
+CHECKPOINT_MOUNT = "/tlt/checkpoint-volume"
 
 
 def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -35,16 +35,17 @@ def train(
     poll_seconds: float = 10.0,
     timeout_seconds: float = 0.0,
     work_dir: str = "",
+    checkpoint_claim: str = "",
 ):
-    """Train the run: `mode` cluster (a TLTTrainingRun, followed to the end) or local (on this machine,
-    `local_runtime` ray or single-process)."""
+    """Train the run: `mode` cluster (a TLTTrainingRun, followed to the end; its outputs stay on the
+    `checkpoint_claim` volume) or local (on this machine, `local_runtime` ray or single-process)."""
     from tlt_components.common import setup_logging
     from tlt_components.train import run_train
 
     setup_logging()
     result = run_train(run_spec, data.path, mode=mode, local_runtime=local_runtime, policy_dir=policy.path,
                        drafter_dir=drafter.path, namespace=namespace, run_name=run_name, poll_seconds=poll_seconds,
-                       timeout_seconds=timeout_seconds, work_dir=work_dir)
+                       timeout_seconds=timeout_seconds, work_dir=work_dir, checkpoint_claim=checkpoint_claim)
     for name, value in result.metrics.items():
         metrics.log_metric(name, value)
     policy.metadata.update(result.policy_metadata)
@@ -53,7 +54,8 @@ def train(
 
 @dsl.component(**COMPONENT_OPTIONS)
 def export_drafter(drafter: Input[Model], policy: Input[Model], eagle: Output[Model], dtype: str = "auto"):
-    """Write the drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable) for the policy."""
+    """Write the drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable) for the policy (a cluster
+    run's: from its checkpoint volume, mounted by the tlt-cluster pipeline)."""
     from tlt_components.common import setup_logging
     from tlt_components.train import export_trained_drafter
 
@@ -83,6 +85,6 @@ def evaluate_drafter(
     setup_logging()
     values = evaluate_export(eagle.path, policy.path, data.path, num_prompts=num_prompts, draft_tokens=draft_tokens,
                              max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
-                             dtype=dtype)
+                             dtype=dtype, policy_metadata=policy.metadata)
     for name, value in values.items():
         metrics.log_metric(name, value)

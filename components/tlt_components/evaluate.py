@@ -1,6 +1,8 @@
 """Drafter evaluation (the `evaluate_drafter` component): accept length and speedup on held-out prompts.
 
-The exported EAGLE folder is loaded strictly for the policy (`tlt.drafter.export.load_eagle`);
+The exported EAGLE folder is loaded strictly for the policy (`tlt.drafter.export.load_eagle`): the
+policy artifact's folder, or for a cluster run (`policy_metadata` location cluster) the final
+checkpoint on the claim mounted at `mount` (`tlt_components.volume`);
 the first `num_prompts` held-out problems of the prepared data run plainly and speculatively
 (`tlt.drafter.evaluate.evaluate_drafter`), and the measurements come back as flat metrics.
 """
@@ -8,12 +10,14 @@ the first `num_prompts` held-out problems of the prepared data run plainly and s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tlt.drafter.evaluate import evaluate_drafter
 from tlt.drafter.export import load_eagle
 from tlt.models.loading import load_policy
 from tlt_components.common import at_least, choice
 from tlt_components.prepare import read_problems
+from tlt_components.volume import CHECKPOINT_MOUNT, final_checkpoint, read_location, trained_policy
 
 DTYPES = ("float32", "bfloat16", "float64")
 
@@ -30,6 +34,8 @@ def evaluate_export(
     temperature: float,
     dtype: str,
     seed: int = 0,
+    policy_metadata: dict[str, Any] | None = None,
+    mount: str | Path = CHECKPOINT_MOUNT,
 ) -> dict[str, float]:
     """Metrics of the exported drafter against its policy (see tlt.drafter.evaluate)."""
     for name, value in (("num_prompts", num_prompts), ("draft_tokens", draft_tokens),
@@ -37,7 +43,10 @@ def evaluate_export(
         at_least(name, value, 1)
     at_least("temperature", temperature, 0.0)
     choice("dtype", dtype, DTYPES)
-    policy, tokenizer = load_policy(policy_dir, dtype)
+    if (policy_metadata or {}).get("location") == "cluster":
+        policy, tokenizer = trained_policy(final_checkpoint(read_location(policy_dir), mount), dtype)
+    else:
+        policy, tokenizer = load_policy(policy_dir, dtype)
     drafter = load_eagle(eagle_dir, policy)
     problems = read_problems(data_dir, "eval")[:num_prompts]
     result = evaluate_drafter(policy, tokenizer, drafter, problems, draft_tokens=draft_tokens,

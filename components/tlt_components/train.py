@@ -8,7 +8,9 @@
   final policy and, when the run trained one, the newest drafter snapshot are copied into the
   Model artifacts.
 - `cluster`: a `TLTTrainingRun` is created and followed (`tlt_components.cluster`). Its outputs
-  stay on the run's checkpoint volume: the Model artifacts record where (`location.json`).
+  stay on the run's checkpoint volume (`checkpoint.claimName`, required; `checkpoint_claim`, when
+  given, must name the same claim): the Model artifacts record where, relative to the claim
+  (`location.json`), and the steps that read them mount the claim (`tlt_components.volume`).
 
 The run spec is validated by `tlt.config_io.parse_run`; it must have the dataset section the
 prepared Dataset artifact was made from. Step metrics come back as data (`TrainResult.metrics`):
@@ -18,7 +20,6 @@ every numeric metric of the last step under its own name, a per-step series of t
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -27,16 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from tlt.config import TLTTrainingRun
-from tlt.drafter.export import ExportResult, export_eagle, resolve_checkpoint
+from tlt.drafter.export import ExportResult, export_eagle, resolve_checkpoint, target_config
 from tlt_components.common import at_least, choice, object_name, parse_run_spec
 from tlt_components.prepare import read_info
+from tlt_components.volume import (CHECKPOINT_MOUNT, base_policy_folder, checkpoint_run, claim_of,
+                                   cluster_location, final_checkpoint, read_location, write_drafter, write_location)
 
 log = logging.getLogger(__name__)
 
 MODES = ("cluster", "local")
 LOCAL_RUNTIMES = ("ray", "single-process")
 DRAFTER_DIR = "drafter"  # where the runtimes write drafter snapshots under their output folder
-LOCATION_FILE = "location.json"
 SERIES_KEYS = ("reward_mean", "response_length_mean", "tokens_per_second", "step_seconds", "accept_length",
                "drafter_loss")
 
@@ -60,6 +62,17 @@ def check_prepared(run: TLTTrainingRun, info: dict[str, Any]) -> None:
         raise ValueError(
             f"the prepared data was made from a different dataset section (fields {differ}); "
             "pass the same run spec to prepare_data and train"
+        )
+
+
+def check_claim(run: TLTTrainingRun, checkpoint_claim: str) -> None:
+    """ValueError unless the run has a checkpoint claim, the same as `checkpoint_claim` when that is given."""
+    claim = claim_of(run)
+    if checkpoint_claim and checkpoint_claim != claim:
+        raise ValueError(
+            f"parameter 'checkpoint_claim' is {checkpoint_claim!r} but run_spec checkpoint.claimName is "
+            f"{claim!r}: the steps after train mount checkpoint_claim to read the run's "
+            "outputs, so both must name the same PersistentVolumeClaim"
         )
 
 
@@ -119,11 +132,9 @@ def train_cluster(run: TLTTrainingRun, *, namespace: str, name: str, poll_second
 
     actual, status = train_on_cluster(run, namespace=namespace, name=name, poll_seconds=poll_seconds,
                                       timeout_seconds=timeout_seconds, api=api)
-    location = {"location": "cluster", "namespace": namespace, "run": actual,
-                "claimName": run.spec.checkpoint.claim_name, "checkpointPath": run.spec.checkpoint.path}
+    location = cluster_location(run, namespace=namespace, name=actual)
     for folder in (policy_dir, drafter_dir):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / LOCATION_FILE).write_text(json.dumps(location, indent=2, sort_keys=True))
+        write_location(folder, location)
     step, drafter = status.get("step") or {}, status.get("drafter") or {}
     metrics = {"steps": float(step.get("current") or 0), "restarts": float(status.get("restarts") or 0)}
     if _is_number(drafter.get("acceptLength")):
@@ -144,6 +155,7 @@ def run_train(
     poll_seconds: float = 10.0,
     timeout_seconds: float = 0.0,
     work_dir: str = "",
+    checkpoint_claim: str = "",
     api: Any = None,
 ) -> TrainResult:
     """Validate every input, then train in the chosen mode (see the module docstring)."""
@@ -157,6 +169,7 @@ def run_train(
         object_name("namespace", namespace)
         if run_name:
             object_name("run_name", run_name)
+        check_claim(run, checkpoint_claim)
         return train_cluster(run, namespace=namespace, name=run_name, poll_seconds=poll_seconds,
                              timeout_seconds=timeout_seconds, policy_dir=Path(policy_dir),
                              drafter_dir=Path(drafter_dir), api=api)
@@ -165,14 +178,15 @@ def run_train(
 
 
 def export_trained_drafter(drafter_dir: str | Path, metadata: dict[str, Any], policy_dir: str | Path,
-                           out_dir: str | Path, *, dtype: str) -> ExportResult:
-    """Export the drafter artifact of `train` as an EAGLE folder; a clear error when it holds none."""
+                           out_dir: str | Path, *, dtype: str, mount: str | Path = CHECKPOINT_MOUNT) -> ExportResult:
+    """Export the drafter artifact of `train` as an EAGLE folder; a clear error when it holds none.
+    A cluster run's drafter is read from its final checkpoint on the claim mounted at `mount`."""
     if metadata.get("location") == "cluster":
-        raise ValueError(
-            f"the drafter of TLTTrainingRun {metadata.get('namespace')}/{metadata.get('run')} is on its checkpoint "
-            f"volume (claim {metadata.get('claimName')!r}, path {metadata.get('checkpointPath')!r}), not in this "
-            "artifact; export it where that volume is mounted (tlt export-drafter)"
-        )
+        checkpoint = final_checkpoint(read_location(drafter_dir), mount)
+        target = target_config(base_policy_folder(checkpoint_run(checkpoint)))
+        with tempfile.TemporaryDirectory(prefix="tlt-drafter-") as scratch:
+            drafter = write_drafter(checkpoint, target, Path(scratch) / "drafter")
+            return export_eagle(drafter, target, out_dir, dtype=dtype)  # type: ignore[arg-type]
     if metadata.get("trained") is False:
         raise ValueError(
             f"the training run produced no drafter (speculative.mode {metadata.get('speculative_mode')!r}, "

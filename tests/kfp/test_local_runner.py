@@ -15,7 +15,7 @@ from kfp.dsl import Model
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import read_model_config
 from tlt_components.components import evaluate_drafter, export_drafter, prepare_data
-from tlt_components.pipeline import tlt_pipeline
+from tlt_components.pipeline import tlt_local_pipeline
 from transformers import AutoConfig
 
 from _kfp_helpers import cached_warm_start, init_local_runner, small_run_spec, task_dir, task_outputs
@@ -31,7 +31,7 @@ def test_pipeline_trains_single_process_then_refuses_to_export_without_a_drafter
     init_local_runner(root)
     spec = small_run_spec(cached_warm_start(), "off")
     with pytest.raises(RuntimeError, match="finished with status"):
-        tlt_pipeline(run_spec=spec, mode="local", local_runtime="single-process", work_dir=str(tmp_path / "work"))
+        tlt_local_pipeline(run_spec=spec, local_runtime="single-process", work_dir=str(tmp_path / "work"))
 
     data = task_outputs(root, "prepare-data")["artifacts"]["data"]
     assert (data["num_train"], data["num_eval"], data["source"]) == (64, 16, "builtin")

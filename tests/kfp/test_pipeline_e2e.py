@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tlt.drafter.export import EAGLE_WEIGHT_NAMES
-from tlt_components.pipeline import tlt_pipeline
+from tlt_components.pipeline import tlt_local_pipeline
 from safetensors import safe_open
 
 from _kfp_helpers import cached_warm_start, init_local_runner, small_run_spec, task_dir, task_outputs
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarn
 def test_pipeline_end_to_end_on_the_builtin_task(tmp_path: Path):
     root = tmp_path / "root"
     init_local_runner(root)
-    tlt_pipeline(run_spec=small_run_spec(cached_warm_start(), "static"), mode="local", local_runtime="ray",
+    tlt_local_pipeline(run_spec=small_run_spec(cached_warm_start(), "static"), local_runtime="ray",
                  work_dir=str(tmp_path / "work"), eval_prompts=2, eval_draft_tokens=3, eval_max_new_tokens=16,
                  eval_dtype="float32")
 

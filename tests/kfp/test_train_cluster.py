@@ -159,15 +159,25 @@ def test_run_train_cluster_validates_then_records_where_outputs_are(tmp_path: Pa
     with pytest.raises(ValueError, match=r"different dataset section \(fields \['builtin'\]\)"):
         run_train(other, tmp_path / "data", mode="cluster", api=StubApi([{}]), **dirs)
 
+    with pytest.raises(ValueError, match="checkpoint.claimName is required in cluster mode"):
+        run_train(SPEC, tmp_path / "data", mode="cluster", api=StubApi([{}]), **dirs)
+    claimed = {**SPEC, "checkpoint": {"claimName": "tlt-ckpt"}}
+    mismatch = "'checkpoint_claim' is 'other' but run_spec checkpoint.claimName is 'tlt-ckpt'"
+    with pytest.raises(ValueError, match=mismatch):
+        run_train(claimed, tmp_path / "data", mode="cluster", checkpoint_claim="other", api=StubApi([{}]), **dirs)
+
     api = StubApi([{"phase": "Succeeded", "step": {"current": 2, "total": 2}, "drafter": {"acceptLength": 3.0}}])
-    result = run_train(SPEC, tmp_path / "data", mode="cluster", namespace="ml", run_name="r9", poll_seconds=1,
-                       api=api, **dirs)
+    result = run_train(claimed, tmp_path / "data", mode="cluster", namespace="ml", run_name="r9", poll_seconds=1,
+                       checkpoint_claim="tlt-ckpt", api=api, **dirs)
     assert result.metrics == {"steps": 2.0, "restarts": 0.0, "accept_length": 3.0}
-    location = json.loads((tmp_path / "drafter" / "location.json").read_text())
-    assert location["run"] == "r9" and location["namespace"] == "ml"
-    with pytest.raises(ValueError, match="checkpoint volume"):
+    for folder in ("policy", "drafter"):
+        location = json.loads((tmp_path / folder / "location.json").read_text())
+        assert location == {"location": "cluster", "namespace": "ml", "run": "r9", "claimName": "tlt-ckpt",
+                            "checkpointPath": "checkpoints", "pathInClaim": ".", "step": 2}
+    assert result.drafter_metadata == location
+    with pytest.raises(FileNotFoundError, match="claim 'tlt-ckpt' of TLTTrainingRun ml/r9 is not mounted at"):
         export_trained_drafter(tmp_path / "drafter", result.drafter_metadata, tmp_path / "policy",
-                               tmp_path / "eagle", dtype="auto")
+                               tmp_path / "eagle", dtype="auto", mount=tmp_path / "not-mounted")
 
 
 def test_against_the_fake_api_server(tmp_path: Path):
