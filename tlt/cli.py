@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("tlt.commands.crd", "write the TLTTrainingRun CRD YAML generated from the run spec"),
     "train": ("tlt.commands.train", "run a TLTTrainingRun on this machine (resumes from its checkpoints)"),
     "worker": ("tlt.commands.worker", "run one pod of a TLTTrainingRun on a cluster (the operator's pod entry point)"),
+    "drafter-trainer": ("tlt.commands.drafter_trainer", "run a rollout pod's drafter-trainer sidecar (drafter.placement: sidecar)"),
     "demo": ("tlt.commands.demo", "train examples/run.yaml on a local Ray cluster, with live display and report"),
     "export-drafter": ("tlt.commands.export_drafter", "write a drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable)"),
     "generate": ("tlt.commands.generate", "complete prompts from a file with the rollout engine"),

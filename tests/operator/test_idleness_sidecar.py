@@ -1,5 +1,6 @@
-"""`drafter.placement: sidecar`: rollout pods carry a real drafter-trainer container that shares the
-worker's GPU through one DRA ResourceClaim per pod; refused without a DeviceClass."""
+"""`drafter.placement: sidecar`: rollout pods carry a real drafter-trainer container (a native sidecar, restarted
+by the kubelet while the worker runs) that shares the worker's GPU through one DRA ResourceClaim per pod;
+refused without a DeviceClass."""
 
 from __future__ import annotations
 
@@ -35,9 +36,12 @@ def _claim_template_crd() -> dict[str, Any]:
 def test_rollout_pods_share_one_claim_between_worker_and_trainer() -> None:
     spec = RunSpec.model_validate(SIDECAR)
     pod = build_pod(RUN, spec, "rollout", 0)
-    worker, trainer = pod["spec"]["containers"]
+    (worker,), (trainer,) = pod["spec"]["containers"], pod["spec"]["initContainers"]
     assert (worker["name"], trainer["name"]) == ("worker", "drafter-trainer")
     assert trainer["command"] == ["tlt", "drafter-trainer", "--spec", "/etc/tlt/run.yaml"]
+    assert trainer["restartPolicy"] == "Always", "a plain second container that dies leaves a Running pod"
+    assert (trainer["env"], trainer["volumeMounts"]) == (worker["env"], worker["volumeMounts"]), \
+        "the sidecar joins as the same pod: same contract environment, same /tmp, spec and /dev/shm"
     assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "demo-rollout-gpu"}]
     for container in (worker, trainer):
         assert container["resources"]["claims"] == [{"name": "gpu"}]
@@ -46,6 +50,7 @@ def test_rollout_pods_share_one_claim_between_worker_and_trainer() -> None:
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
     policy = build_pod(RUN, spec, "policy", 0)
     assert [c["name"] for c in policy["spec"]["containers"]] == ["worker"], "only rollout pods have slots"
+    assert "initContainers" not in policy["spec"]
     assert policy["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # The client models the Kubernetes 1.30 PodResourceClaim (`source`); DRA v1 needs 1.34+, whose
     # PodResourceClaim names the template directly. Everything else must match the models.
@@ -79,4 +84,5 @@ def test_operator_creates_the_claim_template_and_sidecar_pods(cluster: Cluster, 
                                                            "resourceclaimtemplates", "r1-rollout-gpu")
     assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com"
     pod = cluster.core.read_namespaced_pod("r1-rollout-1", NAMESPACE)
-    assert [c.name for c in pod.spec.containers] == ["worker", "drafter-trainer"]
+    assert [c.name for c in pod.spec.containers] == ["worker"]
+    assert [(c.name, c.restart_policy) for c in pod.spec.init_containers] == [("drafter-trainer", "Always")]

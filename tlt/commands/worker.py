@@ -2,7 +2,8 @@
 
 Implements the worker contract of `tlt_operator.builders.pod` (its docstring is the reference):
 - policy rank 0 starts the Ray head (GCS on the port of `$TLT_HEAD_ADDRESS`), waits until every rollout
-  and verifier pod of the spec has joined, then runs the coordinator in this process
+  and verifier pod of the spec has joined (with `drafter.placement: sidecar` also every rollout pod's
+  drafter-trainer container, `tlt drafter-trainer`), then runs the coordinator in this process
   (`tlt.runtime.ray_train.train_ray`) into /var/lib/tlt, the pod's working directory, where a relative
   `checkpoint.path` resolves onto the checkpoint volume (so a replaced head resumes from the last
   checkpoint). It stops the head at the end and exits 0 when every step is done: the run's Succeeded.
@@ -36,7 +37,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -45,6 +47,7 @@ from typing import Literal, get_args
 from tlt.config import RunSpec, TLTTrainingRun
 from tlt.config_io import SpecError, load_run
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
+from tlt.runtime.ray_sidecar import TRAINER_RESOURCE_PREFIX, trainer_nodes
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +134,13 @@ def ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def missing_nodes(spec: RunSpec, resources: Mapping[str, float]) -> dict[str, int]:
-    """Role resource -> pods of that role that have not joined yet (each joined pod adds one unit)."""
+    """Role resource -> pods of that role that have not joined yet (each joined pod adds one unit); with
+    `drafter.placement: sidecar` also `tlt_trainer_*` -> drafter-trainer sidecars not joined yet."""
     wanted = {ROLE_RESOURCES["rollout"]: spec.rollout.replicas, ROLE_RESOURCES["verifier"]: spec.verifier.replicas}
     have = {name: int(resources.get(name, 0)) for name in wanted}
+    if spec.drafter.placement == "sidecar":
+        trainers = f"{TRAINER_RESOURCE_PREFIX}*"
+        wanted[trainers], have[trainers] = spec.rollout.replicas, trainer_nodes(resources)
     return {name: n - have[name] for name, n in wanted.items() if have[name] < n}
 
 
@@ -192,16 +199,29 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     except EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    ray_env = checked_ray_environment(environ)
+    with exit_on_sigterm():
+        if env.is_head:
+            return run_head(env, spec, args.out, args.join_timeout, ray_env)
+        return run_node(env, ray_env)
+
+
+def checked_ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`ray_environment(environ)`, with a warning when Ray's token authentication is off."""
     ray_env = ray_environment(environ)
     if ray_env[AUTH_MODE] == "disabled":
         log.warning("Ray token authentication is off: any process that reaches this pod's Ray ports can run code "
                     "in the cluster; to turn it on set %s=token and RAY_AUTH_TOKEN (from a Secret) in every "
                     "role's podTemplate.env", AUTH_MODE)
+    return ray_env
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM (the kubelet stopping the pod) exits with EXIT_TERMINATED, through every `finally`."""
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        if env.is_head:
-            return run_head(env, spec, args.out, args.join_timeout, ray_env)
-        return run_node(env, ray_env)
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -245,7 +265,11 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 
 def run_node(env: WorkerEnv, ray_env: dict[str, str]) -> int:
     """Join the head and hold the pod; non-zero once `ray start --block` returns (the cluster is lost)."""
-    args = ray_start_args(env.role, env.rank, env.head_address, env.pod_ip)
+    return hold_node(ray_start_args(env.role, env.rank, env.head_address, env.pod_ip), ray_env)
+
+
+def hold_node(args: list[str], ray_env: dict[str, str]) -> int:
+    """Run `ray start ... --block` (`args`, no shell) until it returns; then non-zero (the cluster is lost)."""
     child = subprocess.Popen(args, shell=False, env=ray_env)
     try:
         code = child.wait()

@@ -10,6 +10,10 @@ A cluster: `ray.init(address=...)` joins it unchanged. Where nodes advertise the
 each actor asks for one unit of its role's resource, so it lands on a pod of that role and no
 two actors share a pod, and for the CPUs of ONE such pod (the role's `resources.cpu`), not a share
 of the whole cluster's; the coordinator and the policy update stay in the driver (policy rank 0).
+
+`drafter.placement: sidecar`: each rollout pod's drafter-trainer container is one more node,
+advertising `tlt_trainer_<worker>`; a `SidecarTrainer` actor lands on it, with the CPUs of one
+rollout pod's container, and is attached to the pod's rollout worker (`tlt.runtime.ray_sidecar`).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from tlt.config import RunSpec
+from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_workers import HubWorker, RolloutWorker, VerifierWorker
 
 log = logging.getLogger(__name__)
@@ -105,9 +110,10 @@ class Actors:
     rollout: list[Any]
     verifiers: list[Any]
     hub: Any | None
+    sidecars: list[Any] = field(default_factory=list)
 
     def all(self) -> list[Any]:
-        return [*self.rollout, *self.verifiers, *([self.hub] if self.hub is not None else [])]
+        return [*self.rollout, *self.verifiers, *([self.hub] if self.hub is not None else []), *self.sidecars]
 
     def kill(self) -> None:
         for actor in self.all():
@@ -117,8 +123,16 @@ class Actors:
 def create_actors(
     spec: RunSpec, policy_path: str, target_config: Any, resources: dict[str, float], snapshot_dir: str | None
 ) -> Actors:
-    """Start the verifiers, the drafter hub (modes static / tlt) and the rollout workers; wait until ready."""
+    """Start the verifiers, the drafter hub (modes static / tlt) and the rollout workers, and with
+    `drafter.placement: sidecar` one sidecar trainer per rollout worker; wait until ready. Raises
+    SidecarPlacementError before starting anything when the sidecars' nodes are missing (on rollout pods
+    after waiting up to TRAINER_REJOIN_SECONDS for them)."""
     plan = placement(spec, resources)
+    sidecar = spec.speculative.mode in ("static", "tlt") and spec.drafter.placement == "sidecar"
+    # on rollout pods a missing sidecar is one the kubelet restarts; anywhere else it never comes
+    rejoin = TRAINER_REJOIN_SECONDS if resources.get(ROLE_RESOURCES["rollout"], 0) > 0 else 0.0
+    if sidecar:
+        resources = dict(await_trainer_nodes(spec, resources, timeout=rejoin))
     verifier_cls = ray.remote(VerifierWorker)
     verifiers = [
         verifier_cls.options(name=None, **_role_options("verifier", resources, plan.verifier_cpus)).remote(
@@ -136,7 +150,18 @@ def create_actors(
             i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads)
         for i in range(max(spec.rollout.replicas, 1))
     ]
-    ray.get([w.status.remote() for w in workers] + ([hub.ping.remote()] if hub is not None else []))
+    statuses = ray.get([w.status.remote() for w in workers])
+    if hub is not None:
+        ray.get(hub.ping.remote())
     log.info("started %d rollout workers (%.2f CPU, %d threads each), %d verifiers%s", len(workers),
              plan.rollout_cpus, plan.rollout_threads, len(verifiers), ", a drafter hub" if hub is not None else "")
-    return Actors(rollout=workers, verifiers=verifiers, hub=hub)
+    actors = Actors(rollout=workers, verifiers=verifiers, hub=hub)
+    if sidecar:
+        try:
+            actors.sidecars = create_sidecars(spec, [s["worker"] for s in statuses], target_config, hub, resources,
+                                              plan.rollout_cpus, plan.rollout_threads, wait=rejoin)
+            ray.get([w.attach_sidecar.remote(s) for w, s in zip(workers, actors.sidecars)])
+        except BaseException:
+            actors.kill()
+            raise
+    return actors

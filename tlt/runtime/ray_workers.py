@@ -4,7 +4,11 @@
   buffer and a co-located spot trainer (a thread in the same process, sharing the device once
   the engine has released its KV cache). Responses go to the verifiers the moment they finish.
   Reports GENERATING / IDLE / TRAINING with timestamps to the coordinator, and in a cluster also on
-  its pod for the operator (`tlt.runtime.k8s_slots`).
+  its pod for the operator (`tlt.runtime.k8s_slots`). With `drafter.placement: sidecar` the buffer
+  and the trainer live in the pod's sidecar container instead (`tlt.runtime.ray_sidecar`): the
+  worker hands each step's rollouts (hidden states included, straight to the sidecar, never through
+  the coordinator) and forwards the coordinator's start / stop, so it stays the one reporter of
+  its state and the one writer of its pod's state annotation.
 - `VerifierWorker`: scores one response against its reference (CPU).
 - `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`).
 
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import ray
 import torch
 
 from tlt.adaptive.bandit import BucketedBandit
@@ -119,14 +124,26 @@ class RolloutWorker:
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
         self.states: list[tuple[str, float]] = [(IDLE, time.time())]
         self.running = 0
+        self.drafter: EagleDrafter | None = None
         self.trainer: SpotTrainer | None = None
+        self.sidecar: Any | None = None
         self.bandit: BucketedBandit | None = None
         if self.uses_drafter:
-            drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
-            drafter.bind_policy(model)
+            self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
+            self.drafter.bind_policy(model)
+        if self.uses_drafter and spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
-            push = _hub_push(hub) if hub is not None else _no_hub
-            self.trainer = SpotTrainer(self.name, drafter, self.buffer, push)
+            push = hub_push(hub) if hub is not None else _no_hub
+            self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push)
+
+    def attach_sidecar(self, sidecar: Any) -> str:
+        """Use `sidecar` (a `SidecarTrainer` actor on this pod's drafter-trainer node) as this worker's
+        trainer (`drafter.placement: sidecar`); returns this worker's Ray node id."""
+        if self.drafter is None or self.trainer is not None:
+            raise RuntimeError(f"{self.name}: a sidecar trainer needs speculative.mode static or tlt and "
+                               "drafter.placement 'sidecar'")
+        self.sidecar = sidecar
+        return node_id()
 
     def _set_state(self, state: str) -> None:
         now = time.time()
@@ -137,9 +154,13 @@ class RolloutWorker:
     def status(self) -> dict[str, Any]:
         with self._lock:
             state, since = self.states[-1]
-        run = self.trainer.current if self.trainer is not None else None
+        if self.sidecar is not None:
+            iterations = ray.get(self.sidecar.iterations.remote()) if state == TRAINING else 0
+        else:
+            run = self.trainer.current if self.trainer is not None else None
+            iterations = run.iterations if run is not None else 0
         return {"worker": self.name, "state": state, "since": since, "running": self.running,
-                "trainer_iterations": run.iterations if run is not None else 0}
+                "trainer_iterations": iterations}
 
     def take_states(self) -> list[tuple[str, float]]:
         """State transitions since the last call (the current state stays as the first entry)."""
@@ -154,11 +175,15 @@ class RolloutWorker:
         engine trace, and the drafter's top-1 agreement on these fresh rollouts."""
         if self.trainer is not None and self.trainer.active:
             raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
+        if self.drafter is not None and self.trainer is None and self.sidecar is None:
+            raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
         self._set_state(GENERATING)
         started = time.time()
         self.engine.load_weights(weights)
         if drafter is not None and self.trainer is not None:
             self.trainer.load(*drafter)
+        elif drafter is not None and self.drafter is not None:
+            self.drafter.load_state_dict(drafter[1])
         references = {}
         requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
@@ -178,8 +203,7 @@ class RolloutWorker:
             self.running = metrics.running
             trace(metrics)
 
-        stepper = rollout_stepper(self.spec.speculative, self.engine.runner,
-                                  self.trainer.drafter if self.trainer is not None else None, rows=self.rows,
+        stepper = rollout_stepper(self.spec.speculative, self.engine.runner, self.drafter, rows=self.rows,
                                   context=self.context, bandit=self.bandit, seed=self.spec.algorithm.seed + self.index)
         self.engine.stepper = FinishWatcher(stepper, send)
         try:
@@ -198,7 +222,7 @@ class RolloutWorker:
                     references[completion.request_id])
         finished = time.time()
         release_kv_cache(self.engine)
-        agreement = self._agreement_and_buffer(completions, step)
+        agreement = self._agreement_and_buffer(completions, step, drafter)
         self._set_state(IDLE)
         for c in completions:
             c.hidden = None
@@ -211,29 +235,63 @@ class RolloutWorker:
                 "sd_arms": adaptive.summary()["arms_chosen"] if adaptive else {},
                 **agreement}
 
-    def _agreement_and_buffer(self, completions: list[Any], step: int) -> dict[str, Any]:
+    def _agreement_and_buffer(self, completions: list[Any], step: int,
+                              drafter: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+        if self.sidecar is not None:
+            head = policy_head(self.engine.model)
+            return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter))
         if self.trainer is None:
             return {"agree": 0, "agree_total": 0}
-        self.buffer.add(completions, step)
-        fresh = [s for s in self.buffer.samples if s.step == step]
-        agree, total = packed_agreement(self.trainer.drafter, pack(fresh, self.spec.drafter.batch_tokens))
-        return {"agree": agree, "agree_total": total, "buffer_positions": self.buffer.num_trainable}
+        return buffer_and_agreement(self.buffer, self.trainer.drafter, completions, step,
+                                    self.spec.drafter.batch_tokens)
 
     def start_training(self, step: int) -> float:
-        if self.trainer is None:
+        if self.sidecar is not None:
+            started = ray.get(self.sidecar.start_training.remote(step))
+        elif self.trainer is not None:
+            started = self.trainer.start(step)
+        else:
             raise RuntimeError(f"{self.name}: speculative.mode {self.spec.speculative.mode!r} has no drafter to train")
-        started = self.trainer.start(step)
         self._set_state(TRAINING)
         return started
 
     def stop_training(self) -> dict[str, Any]:
-        """Stop the trainer (if running) and acknowledge with this process's timestamps."""
+        """Stop the trainer (if running) and acknowledge with the trainer process's timestamps."""
+        if self.sidecar is not None:
+            ack = ray.get(self.sidecar.stop_training.remote())
+            if ack["was_training"]:
+                self._set_state(IDLE)
+            return {"worker": self.name, **ack, "worker_node": node_id()}
         if self.trainer is None or not self.trainer.active:
             now = time.time()
             return {"worker": self.name, "was_training": False, "stop_received_at": now, "stopped_at": now}
         ack = self.trainer.stop()
         self._set_state(IDLE)
         return {"worker": self.name, "was_training": True, **ack}
+
+
+def buffer_and_agreement(buffer: OnlineBuffer, drafter: EagleDrafter, completions: list[Any], step: int,
+                         row_tokens: int) -> dict[str, Any]:
+    """Add `step`'s completions to `buffer`; the drafter's top-1 agreement on those fresh samples."""
+    buffer.add(completions, step)
+    fresh = [s for s in buffer.samples if s.step == step]
+    agree, total = packed_agreement(drafter, pack(fresh, row_tokens))
+    return {"agree": agree, "agree_total": total, "buffer_positions": buffer.num_trainable}
+
+
+def policy_head(model: Any) -> dict[str, torch.Tensor]:
+    """The policy's input embedding [V, H] and LM head [V, H] (and bias [V], if any): all a drafter
+    needs of the policy (`EagleDrafter.bind`)."""
+    head = model.get_output_embeddings()
+    out = {"embed": model.get_input_embeddings().weight.detach(), "head": head.weight.detach()}
+    if head.bias is not None:
+        out["head_bias"] = head.bias.detach()
+    return out
+
+
+def node_id() -> str:
+    """This process's Ray node id."""
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def worker_identity(index: int) -> str:
@@ -252,9 +310,7 @@ def _report_to_pod(state: str, since: float) -> None:
         log.warning("could not report worker state %s to the pod: %s", state, exc)
 
 
-def _hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
-    import ray
-
+def hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
     def push(trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int, loss: float):
         return ray.get(hub.push.remote(trainer, grads, based_on, tokens, loss))
 

@@ -38,11 +38,19 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
     only on an IDLE worker whose slot is enabled; it stops a trainer whose slot was disabled.
 - `drafter.placement: sidecar`: rollout pods carry a second container, `drafter-trainer`
   (`["tlt", "drafter-trainer", "--spec", "/etc/tlt/run.yaml"]`, same image, environment, mounts, cpu,
-  memory and security as the worker). Both containers name the pod's DRA ResourceClaim `gpu` (generated per
-  pod from the run's ResourceClaimTemplate, `builders.resourceclaim`) instead of requesting
-  `nvidia.com/gpu`, so they share the same device(s): a sidecar with its own `nvidia.com/gpu` request
-  would get a different GPU. The worker still reports the state; the sidecar trains only in an
-  enabled slot while the worker is IDLE.
+  memory and security as the worker), as a native sidecar (an init container with `restartPolicy:
+  Always`, Kubernetes >= 1.29; DRA needs >= 1.34 anyway): the kubelet restarts it when it exits while
+  the worker runs, and stops it once the worker has exited, so the pod's phase is the worker's alone
+  (with a plain second container a dead trainer would leave a Running pod that nothing replaces).
+  Both containers name the pod's DRA ResourceClaim `gpu` (generated per pod from the run's
+  ResourceClaimTemplate, `builders.resourceclaim`) instead of requesting `nvidia.com/gpu`, so they share
+  the same device(s): a sidecar with its own `nvidia.com/gpu` request would get a different GPU.
+  `tlt drafter-trainer` joins the Ray head as a second Ray node on the pod's IP (its own Ray temp dir
+  under /tmp, OS-assigned ports) advertising `tlt_trainer_rollout-<rank>`; the head waits for one per
+  rollout pod. The coordinator places the worker's buffer and spot trainer there; the worker hands it
+  each step's rollouts and forwards start / stop, and still alone reports the state on the pod; the
+  sidecar trains only in an enabled slot while the worker is IDLE. It exits non-zero when it loses the
+  cluster, 2 on a bad spec or environment.
 """
 
 from __future__ import annotations
@@ -180,9 +188,6 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
                         env, resources, mounts)
     worker["ports"] = _ports(role)
     containers = [worker]
-    if sidecar:
-        containers.append(_container(SIDECAR, rs.image, ["tlt", "drafter-trainer", "--spec", spec_file],
-                                     env, resources, mounts))
     labels = {**overrides.labels, names.ROLE_LABEL: role, names.RANK_LABEL: str(rank)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -195,6 +200,9 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
         "volumes": volumes,
     }
     if sidecar:
+        trainer = _container(SIDECAR, rs.image, ["tlt", "drafter-trainer", "--spec", spec_file], env, resources,
+                             mounts)
+        pod_spec["initContainers"] = [{**trainer, "restartPolicy": "Always"}]
         pod_spec["resourceClaims"] = [{"name": GPU_CLAIM,
                                        "resourceClaimTemplateName": names.claim_template_name(run.name)}]
     if overrides.node_selector:
