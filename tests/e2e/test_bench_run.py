@@ -95,8 +95,11 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     workload = load_workload()
     costs = [{"batch": b, "width": w, "seconds": 0.01, "ratio": 1.0 + 0.05 * b * (w - 1), "ratio_min": 1.0,
               "ratio_max": 2.0} for b in (1, 2, 8) for w in (1, 5)]
-    report = summarize(workload_info(workload), _synthetic_runs(workload), costs, {"before": [1.0]})
+    report = summarize(workload_info(workload), _synthetic_runs(workload), costs, {"before": [1.0]},
+                       drafter_costs=[{"batch": 1, "seconds": 0.002, "ratio": 0.2}, {"batch": 8, "seconds": 0.004,
+                                                                                      "ratio": 0.4}])
     check_consistent(report, steps=2)
+    assert 1.0 <= report["ideal_speedup"] < report["ideal_speedup_free_drafter"], "drafter steps are not free"
     assert report["variants"]["tlt"]["arms_chosen"] == {"chain-d4": 18}
 
 

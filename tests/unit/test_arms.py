@@ -83,3 +83,17 @@ def test_plain_arm_drafts_nothing_and_counts_as_a_plain_step(model):
     assert stepper.speculative[1] is stepper.plain
     with pytest.raises(ValueError, match="kind 'ngram'"):
         arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="plain")]))
+
+
+def test_arm_rates_sum_steps_seconds_and_tokens_per_bucket_and_arm():
+    from tlt.adaptive.stepper import StepRecord, arm_rates, merge_arm_rates
+
+    log = [StepRecord(4, None, None, 4, 4, 1.0),  # above the threshold: not the bandit's
+           StepRecord(2, 1, "chain-d2", 5, 6, 0.5), StepRecord(2, 1, "plain", 2, 2, 0.25),
+           StepRecord(1, 0, "chain-d2", 3, 3, 0.5)]
+    table = arm_rates(log, [1, 2])
+    assert table == {"2": {"chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 5},
+                           "plain": {"steps": 1, "seconds": 0.25, "tokens": 2}},
+                     "1": {"chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 3}}}
+    merged = merge_arm_rates([table, table])
+    assert merged["2"]["chain-d2"] == {"steps": 2, "seconds": 1.0, "tokens": 10}

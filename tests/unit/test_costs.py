@@ -41,3 +41,21 @@ def test_measure_costs_reports_every_pair_with_width_one_as_unit():
         assert p.seconds > 0 and p.ratio_min <= p.ratio_max
         if p.width == 1:
             assert p.ratio == 1.0
+
+
+def test_ideal_speedup_charges_the_drafter_steps():
+    assert ideal_speedup(3.0, 1.2, drafter_steps=0.0) == pytest.approx(2.5)
+    assert ideal_speedup(3.0, 1.2, drafter_steps=2 * 0.4) == pytest.approx(1.5), "a depth-2 chain: 2 drafter steps"
+    with pytest.raises(ValueError, match="drafter_steps"):
+        ideal_speedup(3.0, 1.2, drafter_steps=-1.0)
+
+
+def test_drafter_costs_are_measured_per_batch_and_interpolated():
+    from tlt.adaptive.costs import DrafterCost, drafter_ratio, measure_drafter_costs
+
+    model = tiny_model("qwen2", vocab_size=32, seed=0).eval()
+    costs = measure_drafter_costs(model, batches=[1, 4], context=8, repeats=2)
+    assert [c.batch for c in costs] == [1, 4]
+    assert all(c.seconds > 0 and c.ratio > 0 for c in costs)
+    table = [DrafterCost(1, 1e-3, 0.2), DrafterCost(5, 2e-3, 0.6)]
+    assert drafter_ratio(table, 3) == pytest.approx(0.4) and drafter_ratio(table, 9) == pytest.approx(0.6)

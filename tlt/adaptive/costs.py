@@ -7,8 +7,9 @@ each repeat so machine load hits all pairs alike. On a shared machine wall time 
 the scheduler: by default the clock is this process's CPU time (exact with one torch thread,
 which also avoids OpenMP threads spinning while their partner is descheduled) and the estimate
 is the fastest repeat (interference only adds time); the per-repeat ratios give the spread.
-`ideal_speedup` turns an accept length and a cost ratio into the speedup SD would reach with a
-free drafter; `pick_threshold` is the largest batch where an arm still pays.
+`ideal_speedup` turns an accept length, a verify cost ratio and the drafter's cost into the speedup
+SD would reach (`measure_drafter_costs` times a drafter step against a target step);
+`pick_threshold` is the largest batch where an arm still pays.
 """
 
 from __future__ import annotations
@@ -99,6 +100,72 @@ def measure_costs(
     return out
 
 
+@dataclass(frozen=True)
+class DrafterCost:
+    """One EAGLE drafter step (fc + its layer + the LM head, one token per row) at `batch` rows after
+    `context` cached slots: seconds (fastest repeat) and `ratio` to the target's 1-token forward at
+    the same batch (fastest over fastest), measured interleaved with it."""
+
+    batch: int
+    seconds: float
+    ratio: float
+
+
+@torch.no_grad()
+def measure_drafter_costs(
+    model: PreTrainedModel,
+    *,
+    batches: list[int],
+    context: int,
+    repeats: int,
+    clock: Literal["cpu", "wall"] = "cpu",
+) -> list[DrafterCost]:
+    """Time one drafter step against one target step (1 token per row) for every batch; a drafter
+    of `model`'s shape with random weights (the cost does not depend on the values)."""
+    from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+    from tlt.rollout.drafting import EagleCache
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    now = CLOCKS[clock]
+    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype).eval()
+    drafter.bind_policy(model)
+    rows = max(batches)
+    state = EagleCache(drafter, model.get_input_embeddings(), rows, context + 2)
+    state.cache.start(rows)
+    state.cache.lengths = [context] * rows
+    runner = ModelRunner(model, max_batch_size=rows, max_context=context + 2, capacity=context + 2)
+    runner.cache.start(rows)
+    runner.cache.lengths = [context] * rows
+    hidden = model.config.hidden_size
+
+    def draft_fn(b: int):
+        pos = torch.full((b, 1), context, dtype=torch.long, device=runner.device)
+        mask = causal_mask(torch.full((b,), context, dtype=torch.long, device=runner.device), 1, context + 1)
+        token = torch.ones(b, 1, dtype=torch.long, device=runner.device)
+        feature = torch.zeros(b, 1, hidden, dtype=model.dtype, device=runner.device)
+        return lambda: drafter.logits(state.forward(token, feature, pos, pos, mask))
+
+    fns = {(b, kind): (draft_fn(b) if kind == "drafter" else _forward_fn(runner, b, 1, context))
+           for b in batches for kind in ("drafter", "target")}
+    for fn in fns.values():
+        fn()
+    seconds: dict[tuple[int, str], list[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            t0 = now()
+            fn()
+            seconds[key].append(max(now() - t0, 1e-9))
+    return [DrafterCost(b, min(seconds[(b, "drafter")]), min(seconds[(b, "drafter")]) / min(seconds[(b, "target")]))
+            for b in batches]
+
+
+def drafter_ratio(costs: list[DrafterCost], batch: int) -> float:
+    """A drafter step's cost relative to a target step at `batch` (linear between measured batches)."""
+    ordered = sorted(costs, key=lambda c: c.batch)
+    return _interp(batch, [c.batch for c in ordered], [c.ratio for c in ordered])
+
+
 def cost_ratio(points: list[CostPoint], batch: int, width: int) -> float:
     """Cost ratio at (batch, width), interpolated linearly in batch and width between measured points
     (clamped at the measured ends)."""
@@ -123,12 +190,16 @@ def _interp(x: float, xs: list[int], ys: list[float]) -> float:
     raise ValueError(f"measured points must be ascending, got {xs}")
 
 
-def ideal_speedup(accept_length: float, ratio: float) -> float:
-    """Speedup of SD over plain decoding with a free drafter: tokens per step over the step's cost
-    relative to a plain step (accept_length counts the target's own next token, so >= 1)."""
+def ideal_speedup(accept_length: float, ratio: float, drafter_steps: float = 0.0) -> float:
+    """Speedup of SD over plain decoding: tokens per step over the step's cost relative to a plain
+    step (accept_length counts the target's own next token, so >= 1). `ratio` is the verify cost;
+    `drafter_steps` the drafter's cost in plain steps (0: a free drafter; a chain of depth d costs
+    d drafter steps, each `drafter_ratio`)."""
     if ratio <= 0:
         raise ValueError(f"ratio must be > 0, got {ratio}")
-    return accept_length / ratio
+    if drafter_steps < 0:
+        raise ValueError(f"drafter_steps must be >= 0, got {drafter_steps}")
+    return accept_length / (ratio + drafter_steps)
 
 
 def pick_threshold(points: list[CostPoint], width: int, accept_length: float) -> int:

@@ -119,6 +119,7 @@ class AdaptiveStepper:
         for r in self.log:
             by_running[r.running] = by_running.get(r.running, 0.0) + r.seconds
         return {
+            "arm_rates": arm_rates(self.log, self.buckets),
             "sd_steps": len(sd),
             "plain_steps": len(self.log) - len(sd),
             "sd_seconds": sum(r.seconds for r in sd),
@@ -127,6 +128,32 @@ class AdaptiveStepper:
             "accept_length": self.stats.accept_length if self.stats.row_steps else None,
             "seconds_by_running": dict(sorted(by_running.items())),
         }
+
+
+def arm_rates(log: list[StepRecord], buckets: list[int]) -> dict[str, dict[str, dict[str, float]]]:
+    """Measured throughput of every arm in every bucket: {bucket upper bound: {arm label: {"steps",
+    "seconds", "tokens"}}} over the bandit's steps (tokens = rows' tokens gained, as its reward)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for r in log:
+        if r.bucket is None or r.arm is None:
+            continue
+        cell = out.setdefault(str(buckets[r.bucket]), {}).setdefault(r.arm, {"steps": 0, "seconds": 0.0, "tokens": 0})
+        cell["steps"] += 1
+        cell["seconds"] += r.seconds
+        cell["tokens"] += r.new_tokens
+    return out
+
+
+def merge_arm_rates(tables: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Sum `tlt.adaptive.stepper.arm_rates` tables (per bucket, per arm: steps, seconds, tokens)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for table in tables:
+        for bucket, arms in table.items():
+            for arm, cell in arms.items():
+                into = out.setdefault(bucket, {}).setdefault(arm, {"steps": 0, "seconds": 0.0, "tokens": 0})
+                for key in ("steps", "seconds", "tokens"):
+                    into[key] += cell[key]
+    return out
 
 
 def _generated(batch: RunningBatch) -> int:

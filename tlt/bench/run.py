@@ -5,7 +5,8 @@ the same policy, engine, dtype, threads, prompts and seeds; only its `speculativ
 Repeats are interleaved (every variant once per round) and sums over all steps are compared by
 median and range. After every step the variant's current drafter is measured at ONE fixed arm
 on held-out prompts (accept length, bonus token included), so drafters compare on equal terms.
-The verify cost curve of the same policy (`tlt.adaptive.costs`) gives the ideal SD speedup.
+The verify cost curve of the same policy and its drafter step's cost (`tlt.adaptive.costs`) give
+the ideal SD speedup.
 Aggregation lives in `tlt.bench.run_summary`; this module runs things.
 """
 
@@ -26,7 +27,7 @@ import ray
 import torch
 import yaml
 
-from tlt.adaptive.costs import measure_costs
+from tlt.adaptive.costs import measure_costs, measure_drafter_costs
 from tlt.bench.run_summary import summarize
 from tlt.config import TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
@@ -167,13 +168,14 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
     history = trainer.train(on_step=lambda _: accept.append(heldout_accept_length(trainer, workload)))
     keep = ("rollout_seconds", "step_seconds", "update_seconds", "generated_tokens", "reward_mean",
             "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "harvested_seconds",
-            "idle_seconds", "seconds_by_running", "sd_arms", "drafter_updates", "tail_seconds")
+            "idle_seconds", "seconds_by_running", "sd_arms", "sd_arm_rates", "drafter_updates", "tail_seconds")
     return {"variant": variant, "repeat": repeat, "wall_seconds": time.perf_counter() - started,
             "steps": [{k: m.get(k) for k in keep} for m in history], "heldout_accept_length": accept}
 
 
-def policy_costs(workload: Workload) -> list[dict[str, Any]]:
-    """The verify cost curve of the starting policy in the workload's dtype (see tlt.adaptive.costs)."""
+def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The verify cost curve of the starting policy in the workload's dtype, and the cost of one
+    drafter step relative to one target step at each batch (see tlt.adaptive.costs)."""
     from tlt.tasks.warmstart import load_policy, warm_start
 
     model, _ = load_policy(warm_start(WARMSTARTS[workload.warmstart]()))
@@ -181,7 +183,9 @@ def policy_costs(workload: Workload) -> list[dict[str, Any]]:
     c = workload.costs
     points = measure_costs(model, batches=list(c["batches"]), widths=list(c["widths"]), context=int(c["context"]),
                            repeats=int(c["repeats"]))
-    return [p.__dict__ for p in points]
+    drafter = measure_drafter_costs(model, batches=list(c["batches"]), context=int(c["context"]),
+                                    repeats=int(c["repeats"]))
+    return [p.__dict__ for p in points], [d.__dict__ for d in drafter]
 
 
 def _load_average() -> list[float]:
@@ -204,12 +208,12 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
     drafter, drafter_info = warm_drafter(workload)
     torch.set_num_threads(1)  # as the rollout workers (one thread each); exact CPU-time costs
     note("measuring the verify cost curve")
-    costs = policy_costs(workload)
+    costs, drafter_costs = policy_costs(workload)
     runs = []
     with tempfile.TemporaryDirectory(prefix="tlt-bench-") as tmp:
         root = Path(work_dir) if work_dir is not None else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        (root / "costs.json").write_text(json.dumps(costs) + "\n")
+        (root / "costs.json").write_text(json.dumps({"verify": costs, "drafter": drafter_costs}) + "\n")
         try:
             for repeat in range(workload.repeats):
                 for variant in workload.variants:
@@ -221,7 +225,8 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
         finally:
             ray.shutdown()
     load["after"] = _load_average()
-    return summarize({**workload_info(workload), "drafter_warmstart": drafter_info}, runs, costs, load)
+    return summarize({**workload_info(workload), "drafter_warmstart": drafter_info}, runs, costs, load,
+                     drafter_costs=drafter_costs)
 
 
 def workload_info(workload: Workload) -> dict[str, Any]:

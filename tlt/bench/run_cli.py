@@ -50,13 +50,31 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(
         f"rollout speedup {report['rollout_speedup']:.2f}x, end to end {report['e2e_speedup']:.2f}x "
         f"(Amdahl bound {report['amdahl_e2e_bound']:.2f}x at rollout share {report['vanilla_rollout_share']:.2f}); "
-        f"ideal SD speedup {_fmt(report['ideal_speedup'])}x, TLT reaches {_fmt(report['tlt_fraction_of_ideal'])} "
+        f"ideal SD speedup {_fmt(report['ideal_speedup'])}x with the measured drafter cost "
+        f"({_fmt(report.get('ideal_speedup_free_drafter'))}x with a free drafter), TLT reaches "
+        f"{_fmt(report['tlt_fraction_of_ideal'])} "
         f"of it; accept length TLT/static {_fmt(report['accept_length_ratio'])}; interference "
         f"{report['interference_fraction']:+.3f} (95% CI {'n/a' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}); "
         f"reward delta {report['reward_delta']:+.3f}")
     by_running = report["variants"]["vanilla"]["seconds_by_running"]
     console.print("vanilla decode seconds by running batch: "
                   + ", ".join(f"{k}: {s:.2f}" for k, s in by_running.items()))
+    for name in ("static", "tlt"):
+        rates = report["variants"].get(name, {}).get("arm_rates") or {}
+        if rates:
+            rows = Table(title=f"{name}: tokens/s of each arm per running-batch bucket (workers' step timings; steps)")
+            arms = sorted({a for cells in rates.values() for a in cells})
+            rows.add_column("bucket <=", justify="right")
+            for arm in arms:
+                rows.add_column(arm, justify="right")
+            for bucket, cells in rates.items():
+                rows.add_row(bucket, *(f"{cells[a]['tokens_per_second']:.0f} ({cells[a]['steps']})" if a in cells
+                                       and cells[a]["tokens_per_second"] is not None else "-" for a in arms))
+            console.print(rows)
+    drafter = report.get("drafter_costs")
+    if drafter:
+        console.print("drafter step / target step by batch: "
+                      + ", ".join(f"{d['batch']}: {d['ratio']:.2f}" for d in drafter))
     console.print(f"load average before/after: {report['load_average'].get('before')} / "
                   f"{report['load_average'].get('after')}")
 

@@ -11,9 +11,13 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
   vanilla's, minus 1; mean over repeats (paired by repeat) with a Student-t 95% interval.
 - reward_delta: TLT's final-step mean reward minus vanilla's (medians over repeats).
 - ideal_speedup: vanilla's decode time re-weighted by running-batch size: every batch size SD
-  covers (at most TLT's threshold) runs faster by accept_length / cost_ratio(batch, width) (with a
-  free drafter; never slower than plain), with TLT's last-step held-out accept length at the fixed
-  arm of `width` = depth + 1 verified tokens; tlt_fraction_of_ideal = rollout_speedup / ideal.
+  covers (at most TLT's threshold) runs faster by accept_length / (cost_ratio(batch, width) +
+  depth * drafter_ratio(batch)) (never slower than plain), with TLT's last-step held-out accept
+  length at the fixed chain arm of `width` = depth + 1 verified tokens and the measured cost of a
+  drafter step; ideal_speedup_free_drafter is the same with a free drafter (the bound no drafter
+  of this shape can reach); tlt_fraction_of_ideal = rollout_speedup / ideal_speedup.
+- arm_rates (per variant): tokens per second of every arm the bandit ran in every bucket, from
+  the workers' own step timings (the plain arm is the same run's baseline).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from tlt.adaptive.costs import CostPoint, cost_ratio, ideal_speedup
+from tlt.adaptive.costs import CostPoint, DrafterCost, cost_ratio, drafter_ratio, ideal_speedup
+from tlt.adaptive.stepper import merge_arm_rates
 from tlt.tasks.evaluate import length_stats
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
@@ -71,7 +76,11 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for size, seconds in totals.items():
             by_running.setdefault(size, []).append(seconds)
     stats = length_stats(lengths)
+    rates = merge_arm_rates([s.get("sd_arm_rates") or {} for r in runs for s in r["steps"]])
     return {
+        "arm_rates": {bucket: {arm: {**cell, "tokens_per_second": cell["tokens"] / cell["seconds"] if cell["seconds"] else None}
+                               for arm, cell in sorted(arms.items())}
+                      for bucket, arms in sorted(rates.items(), key=lambda kv: int(kv[0]))},
         "repeats": len(runs),
         "rollout_seconds": spread(rollout),
         "step_seconds": spread(step),
@@ -93,22 +102,26 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ideal_rollout_speedup(seconds_by_running: dict[str, float], points: list[CostPoint], *, threshold: int,
-                          width: int, accept_length: float) -> float:
-    """Decode-time speedup if every step at a running batch <= threshold ran SD at `width` with
-    `accept_length` and a free drafter (never slower than plain); see the module docstring."""
+                          width: int, accept_length: float, drafter: list[DrafterCost] | None = None) -> float:
+    """Decode-time speedup if every step at a running batch <= threshold ran an SD chain of `width`
+    verified tokens with `accept_length` (never slower than plain); the chain's width - 1 drafter
+    steps cost `drafter_ratio` each, or nothing when `drafter` is None. See the module docstring."""
     total = sum(seconds_by_running.values())
     if total <= 0:
         return 1.0
     sped = 0.0
     for size, seconds in seconds_by_running.items():
         b = int(size)
-        gain = max(1.0, ideal_speedup(accept_length, cost_ratio(points, b, width))) if b <= threshold else 1.0
+        gain = 1.0
+        if b <= threshold:
+            drafts = (width - 1) * drafter_ratio(drafter, b) if drafter else 0.0
+            gain = max(1.0, ideal_speedup(accept_length, cost_ratio(points, b, width), drafts))
         sped += seconds / gain
     return total / sped
 
 
 def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[dict[str, Any]],
-              load: dict[str, list[float]]) -> dict[str, Any]:
+              load: dict[str, list[float]], *, drafter_costs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report: per-variant summaries, the headline ratios (module docstring), costs and load."""
     variants = {v: variant_summary([r for r in runs if r["variant"] == v]) for v in workload["variants"]}
     van, tlt, static = variants["vanilla"], variants["tlt"], variants["static"]
@@ -125,10 +138,13 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
     points = [CostPoint(**p) for p in costs]
     threshold = int(workload["speculative"]["tlt"].get("threshold", _default_threshold()))
     width = int(workload["heldout"]["depth"]) + 1
-    ideal = None
+    drafter = [DrafterCost(**d) for d in drafter_costs] if drafter_costs else None
+    ideal = ideal_free = None
     if tlt_accept is not None and points:
+        ideal_free = ideal_rollout_speedup(van["seconds_by_running"], points, threshold=threshold, width=width,
+                                           accept_length=tlt_accept)
         ideal = ideal_rollout_speedup(van["seconds_by_running"], points, threshold=threshold, width=width,
-                                      accept_length=tlt_accept)
+                                      accept_length=tlt_accept, drafter=drafter) if drafter else ideal_free
     return {
         "workload_sha256": workload["sha256"],
         "workload": workload,
@@ -143,9 +159,12 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "reward_delta": tlt["final_reward"]["median"] - van["final_reward"]["median"],
         "ideal_speedup": ideal,
         "tlt_fraction_of_ideal": rollout_speedup / ideal if ideal else None,
-        "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept},
+        "ideal_speedup_free_drafter": ideal_free,
+        "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept,
+                         "drafter_cost": "measured" if drafter else "free"},
         "variants": variants,
         "costs": costs,
+        "drafter_costs": drafter_costs,
         "load_average": load,
         "runs": runs,
     }

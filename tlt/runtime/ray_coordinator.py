@@ -42,6 +42,7 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
+from tlt.adaptive.stepper import merge_arm_rates
 from tlt.config import RunSpec, TLTTrainingRun
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
@@ -292,6 +293,7 @@ class RayTrainer:
             for arm, count in r["sd_arms"].items():
                 arms[arm] = arms.get(arm, 0) + count
         out["sd_arms"] = dict(sorted(arms.items()))
+        out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
         by_running: dict[int, float] = {}
         for r in results:  # every worker's engine, not only the slowest
             for size, seconds in steps.RolloutTrace(steps=list(r["trace"])).decode_seconds_by_running().items():

@@ -233,6 +233,7 @@ class RolloutWorker:
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
                 "sd_arms": adaptive.summary()["arms_chosen"] if adaptive else {},
+                "sd_arm_rates": adaptive.summary()["arm_rates"] if adaptive else {},
                 **agreement}
 
     def _agreement_and_buffer(self, completions: list[Any], step: int,
