@@ -191,3 +191,18 @@ def test_build_arms_refuses_learned_arms_without_a_drafter(model64):
     with pytest.raises(ValueError, match="needs the learned drafter"):
         build_arms(_spec(mode="static"), embed=model64.get_input_embeddings(), drafter=None,
                    max_batch_size=4, max_context=MAX_CONTEXT)
+
+
+def test_bandit_reward_is_per_running_row(model64, plain64):
+    """A plain arm gains exactly one token per row and step: with every step lasting 1 s its reward
+    is 1.0 whatever the batch size in the bucket (4 -> 3 -> 2 -> 1 rows here)."""
+    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=False)
+    spec = _spec(mode="ngram", arms=[ArmSpec(kind="plain"), ArmSpec(kind="ngram", depth=2)], threshold=4,
+                 buckets=[4], epsilon=0.0)
+    stepper = build_adaptive_stepper(spec, engine.runner, None, rows=4, context=MAX_CONTEXT)
+    stepper.clock = _fixed_clock()
+    engine.stepper = stepper
+    assert [c.token_ids for c in engine.generate(_requests())] == [c.token_ids for c in plain64]
+    plain_steps = [r for r in stepper.log if r.arm == "plain"]
+    assert plain_steps and plain_steps[0].running == 4, "plain is tried first, at 4 rows (4 tokens a step)"
+    assert stepper.bandit.estimate(0, 0) == 1.0

@@ -2,7 +2,8 @@
 
 One table of arm statistics per running-batch bucket (see `tlt.adaptive.switch.bucket_of`):
 the best draft depth / top-k / verify budget at batch 1 is not the best at batch 8. The
-reward of one SD round is accepted tokens per second. An arm's estimate is the MEDIAN of its
+reward of one SD round is accepted tokens per second (per running row, as the adaptive stepper
+records it). An arm's estimate is the MEDIAN of its
 last `window` rewards in that bucket: robust to a single slow round (a GC pause, a straggler)
 and able to forget, since the online drafter keeps changing which arm is best.
 

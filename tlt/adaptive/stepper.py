@@ -8,7 +8,9 @@ Per step with B running rows:
      on the median reward of a sliding window) and the arm's `SpeculativeStepper` runs the step
      (a `plain` arm runs a plain step: the bandit learns where drafting does not pay);
   3. reward = tokens the rows gained in the step (accepted drafts + the target's own next token)
-     per second of the step, recorded for (bucket, arm).
+     per second of the step and per running row, recorded for (bucket, arm). Per row, because a
+     bucket spans several batch sizes (9-16 rows, say) and a step with more rows gains more tokens
+     whatever the arm: without it the arm tried while the batch was larger would look better.
 
 Switching SD on (the batch shrank past the threshold) or switching arms never re-runs the target
 over tokens it has processed: the EAGLE drafter catches up from the target's saved hidden states
@@ -105,7 +107,9 @@ class AdaptiveStepper:
         seconds = self.clock() - started
         new = _generated(batch) - before
         if bucket is not None and arm is not None:
-            self.bandit.update(bucket, arm, new, max(seconds, 1e-9))
+            # per running row: a bucket spans several batch sizes, and a step with more rows gains
+            # more tokens whatever the arm; per row, arms tried at different sizes compare fairly
+            self.bandit.update(bucket, arm, new / running, max(seconds, 1e-9))
         label = None if arm is None else self.arms[arm].label
         self.log.append(StepRecord(running, bucket, label, new, fed, seconds))
         return fed
