@@ -89,3 +89,14 @@ def test_cluster_mode_trainers_harvest_the_update_together_and_stop_before_the_n
         if overlapping and len({p["trainer"] for p in m["hub_pushes"]}) == 2:
             together += 1
     assert together >= 1, "never had two trainers updating the one drafter at once"
+
+
+def test_the_bandits_resume_from_the_checkpoint(recovered_run):
+    """Each worker's bandit is in the checkpoint and the new workers continue it: after the restart
+    every arm choice of every step is counted once in the final bandits, none forgotten."""
+    trainer, history, _, holder = recovered_run
+    saved = holder["checkpoint_1"].state["bandits"]
+    assert len(saved) == 2 and all(sum(map(sum, b["pulls"])) > 0 for b in saved)
+    final = load_checkpoint(trainer.checkpoint_root / "step-00000003").state["bandits"]
+    chosen = sum(n for m in history for n in m["sd_arms"].values())
+    assert sum(sum(map(sum, b["pulls"])) for b in final) == chosen

@@ -128,6 +128,7 @@ class RayTrainer:
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.drafter_state: dict[str, Any] | None = None
+        self.bandit_states: list[dict[str, Any] | None] | None = None
 
     def _emit(self, kind: str, **info: Any) -> None:
         event = {"type": kind, "time": time.time(), "step": self.step + 1, **info}
@@ -150,6 +151,7 @@ class RayTrainer:
             self.step = ckpt.step
             self.history = list(ckpt.state["metrics"])
             self.restarts = int(ckpt.state.get("restarts", 0))
+            self.bandit_states = ckpt.state.get("bandits")
             if "drafter" in ckpt.tensors:
                 self.drafter_state = {"params": ckpt.tensors["drafter"], "optimizer": ckpt.objects["drafter_optimizer"],
                                       "version": int(ckpt.state["drafter_version"])}
@@ -166,6 +168,12 @@ class RayTrainer:
         elif self.actors.hub is not None and self.spec.speculative.drafter_path is not None:
             initial = load_drafter(self.spec.speculative.drafter_path, self.policy.config)
             ray.get(self.actors.hub.load_params.remote(initial.float().state_dict()))
+        if self.bandit_states is not None:
+            if len(self.bandit_states) == len(self.actors.rollout):
+                ray.get([w.load_bandit.remote(b) for w, b in zip(self.actors.rollout, self.bandit_states)])
+            else:
+                log.warning("the checkpoint holds %d rollout workers' bandits, the run has %d workers: bandits start "
+                            "afresh", len(self.bandit_states), len(self.actors.rollout))
         self._emit("actors", rollout=len(self.actors.rollout), verifiers=len(self.actors.verifiers))
         return self.actors
 
@@ -181,6 +189,10 @@ class RayTrainer:
         objects: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
         state: dict[str, Any] = {"step": self.step, "metrics": self.history, "restarts": self.restarts,
                                  "spec": self.spec.model_dump(mode="json", by_alias=True)}
+        if self.actors is not None and self.spec.speculative.mode != "off":
+            self.bandit_states = ray.get([w.bandit_state.remote() for w in self.actors.rollout])
+        if self.bandit_states is not None:
+            state["bandits"] = self.bandit_states
         if self.actors is not None and self.actors.hub is not None:
             self.drafter_state = ray.get(self.actors.hub.state.remote())
         if self.drafter_state is not None:

@@ -128,6 +128,7 @@ class RolloutWorker:
         self.trainer: SpotTrainer | None = None
         self.sidecar: Any | None = None
         self.bandit: BucketedBandit | None = None
+        self._bandit_state: dict[str, Any] | None = None  # from a checkpoint, loaded into the next stepper
         if self.uses_drafter:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
             self.drafter.bind_policy(model)
@@ -205,6 +206,9 @@ class RolloutWorker:
 
         stepper = rollout_stepper(self.spec.speculative, self.engine.runner, self.drafter, rows=self.rows,
                                   context=self.context, bandit=self.bandit, seed=self.spec.algorithm.seed + self.index)
+        if isinstance(stepper, AdaptiveStepper) and self._bandit_state is not None:
+            stepper.bandit.load_state_dict(self._bandit_state)
+            self._bandit_state = None
         self.engine.stepper = FinishWatcher(stepper, send)
         try:
             completions = self.engine.generate(requests, on_step=on_step)
@@ -245,6 +249,16 @@ class RolloutWorker:
             return {"agree": 0, "agree_total": 0}
         return buffer_and_agreement(self.buffer, self.trainer.drafter, completions, step,
                                     self.spec.drafter.batch_tokens)
+
+    def bandit_state(self) -> dict[str, Any] | None:
+        """The bandit's state (what it learned about the arms), for whole-run checkpoints; None before
+        the first speculative rollout."""
+        return self.bandit.state_dict() if self.bandit is not None else self._bandit_state
+
+    def load_bandit(self, state: dict[str, Any] | None) -> None:
+        """Resume the bandit from a checkpoint: it is loaded into the next rollout's stepper (whose
+        arms must match; `BucketedBandit.load_state_dict` says so otherwise)."""
+        self.bandit, self._bandit_state = None, state
 
     def start_training(self, step: int) -> float:
         if self.sidecar is not None:
