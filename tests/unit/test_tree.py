@@ -114,3 +114,14 @@ def test_compaction_moves_accepted_branch_next_to_the_root():
 def test_compaction_of_a_chain_moves_nothing():
     src, dst, keep = compaction_slots(torch.tensor([[1, 2, 3]]), torch.tensor([3]), torch.tensor([4]))
     assert torch.equal(src[keep], dst[keep])
+
+
+def test_chain_attention_mask_equals_the_tree_mask_of_the_chain():
+    from tlt.rollout.tree import chain_attention_mask, chain_tree, tree_attention_mask
+
+    root = torch.tensor([5, 6, 7])
+    draft = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    for n_draft in (None, torch.tensor([3, 1, 0])):  # full chains, and short ones with padding nodes
+        tree = chain_tree(root, draft, n_draft)
+        prefix = torch.tensor([4, 0, 9])
+        assert torch.equal(chain_attention_mask(tree, prefix, 14), tree_attention_mask(tree, prefix, 14))

@@ -61,6 +61,17 @@ def context_tokens(batch: RunningBatch) -> tuple[Tensor, Tensor]:
     return tokens, lengths
 
 
+def tokens_at(batch: RunningBatch, positions: Tensor) -> Tensor:
+    """[B, Q] token ids at `positions` [B, Q] of each row's prompt + generated tokens (all in range);
+    reads only those positions, not the whole context."""
+    out = []
+    for seq, row in zip(batch.sequences, positions.tolist()):
+        prompt, generated = seq.request.prompt_ids, seq.tokens
+        n = len(prompt)
+        out.append([prompt[p] if p < n else generated[p - n] for p in row])
+    return torch.tensor(out, dtype=torch.long, device=positions.device)
+
+
 class NgramDrafter:
     """Model-free chains: the continuation of the most recent earlier match of the context's tail."""
 
@@ -129,7 +140,6 @@ class EagleCache:
         if batch.hidden_buf is None:
             raise ValueError("EAGLE drafting reads the target's hidden states: build the Engine with return_hidden=True")
         self.sync(batch)
-        context, _ = context_tokens(batch)
         target_len = batch.lengths()  # [B] committed target slots L
         seen = torch.tensor(self.cache.lengths, dtype=torch.long, device=target_len.device)
         # Re-feed at least the newest position: its output is the f-hat the first draft comes from.
@@ -138,7 +148,7 @@ class EagleCache:
         q = int(todo.max())
         offs = torch.arange(q, device=target_len.device)[None, :]
         t = (seen[:, None] + offs).clamp_max(target_len[:, None] - 1)  # [B, Q] positions (padding repeats the last)
-        tokens = context.gather(1, t + 1)  # x[t+1]
+        tokens = tokens_at(batch, t + 1)  # x[t+1]
         features = batch.hidden_buf[batch.wave_rows[:, None], t]  # f[t]: [B, Q, H]
         slots = seen[:, None] + offs  # padding lands past the committed region: scratch
         mask = causal_mask(seen, q, int(slots.max()) + 1)

@@ -25,7 +25,7 @@ from tlt.rollout.drafting import Draft, Drafter
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.sampling import process_logits, token_logprobs
 from tlt.rollout.stepper import PlainStepper
-from tlt.rollout.tree import compaction_slots, tree_attention_mask, tree_positions
+from tlt.rollout.tree import chain_attention_mask, compaction_slots, tree_attention_mask, tree_positions
 from tlt.rollout.verify import (
     TreeVerdict,
     verify_deterministic_chain,
@@ -114,7 +114,7 @@ class SpeculativeStepper:
         rows = torch.arange(B, device=device)
         span = int(lengths.max()) + N
         slots = lengths[:, None] + torch.arange(N, device=device)[None, :]  # [B, N]
-        mask = tree_attention_mask(tree, lengths, span)  # [B, N, S]
+        mask = (chain_attention_mask if draft.chain else tree_attention_mask)(tree, lengths, span)  # [B, N, S]
         hidden = self.runner.forward(tree.tokens, tree_positions(tree, lengths), slots, mask)  # [B, N, H]
         logits = self.runner.logits(hidden)  # [B, N, V]
         verdict = _verify(draft, logits, batch)

@@ -157,3 +157,14 @@ def compaction_slots(path: Tensor, n_accepted: Tensor, prefix_len: Tensor) -> tu
     src = torch.where(keep, prefix_len[:, None] + path, -1)
     dst = torch.where(keep, prefix_len[:, None] + 1 + step, -1)
     return src, dst, keep
+
+
+def chain_attention_mask(tree: DraftTree, prefix_len: Tensor, cache_len: int) -> Tensor:
+    """`tree_attention_mask` of a chain (node j's parent is j - 1), without walking ancestors: valid
+    node j sees the prefix and tree slots 0..j; padding nodes see only themselves. [B, N, cache_len]."""
+    B, N = tree.tokens.shape
+    if int((prefix_len + N).max()) > cache_len:
+        raise ValueError(f"cache_len={cache_len} is too small for prefix_len + {N} tree nodes")
+    rel = torch.arange(cache_len, device=prefix_len.device)[None, :] - prefix_len[:, None]  # [B, S]
+    node = torch.arange(N, device=prefix_len.device)[None, :, None]  # [1, N, 1]
+    return torch.where(tree.valid[:, :, None], rel[:, None, :] <= node, rel[:, None, :] == node)
