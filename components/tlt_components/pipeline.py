@@ -37,6 +37,26 @@ LOCAL_FILE = "tlt_local_pipeline.yaml"
 CLUSTER_FILE = "tlt_cluster_pipeline.yaml"
 
 
+def _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_tokens, eval_max_new_tokens,
+                         eval_batch_size, eval_temperature, eval_dtype) -> tuple:
+    """The steps after `train`, alike in both pipelines: export the drafter, then measure it. Returns both tasks."""
+    exported = export_drafter(
+        drafter=trained.outputs["drafter"], policy=trained.outputs["policy"], dtype=export_dtype
+    ).set_display_name("export drafter")
+    evaluated = evaluate_drafter(
+        eagle=exported.outputs["eagle"],
+        policy=trained.outputs["policy"],
+        data=data.outputs["data"],
+        num_prompts=eval_prompts,
+        draft_tokens=eval_draft_tokens,
+        max_new_tokens=eval_max_new_tokens,
+        batch_size=eval_batch_size,
+        temperature=eval_temperature,
+        dtype=eval_dtype,
+    ).set_display_name("evaluate drafter")
+    return exported, evaluated
+
+
 @dsl.pipeline(name="tlt-local", description="TLT on the pipeline's own pod: RL training with an online drafter; "
               "export and measure the drafter.")
 def tlt_local_pipeline(
@@ -54,20 +74,8 @@ def tlt_local_pipeline(
     data = prepare_data(run_spec=run_spec).set_display_name("prepare data")
     trained = train(run_spec=run_spec, data=data.outputs["data"], mode="local", local_runtime=local_runtime,
                     work_dir=work_dir).set_display_name("train")
-    exported = export_drafter(
-        drafter=trained.outputs["drafter"], policy=trained.outputs["policy"], dtype=export_dtype
-    ).set_display_name("export drafter")
-    evaluate_drafter(
-        eagle=exported.outputs["eagle"],
-        policy=trained.outputs["policy"],
-        data=data.outputs["data"],
-        num_prompts=eval_prompts,
-        draft_tokens=eval_draft_tokens,
-        max_new_tokens=eval_max_new_tokens,
-        batch_size=eval_batch_size,
-        temperature=eval_temperature,
-        dtype=eval_dtype,
-    ).set_display_name("evaluate drafter")
+    _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_tokens, eval_max_new_tokens,
+                         eval_batch_size, eval_temperature, eval_dtype)
 
 
 @dsl.pipeline(name="tlt-cluster", description="TLT on a cluster: a TLTTrainingRun with an online drafter; export "
@@ -91,21 +99,8 @@ def tlt_cluster_pipeline(
     trained = train(run_spec=run_spec, data=data.outputs["data"], mode="cluster", namespace=namespace,
                     run_name=run_name, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds,
                     checkpoint_claim=checkpoint_claim).set_display_name("train")
-    exported = export_drafter(
-        drafter=trained.outputs["drafter"], policy=trained.outputs["policy"], dtype=export_dtype
-    ).set_display_name("export drafter")
-    evaluated = evaluate_drafter(
-        eagle=exported.outputs["eagle"],
-        policy=trained.outputs["policy"],
-        data=data.outputs["data"],
-        num_prompts=eval_prompts,
-        draft_tokens=eval_draft_tokens,
-        max_new_tokens=eval_max_new_tokens,
-        batch_size=eval_batch_size,
-        temperature=eval_temperature,
-        dtype=eval_dtype,
-    ).set_display_name("evaluate drafter")
-    for task in (exported, evaluated):
+    for task in _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_tokens,
+                                     eval_max_new_tokens, eval_batch_size, eval_temperature, eval_dtype):
         kubernetes.mount_pvc(task, pvc_name=checkpoint_claim, mount_path=CHECKPOINT_MOUNT)
 
 

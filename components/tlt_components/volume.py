@@ -17,7 +17,6 @@ drafter is written as a `save_drafter` folder for `tlt.drafter.export.export_eag
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 from pathlib import Path
@@ -30,7 +29,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from tlt.config import TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import load_policy
-from tlt.runtime.checkpoint import LATEST, MANIFEST
+from tlt.runtime.checkpoint import LATEST, MANIFEST, file_sha256
 from tlt_components.common import CHECKPOINT_MOUNT, parse_run_spec
 
 LOCATION_FILE = "location.json"
@@ -83,14 +82,6 @@ def _inside(mount: Path, relative: str) -> Path:
     return mount / normal
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def final_checkpoint(location: dict[str, Any], mount: str | Path = CHECKPOINT_MOUNT) -> Path:
     """The run's final checkpoint folder on the volume mounted at `mount`, checked (see the module docstring)."""
     if location.get("location") != "cluster":
@@ -130,7 +121,7 @@ def read_tensors(folder: Path, name: str) -> dict[str, torch.Tensor]:
     path = folder / name
     if name not in files or not path.is_file():
         raise VolumeError(f"checkpoint {folder} has no {name}")
-    if _sha256(path) != files[name]:
+    if file_sha256(path) != files[name]:
         raise VolumeError(f"{path} is corrupt (sha256 differs from {MANIFEST})")
     return load_file(str(path))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,24 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
+from _local_pods import free_port, node_ip
 
 from tlt.config_io import load_run
 from tlt.tasks.warmstart import reduced_config, warm_start
 
 SIDECAR = {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def _node_ip() -> str:
-    """The address Ray itself picks for this machine (a driver finds its raylet by it)."""
-    from ray._private.services import get_node_ip_address
-
-    return str(get_node_ip_address())
 
 
 def _write_spec(path: Path, policy: Path, steps: int) -> Path:
@@ -66,8 +53,8 @@ def _container(argv: list[str], role: str, ip: str, head: str, log: Path) -> sub
 @pytest.mark.timeout(600)
 def test_rollout_pod_with_drafter_trainer_sidecar_trains_the_drafter_on_the_sidecar_node(tmp_path):
     spec = _write_spec(tmp_path / "run.yaml", warm_start(reduced_config()), steps=2)
-    ip, out = _node_ip(), tmp_path / "work"
-    head_address = f"{ip}:{_free_port()}"
+    ip, out = node_ip(), tmp_path / "work"
+    head_address = f"{ip}:{free_port()}"
     worker = ["worker", "--spec", str(spec), "--join-timeout", "180"]
     procs = {
         "policy": _container([*worker, "--role", "policy", "--out", str(out)], "policy", ip, head_address,

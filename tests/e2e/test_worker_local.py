@@ -10,30 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from _local_pods import free_port, node_ip
 
 from tlt.tasks.warmstart import reduced_config, warm_start
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def _node_ip() -> str:
-    """The address Ray itself picks for this machine (a driver finds its raylet by it)."""
-    from ray._private.services import get_node_ip_address
-
-    return str(get_node_ip_address())
 
 
 def _pod(role: str, spec: Path, ip: str, head: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -56,8 +43,8 @@ def test_head_and_rollout_pod_finish_a_one_step_run(tmp_path):
         "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
         "algorithm": {"steps": 1, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16, "microBatchSize": 4},
         "rollout": {"replicas": 1}, "verifier": {"replicas": 0}, "speculative": {"mode": "off"}}}))
-    ip, out = _node_ip(), tmp_path / "work"
-    head_address = f"{ip}:{_free_port()}"
+    ip, out = node_ip(), tmp_path / "work"
+    head_address = f"{ip}:{free_port()}"
     head = _pod("policy", spec, ip, head_address, out, tmp_path / "policy.log")
     rollout = _pod("rollout", spec, ip, head_address, tmp_path / "rollout-work", tmp_path / "rollout.log")
     try:

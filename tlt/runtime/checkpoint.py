@@ -57,7 +57,8 @@ def _name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -97,11 +98,11 @@ def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
     for name, tensors in ckpt.tensors.items():
         path = tmp / f"{name}.safetensors"
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
-        files[path.name] = _sha256(path)
+        files[path.name] = file_sha256(path)
     for name, obj in ckpt.objects.items():
         path = tmp / f"{name}.pt"
         torch.save(obj, path)
-        files[path.name] = _sha256(path)
+        files[path.name] = file_sha256(path)
     manifest = {"step": ckpt.step, "files": files, "state": ckpt.state}
     _write_file_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     for name in files:
@@ -156,7 +157,7 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{folder}: {name} listed in {MANIFEST} is missing")
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise CheckpointError(f"{folder}: {name} is corrupt (sha256 differs from {MANIFEST})")
         stem = name.rsplit(".", 1)[0]
         if name.endswith(".safetensors"):
