@@ -216,6 +216,7 @@ class RolloutWorker:
             self.engine.stepper = self.plain_stepper
             self.running = 0
         adaptive = stepper if isinstance(stepper, AdaptiveStepper) else None
+        summary = adaptive.summary() if adaptive is not None else {"arms_chosen": {}, "arm_rates": {}}
         if adaptive is not None:
             self.bandit = adaptive.bandit
         streamed = len(rewards)
@@ -236,8 +237,8 @@ class RolloutWorker:
                 "first_response_at": first_done[0] if first_done else finished,
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
-                "sd_arms": adaptive.summary()["arms_chosen"] if adaptive else {},
-                "sd_arm_rates": adaptive.summary()["arm_rates"] if adaptive else {},
+                "sd_arms": summary["arms_chosen"],
+                "sd_arm_rates": summary["arm_rates"],
                 **agreement}
 
     def _agreement_and_buffer(self, completions: list[Any], step: int,
