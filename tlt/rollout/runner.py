@@ -18,11 +18,11 @@ from transformers import PreTrainedModel
 
 from tlt.rollout.kv_cache import KVCache
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 def check_supported(model: nn.Module) -> None:
-    """Raise ValueError unless model is a Qwen2 / Qwen2.5 / Llama `*ForCausalLM` this runner can drive."""
+    """Raise ValueError unless model is a Qwen2 / Qwen2.5 / Qwen3 / Llama `*ForCausalLM` this runner can drive."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -80,8 +80,11 @@ def attention(
     """One self-attention block. x: [B, Q, H] (normed input) -> [B, Q, H] (after o_proj)."""
     b, q, _ = x.shape
     d = attn.head_dim
-    queries = attn.q_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hq, Q, D]
-    keys = attn.k_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
+    queries = attn.q_proj(x).view(b, q, -1, d)  # [B, Q, Hq, D]
+    keys = attn.k_proj(x).view(b, q, -1, d)  # [B, Q, Hkv, D]
+    if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's q and k, before RoPE
+        queries, keys = attn.q_norm(queries), attn.k_norm(keys)
+    queries, keys = queries.transpose(1, 2), keys.transpose(1, 2)  # [B, H, Q, D]
     values = attn.v_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
     cos, sin = rope
     queries, keys = apply_rope(queries, cos, sin), apply_rope(keys, cos, sin)
