@@ -96,6 +96,11 @@ class AlgorithmSpec(Spec):
     )
     ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each step's rollouts.")
     micro_batch_size: int = Field(16, ge=1, le=4096, description="Sequences per forward in the update.")
+    update_layout: Literal["sorted", "packed", "padded"] = Field(
+        "sorted",
+        description="Update forwards: sorted (length-sorted micro-batches, each padded to its own longest), packed "
+        "(the same micro-batches, each one row with restarting positions, no padding) or padded (batch order).",
+    )
     temperature: float = Field(1.0, ge=0, le=10.0, description="Rollout sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Rollout nucleus sampling mass.")
     max_new_tokens: int = Field(512, ge=1, le=131072, description="Response length cap (truncation).")

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from tlt.config import AlgorithmSpec
 from tlt.rl.grpo import grpo_loss
+from tlt.rl.packing import forward_inputs, micro_batches
 
 
 @dataclass
@@ -48,6 +49,10 @@ class RolloutBatch:
         """[B, T] 1 on real response tokens."""
         return response_mask(self.response_ids)
 
+    def lengths(self) -> list[int]:
+        """[B] prompt + response tokens of each sequence."""
+        return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids)]
+
 
 def response_mask(response_ids: list[list[int]]) -> torch.Tensor:
     """[B, T] float mask, T the longest response: 1 on real response tokens, 0 on padding."""
@@ -65,12 +70,15 @@ def response_logprobs(
     *,
     pad_id: int = 0,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each response token given its prompt and the response before it.
 
     Returns (logp [B, T], mask [B, T]) in float32 (float64 for a float64 model), T the longest
     response, left-aligned at the first response token, 0 where masked. Logits are divided by
-    `temperature` (the rollout's sampling distribution). Gradients flow when enabled.
+    `temperature` (the rollout's sampling distribution). `packed` runs the B sequences as one
+    row with restarting position ids instead of B right-padded rows (`tlt.rl.packing`); the
+    result is the same. Gradients flow when enabled.
     """
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
@@ -79,26 +87,15 @@ def response_logprobs(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     device = next(model.parameters()).device
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    width = max(lengths)
-    resp_width = max(len(r) for r in response_ids)
-    input_ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(lengths), width), dtype=torch.long)
-    # position of the logits predicting response token j of row b: len(prompt_b) - 1 + j
-    gather_at = torch.zeros((len(lengths), resp_width), dtype=torch.long)
-    targets = torch.full((len(lengths), resp_width), pad_id, dtype=torch.long)
-    for row, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
-        input_ids[row, : lengths[row]] = torch.tensor(prompt + response)
-        attention[row, : lengths[row]] = 1
-        gather_at[row] = (len(prompt) - 1 + torch.arange(resp_width)).clamp(max=width - 1)
-        targets[row, : len(response)] = torch.tensor(response, dtype=torch.long)
-    mask = response_mask(response_ids)
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
-    picked = torch.gather(logits, 1, gather_at.to(device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    inputs = forward_inputs(prompt_ids, response_ids, packed=packed, pad_id=pad_id)
+    optional = {"attention_mask": inputs.attention_mask, "position_ids": inputs.position_ids}
+    logits = model(input_ids=inputs.input_ids.to(device), use_cache=False,
+                   **{k: v.to(device) for k, v in optional.items() if v is not None}).logits
+    picked = logits.reshape(-1, logits.shape[-1])[inputs.flat_index.to(device)]  # [B, T, V]
     out_dtype = torch.float64 if picked.dtype == torch.float64 else torch.float32
     logp_all = torch.log_softmax(picked.to(out_dtype) / temperature, dim=-1)
-    logp = torch.gather(logp_all, 2, targets.to(device).unsqueeze(-1)).squeeze(-1)
-    mask = mask.to(device=device, dtype=out_dtype)
+    logp = torch.gather(logp_all, 2, inputs.targets.to(device).unsqueeze(-1)).squeeze(-1)
+    mask = response_mask(response_ids).to(device=device, dtype=out_dtype)
     return logp * mask, mask
 
 
@@ -111,7 +108,8 @@ def policy_update(
     pad_id: int = 0,
     max_grad_norm: float = 1.0,
 ) -> dict[str, float]:
-    """`algo.ppo_epochs` optimizer steps on the whole batch, micro-batched by `algo.micro_batch_size`.
+    """`algo.ppo_epochs` optimizer steps on the whole batch, micro-batched by `algo.micro_batch_size`
+    sequences in the layout `algo.update_layout` (`tlt.rl.packing`).
 
     Micro-batch losses are normalised by the whole batch's token / sequence counts, so the
     accumulated gradient equals the gradient of one forward over the whole batch.
@@ -124,14 +122,14 @@ def policy_update(
     num_tokens = float(full_mask.sum().clamp(min=1.0))
     num_seqs = float(len(batch))
     sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+    groups = micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout)
     model.train()
     for _ in range(algo.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(batch), algo.micro_batch_size):
-            rows = slice(start, start + algo.micro_batch_size)
-            responses = batch.response_ids[rows]
-            logp, mask = response_logprobs(model, batch.prompt_ids[rows], responses, pad_id=pad_id,
-                                           temperature=temperature)
+        for rows in groups:
+            responses = [batch.response_ids[b] for b in rows]
+            logp, mask = response_logprobs(model, [batch.prompt_ids[b] for b in rows], responses, pad_id=pad_id,
+                                           temperature=temperature, packed=algo.update_layout == "packed")
             width = logp.shape[1]
             old = batch.old_logprobs[rows, :width].to(logp)
             ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.config import AlgorithmSpec
 from tlt.rl.grpo import group_advantages
+from tlt.rl.packing import micro_batches
 from tlt.rl.rewards import score
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 from tlt.adaptive.switch import sd_enabled
@@ -218,7 +219,8 @@ def policy_logprobs(
     pad_id: int,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The policy's log-probs of the batch's response tokens, [B, T] (0 on padding), micro-batched.
+    """The policy's log-probs of the batch's response tokens, [B, T] (0 on padding), micro-batched in
+    the update's layout (`algorithm.updateLayout`).
 
     Same temperature rule as the update (temperature 0 counts as 1).
     """
@@ -228,10 +230,10 @@ def policy_logprobs(
     width = batch.old_logprobs.shape[1]
     out = torch.zeros(len(batch), width, dtype=torch.float64 if policy.dtype == torch.float64 else torch.float32)
     with _compute_context(policy, compute_dtype):
-        for start in range(0, len(batch), algo.micro_batch_size):
-            rows = slice(start, start + algo.micro_batch_size)
+        for rows in micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout):
             logp, _ = response_logprobs(
-                policy, batch.prompt_ids[rows], batch.response_ids[rows], pad_id=pad_id, temperature=temperature
+                policy, [batch.prompt_ids[b] for b in rows], [batch.response_ids[b] for b in rows], pad_id=pad_id,
+                temperature=temperature, packed=algo.update_layout == "packed",
             )
             out[rows, : logp.shape[1]] = logp.to(out)
     policy.train(was_training)
