@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-drafter": ("tlt.commands.export_drafter", "write a drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable)"),
     "generate": ("tlt.commands.generate", "complete prompts from a file with the rollout engine"),
     "bench": ("tlt.commands.bench", "side-by-side benchmarks (tlt bench engine)"),
+    "simulate": ("tlt.commands.simulate", "predict vanilla / static / TLT step times on a GPU cluster from a length trace"),
 }
 
 

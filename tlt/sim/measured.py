@@ -1,0 +1,80 @@
+"""Costs measured on this machine: `tlt bench engine --json`'s `costs` section (a target forward of
+1..k tokens per row at each measured batch, and one drafter step, on the bench's warm-started policy at
+`costs.context` cached tokens) plus the policy update's seconds per token from a `tlt train` run.
+
+Between measured batches the plain-step time is linear; past the largest it grows along the last
+segment's slope. Width ratios come from `tlt.adaptive.costs.cost_ratio`, the function the adaptive
+engine's calibration uses; widths past the largest measured one (a prefill) scale linearly from it.
+The context is fixed at the measured one: on this machine's small models and short responses the
+attention over the cache is a small part of a forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tlt.adaptive.costs import CostPoint, cost_ratio
+
+
+def _linear(x: float, xs: list[int], ys: list[float]) -> float:
+    """Piecewise-linear through (xs, ys), extended past both ends along the outer segments."""
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    i = 0 if x <= xs[0] else len(xs) - 2 if x >= xs[-1] else max(j for j in range(len(xs) - 1) if xs[j] <= x)
+    (x0, x1), (y0, y1) = xs[i:i + 2], ys[i:i + 2]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """`CostModel` from measured points. verify: CostPoints (batch, width, seconds, ratio) with width 1
+    at every batch; drafter: (batch, seconds) of one drafter step."""
+
+    verify: tuple[CostPoint, ...]
+    drafter: tuple[tuple[int, float], ...]
+    update_seconds_per_token: float
+    sync_cost_seconds: float
+    name: str = "measured"
+
+    def __post_init__(self) -> None:
+        batches = {p.batch for p in self.verify}
+        plain = {p.batch for p in self.verify if p.width == 1}
+        if not batches or batches != plain:
+            raise ValueError(f"costs.verify needs a width-1 point at every measured batch; batches {sorted(batches)},"
+                             f" width 1 at {sorted(plain)}")
+        if not self.drafter:
+            raise ValueError("costs.drafter_step must hold at least one (batch, seconds) point")
+        if self.update_seconds_per_token < 0 or self.sync_cost_seconds < 0:
+            raise ValueError("update_seconds_per_token and sync_seconds must be >= 0")
+
+    @classmethod
+    def from_bench(cls, bench: dict[str, Any], update_seconds_per_token: float, sync_seconds: float,
+                   name: str = "measured") -> MeasuredCost:
+        """From `tlt bench engine --json` output (its `costs` section: `verify` and `drafter_step`)."""
+        costs = bench.get("costs")
+        if not isinstance(costs, dict) or "verify" not in costs or "drafter_step" not in costs:
+            raise ValueError("bench JSON has no costs.verify / costs.drafter_step: run `tlt bench engine --part sd --json"
+                             " FILE` (the sd part writes them)")
+        fields = ("batch", "width", "seconds", "ratio", "ratio_min", "ratio_max")
+        verify = tuple(CostPoint(**{k: p[k] for k in fields}) for p in costs["verify"])
+        drafter = tuple(sorted((int(d["batch"]), float(d["seconds"])) for d in costs["drafter_step"]))
+        return cls(verify, drafter, update_seconds_per_token, sync_seconds, name)
+
+    def _plain(self, batch: int) -> float:
+        points = sorted((p.batch, p.seconds) for p in self.verify if p.width == 1)
+        return _linear(batch, [b for b, _ in points], [s for _, s in points])
+
+    def target_seconds(self, batch: int, width: int, context: int) -> float:
+        widest = max(p.width for p in self.verify)
+        ratio = cost_ratio(list(self.verify), batch, min(width, widest))
+        return self._plain(batch) * ratio * max(1.0, width / widest)
+
+    def drafter_seconds(self, batch: int, context: int) -> float:
+        return _linear(batch, [b for b, _ in self.drafter], [s for _, s in self.drafter])
+
+    def update_seconds(self, tokens: int, gpus: int) -> float:
+        return self.update_seconds_per_token * tokens / gpus
+
+    def sync_seconds(self) -> float:
+        return self.sync_cost_seconds
