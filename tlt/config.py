@@ -186,6 +186,16 @@ class RoleSpec(Spec):
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 
 
+class RolloutSpec(RoleSpec):
+    """The rollout pods and how their engine runs."""
+
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Compiled decode/verify steps (torch.compile): on, off, or auto (on for policies of "
+        ">= 16 decoder layers, where it was measured to pay back its compile cost; off otherwise).",
+    )
+
+
 class ArmSpec(Spec):
     """One speculative-decoding strategy the bandit may choose."""
 
@@ -322,7 +332,7 @@ class RunSpec(Spec):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     policy: RoleSpec = Field(default_factory=RoleSpec, description="GRPO update pods; rank 0 runs the coordinator.")
-    rollout: RoleSpec = Field(default_factory=RoleSpec, description="Rollout engine pods (drafter-trainer slots).")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine pods (drafter-trainer slots).")
     verifier: RoleSpec = Field(default_factory=RoleSpec, description="Reward verifier pods (CPU).")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     drafter: DrafterSpec = Field(default_factory=DrafterSpec)

@@ -206,3 +206,20 @@ def test_bandit_reward_is_per_running_row(model64, plain64):
     plain_steps = [r for r in stepper.log if r.arm == "plain"]
     assert plain_steps and plain_steps[0].running == 4, "plain is tried first, at 4 rows (4 tokens a step)"
     assert stepper.bandit.estimate(0, 0) == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_every_arm_runs_up_to_the_context_limit_without_overflow(seed, model64):
+    """Default and deep arms, switched at random (epsilon 1) up to the context limit: EAGLE chains
+    of depth 4, trees, and an EAGLE catch-up after n-gram steps (rows with different catch-up lengths)
+    all stay inside the caches, and the output equals plain decoding."""
+    context = 24
+    requests = _requests(max_new=(200, 200, 200, 200))
+    plain = Engine(model64, max_batch_size=4, max_context=context).generate(requests)
+    arms = [*ARMS, ArmSpec(kind="ngram", depth=4), ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6)]
+    spec = _spec(arms=arms, threshold=4, buckets=[4], epsilon=1.0)
+    engine = Engine(model64, max_batch_size=4, max_context=context, return_hidden=True)
+    engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed)
+    out = engine.generate(requests)
+    assert [c.token_ids for c in out] == [c.token_ids for c in plain]
+    assert all(c.finish_reason == "length" for c in out)

@@ -96,17 +96,22 @@ def _eagle(model: PreTrainedModel, seed: int = 3) -> EagleDrafter:
     return drafter
 
 
-DrafterFactory = Callable[[PreTrainedModel, dict[str, list[int]]], Drafter]
+DrafterFactory = Callable[..., Drafter]  # (model, answers, max_context=MAX_CONTEXT) -> Drafter
 DRAFTERS: dict[str, DrafterFactory] = {
-    "ngram-chain": lambda m, a: NgramDrafter(k=4, ngram_min=1, ngram_max=3),
-    "random-tree": lambda m, a: RandomTreeDrafter(m.config.vocab_size),
-    "oracle-chain": lambda m, a: OracleDrafter(a, k=4, vocab=m.config.vocab_size, tree=False),
-    "oracle-tree-second-branch": lambda m, a: OracleDrafter(a, k=3, vocab=m.config.vocab_size, tree=True),
-    "eagle-chain": lambda m, a: EagleChainDrafter(
-        _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=MAX_CONTEXT
+    "ngram-chain": lambda m, a, ctx=MAX_CONTEXT: NgramDrafter(k=4, ngram_min=1, ngram_max=3),
+    "random-tree": lambda m, a, ctx=MAX_CONTEXT: RandomTreeDrafter(m.config.vocab_size),
+    "oracle-chain": lambda m, a, ctx=MAX_CONTEXT: OracleDrafter(a, k=4, vocab=m.config.vocab_size, tree=False),
+    "oracle-tree-second-branch": lambda m, a, ctx=MAX_CONTEXT: OracleDrafter(
+        a, k=3, vocab=m.config.vocab_size, tree=True
     ),
-    "eagle-tree": lambda m, a: EagleTreeDrafter(
-        _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=MAX_CONTEXT
+    "eagle-chain": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx
+    ),
+    "eagle-chain-4": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=4, max_batch_size=4, max_context=ctx
+    ),
+    "eagle-tree": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
+        _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=ctx
     ),
 }
 
@@ -153,14 +158,14 @@ def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, m
         torch.testing.assert_close(spec.logprobs, plain.logprobs, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "ngram-chain"])
+@pytest.mark.parametrize("name", list(DRAFTERS))
 def test_near_the_context_limit_falls_back_to_plain_steps(name: str, model64):
     requests = _requests(max_new=(200, 200, 200))
     engine = Engine(model64, max_batch_size=4, max_context=24)
     plain = engine.generate(requests)
     answers = {c.request_id: c.token_ids for c in plain}
     spec_engine = Engine(model64, max_batch_size=4, max_context=24)
-    stepper = SpeculativeStepper(spec_engine.runner, DRAFTERS[name](model64, answers))
+    stepper = SpeculativeStepper(spec_engine.runner, DRAFTERS[name](model64, answers, 24))
     spec_engine.stepper = stepper
     out = spec_engine.generate(requests)
     assert [c.token_ids for c in out] == [c.token_ids for c in plain]
@@ -201,6 +206,15 @@ def test_accepted_logprobs_equal_plain_engine_float32():
         torch.testing.assert_close(b.logprobs, a.logprobs, rtol=0, atol=1e-5)
 
 
+def _assert_first_drafts_follow_full_forward(model, drafter: EagleDrafter, batch: RunningBatch, draft: Draft) -> None:
+    """Each row's first draft is the argmax of the drafter's own full (cache-free) forward."""
+    for b, seq in enumerate(batch.sequences):
+        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
+        feats = model.model(input_ids=ids).last_hidden_state
+        pred = drafter(ids[:, 1:], feats[:, :-1], torch.arange(ids.shape[1] - 1)[None, :])
+        assert int(draft.tree.tokens[b, 1]) == int(drafter.logits(pred)[0, -1].argmax())
+
+
 def test_eagle_catch_up_switches_on_mid_generation_without_target_prefill(model64, plain64):
     """Plain steps first, then EAGLE: the drafter catches up from cached hidden states and the
     output is still plain decoding's; the drafter's first draft equals its own full forward's."""
@@ -216,17 +230,37 @@ def test_eagle_catch_up_switches_on_mid_generation_without_target_prefill(model6
     drafter = _eagle(model64)
     eagle = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=2, max_batch_size=4, max_context=MAX_CONTEXT)
     draft = eagle.propose(batch)
-    for b, seq in enumerate(batch.sequences):
-        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
-        feats = model64.model(input_ids=ids).last_hidden_state
-        pred = drafter(ids[:, 1:], feats[:, :-1], torch.arange(ids.shape[1] - 1)[None, :])
-        assert int(draft.tree.tokens[b, 1]) == int(drafter.logits(pred)[0, -1].argmax())
+    _assert_first_drafts_follow_full_forward(model64, drafter, batch, draft)
     stepper = SpeculativeStepper(engine.runner, eagle)
     while batch.num_rows:
         stepper.step(batch)
         batch.drop_finished()
     for plain, seq in zip(plain64, batch.all_sequences):
         assert seq.tokens == answers[plain.request_id]
+
+
+def test_eagle_catch_up_of_rows_far_apart_stays_inside_the_drafter_cache(model64):
+    """Row 0 near the context limit with one position to catch up, row 1 with many: the catch-up pads
+    row 0 to row 1's width without writing past the cache, and both rows' drafts equal the drafter's
+    own full forward."""
+    context = 24
+    requests = [Request("long", list(range(3, 24)), SamplingParams(temperature=0.0, max_new_tokens=8)),
+                Request("short", [5, 6, 7, 5, 6, 7, 5, 6, 7, 5], SamplingParams(temperature=0.0, max_new_tokens=8))]
+    engine = Engine(model64, max_batch_size=2, max_context=context)
+    batch = RunningBatch(
+        [Sequence(r, limit=min(r.params.max_new_tokens, context - len(r.prompt_ids))) for r in requests],
+        engine.runner.cache, hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype,
+        device=engine.runner.device,
+    )
+    prefill(engine.runner, batch)
+    drafter = _eagle(model64)
+    eagle = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=2, max_batch_size=2, max_context=context)
+    eagle.propose(batch)  # caught up: seen = (21, 10)
+    for _ in range(2):
+        engine.stepper.step(batch)
+    eagle.state.cache.lengths[1] = 0  # row 1 is behind by its whole context (12), row 0 by 2
+    draft = eagle.propose(batch)
+    _assert_first_drafts_follow_full_forward(model64, drafter, batch, draft)
 
 
 def _drafter_logits_along(model: PreTrainedModel, drafter: EagleDrafter, ids: torch.Tensor, path: list[int]) -> torch.Tensor:
@@ -299,24 +333,25 @@ def _exact_joint(model: PreTrainedModel, temperature: float, top_p: float) -> to
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel], Drafter]] = {
-    "eagle-chain-sampled": lambda m: EagleChainDrafter(
-        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16
+ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
+    "eagle-chain-sampled": lambda m, c: EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c
     ),
-    "eagle-tree-deterministic": lambda m: EagleTreeDrafter(
-        _eagle(m), m.get_input_embeddings(), topk=2, depth=2, budget=4, max_batch_size=500, max_context=16
+    "eagle-tree-deterministic": lambda m, c: EagleTreeDrafter(
+        _eagle(m), m.get_input_embeddings(), topk=2, depth=2, budget=4, max_batch_size=500, max_context=16, compile=c
     ),
-    "ngram-deterministic": lambda m: NgramDrafter(k=3, ngram_min=1, ngram_max=2),
+    "ngram-deterministic": lambda m, c: NgramDrafter(k=3, ngram_min=1, ngram_max=2),
 }
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 @pytest.mark.parametrize("name", list(ENGINE_SAMPLERS))
-def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_p: float):
+def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_p: float, compiled: bool):
     model = _peaked_model()
-    engine = Engine(model, max_batch_size=500, max_context=16)
-    engine.stepper = SpeculativeStepper(engine.runner, ENGINE_SAMPLERS[name](model))
+    engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled)
+    engine.stepper = SpeculativeStepper(engine.runner, ENGINE_SAMPLERS[name](model, compiled))
     params = [SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)]
     out = engine.generate([Request(f"r{i}", ENGINE_PROMPT, p) for i, p in enumerate(params)])
     samples = torch.tensor([c.token_ids for c in out])

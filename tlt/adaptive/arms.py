@@ -78,12 +78,14 @@ def build_arms(
     drafter: EagleDrafter | None,
     max_batch_size: int,
     max_context: int,
+    compile: bool = False,
 ) -> list[Arm]:
     """The arms of `spec.mode`, each with its drafter (a drafter factory over `spec.arms`).
 
     embed: the target's input embedding (the EAGLE drafter reads x[t+1] through it); drafter: the
     learned EAGLE drafter, bound to the target's embedding and head; required when an arm of kind
     chain or tree is in use. The engine must keep hidden states (`Engine(return_hidden=True)`).
+    compile: the EAGLE arms' drafter steps are compiled (as the engine's, `Engine(compile=True)`).
     """
     indices = arm_indices(spec)
     needs_drafter = any(spec.arms[i].kind in LEARNED_KINDS for i in indices)
@@ -91,13 +93,23 @@ def build_arms(
         raise ValueError(
             f"speculative.mode {spec.mode!r} with arms of kind chain/tree needs the learned drafter; none was given"
         )
-    shared = EagleCache(drafter, embed, max_batch_size, max_context) if needs_drafter else None
+    scratch = max((_scratch(spec.arms[i]) for i in indices), default=0)
+    shared = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch) if needs_drafter else None
     arms = []
     for i in indices:
         arm = spec.arms[i]
         built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context)
         arms.append(Arm(i, arm_label(arm), arm, built))
     return arms
+
+
+def _scratch(arm: ArmSpec) -> int:
+    """Drafter cache slots an arm writes past the committed ones in one step."""
+    if arm.kind == "chain":
+        return arm.depth - 1
+    if arm.kind == "tree":
+        return arm.topk * (arm.depth - 1)
+    return 0
 
 
 def _drafter(

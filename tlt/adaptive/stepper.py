@@ -185,6 +185,6 @@ def build_adaptive_stepper(
     The engine must keep hidden states (`Engine(return_hidden=True)`) for the EAGLE arms.
     """
     arms = build_arms(spec, embed=runner.model.get_input_embeddings(), drafter=drafter,
-                      max_batch_size=rows, max_context=context)
+                      max_batch_size=rows, max_context=context, compile=runner.compiled is not None)
     bandit = bandit if bandit is not None else new_bandit(spec, len(arms), seed)
     return AdaptiveStepper(runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets)

@@ -24,6 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch
+from tlt.rollout.compiled import CompiledStep
 from tlt.rollout.kv_cache import KVCache
 from tlt.rollout.ngram import ngram_draft_batch
 from tlt.rollout.runner import causal_mask, run_layers
@@ -86,24 +87,69 @@ class NgramDrafter:
         return Draft(chain_tree(batch.last_token, draft, n_draft), chain=True)
 
 
-class EagleCache:
-    """The EAGLE drafter's one-layer KV cache, kept row-aligned with the running batch."""
+class EagleStep(torch.nn.Module):
+    """What one drafter pass reads: the drafter, the policy's (frozen, shared) embedding, the rotary table."""
 
-    def __init__(self, drafter: EagleDrafter, embed: torch.nn.Embedding, max_batch_size: int, max_context: int) -> None:
+    def __init__(self, drafter: EagleDrafter, embed: torch.nn.Embedding) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.embed = embed
+        self.rotary = LlamaRotaryEmbedding(drafter.config).to(drafter.fc.weight.device)
+
+
+def eagle_forward(
+    step: EagleStep,
+    tokens: Tensor,
+    positions: Tensor,
+    slots: Tensor,
+    mask: Tensor,
+    ks: list[Tensor],
+    vs: list[Tensor],
+    features: Tensor,
+) -> Tensor:
+    """One drafter pass: tokens [B, Q] (x[t+1]), features [B, Q, H] (f[t]) -> predicted f[t+1] [B, Q, H].
+    Writes the layer's k/v at slots [B, Q] of ks/vs; mask [B, Q, S]. Same argument order as
+    `decoder_forward`, so `CompiledStep` compiles either."""
+    dtype = step.drafter.fc.weight.dtype
+    x = step.drafter.fc(torch.cat([F.embedding(tokens, step.embed.weight).to(dtype), features.to(dtype)], dim=-1))
+    return run_layers(step.drafter.layers, x, step.rotary(x, positions), ks, vs, slots, mask)
+
+
+class EagleCache:
+    """The EAGLE drafter's one-layer KV cache, kept row-aligned with the running batch.
+
+    It holds max_context committed slots plus `scratch` slots past them for the drafts of one step
+    (a chain of k drafts writes k - 1 entries past the committed ones, a tree topk * (depth - 1)), so
+    drafting never runs out of room near the context limit; the target's room is checked by the stepper.
+    """
+
+    def __init__(
+        self,
+        drafter: EagleDrafter,
+        embed: torch.nn.Embedding,
+        max_batch_size: int,
+        max_context: int,
+        compile: bool = False,
+        scratch: int = 0,
+    ) -> None:
+        if scratch < 0:
+            raise ValueError(f"scratch must be >= 0 draft slots, got {scratch}")
         config = drafter.config
         weight = drafter.fc.weight
         self.drafter = drafter
         self.embed = embed
-        self.rotary = LlamaRotaryEmbedding(config).to(weight.device)
+        self.step = EagleStep(drafter, embed)
+        self.compiled = CompiledStep(eagle_forward, name="drafter") if compile else None
         self.cache = KVCache(
             num_layers=1,
             num_kv_heads=config.num_key_value_heads,
             head_dim=drafter.layers[0].self_attn.head_dim,
             max_batch_size=max_batch_size,
-            capacity=min(256, max_context),
-            max_capacity=max_context,
+            capacity=min(256, max_context + scratch),
+            max_capacity=max_context + scratch,
             dtype=weight.dtype,
             device=weight.device,
+            static=compile,
         )
         self._wave: list | None = None
         self._rows: list = []
@@ -116,22 +162,15 @@ class EagleCache:
             self.cache.start(len(self._rows))
             return
         where = {id(s): i for i, s in enumerate(self._rows)}
-        src = [where[id(s)] for s in batch.sequences]
-        if src != list(range(len(src))):
-            index = torch.tensor(src, device=self.cache.k.device)
-            n = len(src)
-            self.cache.k[:, :n] = self.cache.k[:, index]
-            self.cache.v[:, :n] = self.cache.v[:, index]
-        self.cache.lengths = [self.cache.lengths[i] for i in src]
+        self.cache.reorder([where[id(s)] for s in batch.sequences])
         self._rows = list(batch.sequences)
 
     def forward(self, tokens: Tensor, features: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """One drafter pass: tokens [B, Q] (x[t+1]), features [B, Q, H] (f[t]), positions, slots [B, Q],
         mask [B, Q, S]. Writes k/v at slots; returns predicted features f[t+1] [B, Q, H]."""
-        dtype = self.drafter.fc.weight.dtype
-        x = self.drafter.fc(torch.cat([F.embedding(tokens, self.embed.weight).to(dtype), features.to(dtype)], dim=-1))
         self.cache.ensure_capacity(max(mask.shape[-1], int(slots.max()) + 1))
-        return run_layers(self.drafter.layers, x, self.rotary(x, positions), self.cache, slots, mask)
+        step = eagle_forward if self.compiled is None else self.compiled
+        return step(self.step, tokens, positions, slots, mask, self.cache.k, self.cache.v, features)
 
     @torch.no_grad()
     def catch_up(self, batch: RunningBatch) -> Tensor:
@@ -150,8 +189,10 @@ class EagleCache:
         t = (seen[:, None] + offs).clamp_max(target_len[:, None] - 1)  # [B, Q] positions (padding repeats the last)
         tokens = tokens_at(batch, t + 1)  # x[t+1]
         features = batch.hidden_buf[batch.wave_rows[:, None], t]  # f[t]: [B, Q, H]
-        slots = seen[:, None] + offs  # padding lands past the committed region: scratch
-        mask = causal_mask(seen, q, int(slots.max()) + 1)
+        # Padding entries repeat the row's last real (token, feature, position), so they compute the same
+        # k/v as it: they rewrite its slot, never one past the row's committed region (or the cache).
+        slots = seen[:, None] + torch.minimum(offs, (todo - 1)[:, None])
+        mask = causal_mask(seen, q, int(target_len.max()))
         out = self.forward(tokens, features, t, slots, mask)  # [B, Q, H]
         self.cache.lengths = target_len.tolist()
         return out[torch.arange(out.shape[0], device=out.device), todo - 1]
@@ -160,11 +201,19 @@ class EagleCache:
 class EagleChainDrafter:
     """Chains of k drafts from the EAGLE drafter: sampled from q when the batch samples, else argmax."""
 
-    def __init__(self, drafter: EagleDrafter, embed: torch.nn.Embedding, k: int, max_batch_size: int, max_context: int) -> None:
+    def __init__(
+        self,
+        drafter: EagleDrafter,
+        embed: torch.nn.Embedding,
+        k: int,
+        max_batch_size: int,
+        max_context: int,
+        compile: bool = False,
+    ) -> None:
         if k < 1:
             raise ValueError(f"k (draft length) must be >= 1, got {k}")
         self.k = k
-        self.state = EagleCache(drafter, embed, max_batch_size, max_context)
+        self.state = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch=k - 1)
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
@@ -209,11 +258,12 @@ class EagleTreeDrafter:
         budget: int,
         max_batch_size: int,
         max_context: int,
+        compile: bool = False,
     ) -> None:
         if topk < 1 or depth < 1 or budget < 1:
             raise ValueError(f"topk, depth and budget must be >= 1, got topk={topk}, depth={depth}, budget={budget}")
         self.topk, self.depth, self.budget = topk, depth, budget
-        self.state = EagleCache(drafter, embed, max_batch_size, max_context)
+        self.state = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch=topk * (depth - 1))
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:

@@ -27,23 +27,34 @@ class Engine:
     Requests run in waves of up to max_batch_size rows; a wave's rows leave the batch as they
     finish (the long tail runs at a shrinking batch size). `stepper` may be replaced by any
     `Stepper` built on `runner` (e.g. speculative decoding). `tokens_processed` counts the tokens
-    the target forwarded: real prompt tokens plus every token fed while decoding.
+    the target forwarded: real prompt tokens plus every token fed while decoding. compile: run the
+    target (and drafters built with `compile=engine.compiled`) through compiled steps.
     """
 
     def __init__(
-        self, model: PreTrainedModel, *, max_batch_size: int = 32, max_context: int = 4096, return_hidden: bool = True
+        self,
+        model: PreTrainedModel,
+        *,
+        max_batch_size: int = 32,
+        max_context: int = 4096,
+        return_hidden: bool = True,
+        compile: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {max_context}")
         self.model = model
-        self.runner = ModelRunner(model, max_batch_size=max_batch_size, max_context=max_context)
+        self.runner = ModelRunner(model, max_batch_size=max_batch_size, max_context=max_context, compile=compile)
         self.stepper: Stepper = PlainStepper(self.runner)
         self.max_batch_size = max_batch_size
         self.max_context = max_context
         self.return_hidden = return_hidden
         self.tokens_processed = 0
+
+    @property
+    def compiled(self) -> bool:
+        return self.runner.compiled is not None
 
     def generate(self, requests: list[Request], on_step: StepCallback | None = None) -> list[Completion]:
         """Complete every request; results in request order. on_step gets each step's metrics."""

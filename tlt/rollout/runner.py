@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from tlt.rollout.kv_cache import KVCache
+from tlt.rollout.compiled import CompiledStep
+from tlt.rollout.kv_cache import KVCache, write_layer
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
@@ -72,12 +73,16 @@ def attention(
     attn: nn.Module,
     x: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
-    cache: KVCache,
-    layer: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
     write_slots: torch.Tensor,
     attn_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """One self-attention block. x: [B, Q, H] (normed input) -> [B, Q, H] (after o_proj)."""
+    """One self-attention block. x: [B, Q, H] (normed input) -> [B, Q, H] (after o_proj).
+
+    k_cache, v_cache: the layer's [Bmax, Hkv, S, D] cache; the new k/v go to write_slots [B, Q] of
+    rows [0, B), then every query attends to slots [0, attn_mask.shape[-1]) as attn_mask [B, Q, span] allows.
+    """
     b, q, _ = x.shape
     d = attn.head_dim
     queries = attn.q_proj(x).view(b, q, -1, d)  # [B, Q, Hq, D]
@@ -88,10 +93,11 @@ def attention(
     values = attn.v_proj(x).view(b, q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
     cos, sin = rope
     queries, keys = apply_rope(queries, cos, sin), apply_rope(keys, cos, sin)
-    cache.write(layer, write_slots, keys, values)
-    k_all, v_all = cache.view(layer, b, attn_mask.shape[-1])  # [B, Hkv, S, D]
+    write_layer(k_cache, v_cache, write_slots, keys, values)
+    span = attn_mask.shape[-1]
     out = F.scaled_dot_product_attention(
-        queries, k_all, v_all, attn_mask=attn_mask[:, None], scale=attn.scaling, enable_gqa=True
+        queries, k_cache[:b, :, :span], v_cache[:b, :, :span], attn_mask=attn_mask[:, None], scale=attn.scaling,
+        enable_gqa=True,
     )  # [B, Hq, Q, D]
     return attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))
 
@@ -100,21 +106,53 @@ def run_layers(
     layers: nn.ModuleList | list[nn.Module],
     x: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
-    cache: KVCache,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
     write_slots: torch.Tensor,
     attn_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """Llama-shaped decoder layers over x [B, Q, H]; layer i uses cache layer i. Returns [B, Q, H]."""
-    for i, layer in enumerate(layers):
-        x = x + attention(layer.self_attn, layer.input_layernorm(x), rope, cache, i, write_slots, attn_mask)
+    """Llama-shaped decoder layers over x [B, Q, H]; layer i uses the caches ks[i], vs[i]. Returns [B, Q, H]."""
+    for layer, k_cache, v_cache in zip(layers, ks, vs):
+        x = x + attention(layer.self_attn, layer.input_layernorm(x), rope, k_cache, v_cache, write_slots, attn_mask)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return x
 
 
-class ModelRunner:
-    """Drives a `*ForCausalLM` with a KVCache sized for max_batch_size rows and max_context slots."""
+def decoder_forward(
+    inner: nn.Module,
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    write_slots: torch.Tensor,
+    attn_mask: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+) -> torch.Tensor:
+    """The decoder (`model.model`) over token_ids [B, Q] at positions [B, Q]: final-norm states [B, Q, H].
 
-    def __init__(self, model: PreTrainedModel, *, max_batch_size: int, max_context: int, capacity: int = 256) -> None:
+    A pure function of its arguments (the caches are written in place), so `tlt/rollout/compiled.py`
+    can compile it as it is: the eager and the compiled step run the same code.
+    """
+    x = inner.embed_tokens(token_ids)
+    rope = inner.rotary_emb(x, positions)
+    return inner.norm(run_layers(inner.layers, x, rope, ks, vs, write_slots, attn_mask))
+
+
+class ModelRunner:
+    """Drives a `*ForCausalLM` with a KVCache sized for max_batch_size rows and max_context slots.
+
+    compile: run the decoder through `CompiledStep` (static cache allocated at max_context); the
+    eager `decoder_forward` stays the reference path and computes the same function.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        max_batch_size: int,
+        max_context: int,
+        capacity: int = 256,
+        compile: bool = False,
+    ) -> None:
         check_supported(model)
         self.model = model
         config = model.config
@@ -128,7 +166,9 @@ class ModelRunner:
             max_capacity=max_context,
             dtype=model.dtype,
             device=model.device,
+            static=compile,
         )
+        self.compiled = CompiledStep(decoder_forward, name="target") if compile else None
 
     @property
     def device(self) -> torch.device:
@@ -148,11 +188,8 @@ class ModelRunner:
         states [B, Q, H]. S may be anything up to the cache capacity (slots past it are not read).
         """
         self.cache.ensure_capacity(max(attn_mask.shape[-1], int(write_slots.max()) + 1))
-        inner = self.model.model
-        x = inner.embed_tokens(token_ids)
-        rope = inner.rotary_emb(x, positions)
-        x = run_layers(inner.layers, x, rope, self.cache, write_slots, attn_mask)
-        return inner.norm(x)
+        step = decoder_forward if self.compiled is None else self.compiled
+        return step(self.model.model, token_ids, positions, write_slots, attn_mask, self.cache.k, self.cache.v)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

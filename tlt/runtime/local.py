@@ -36,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.config import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
+from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import ModelRunner
@@ -105,7 +106,8 @@ def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, Specul
     model = copy.deepcopy(policy).to(resolve_dtype(spec.model.dtype)).eval()
     context = min(spec.model.max_context, model.config.max_position_embeddings)
     rows = spec.algorithm.prompts_per_step * spec.algorithm.group_size
-    engine = Engine(model, max_batch_size=rows, max_context=context, return_hidden=False)
+    engine = Engine(model, max_batch_size=rows, max_context=context, return_hidden=False,
+                    compile=resolve_compile(spec.rollout.compile, model))
     engine.stepper, speculative = build_stepper(spec.speculative, engine.runner)
     return engine, speculative
 

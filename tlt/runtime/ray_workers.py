@@ -39,8 +39,8 @@ from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
 from tlt.rl.rewards import score
 from tlt.rollout.batch import RunningBatch
+from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
-from tlt.rollout.kv_cache import KVCache
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.stepper import Stepper
 from tlt.runtime import k8s_slots, steps
@@ -72,10 +72,7 @@ class FinishWatcher:
 
 def release_kv_cache(engine: Engine) -> None:
     """Give back the engine's KV memory between rollouts (it regrows on the next prefill)."""
-    old = engine.runner.cache
-    num_layers, rows, heads, _, head_dim = old.k.shape
-    engine.runner.cache = KVCache(num_layers=num_layers, num_kv_heads=heads, head_dim=head_dim, max_batch_size=rows,
-                                  capacity=1, max_capacity=old.max_capacity, dtype=old.k.dtype, device=old.k.device)
+    engine.runner.cache.release()
 
 
 class VerifierWorker:
@@ -118,7 +115,8 @@ class RolloutWorker:
         context = min(spec.model.max_context, model.config.max_position_embeddings)
         self.uses_drafter = spec.speculative.mode in DRAFTER_MODES
         self.rows, self.context = max(rows, 1), context
-        self.engine = Engine(model, max_batch_size=self.rows, max_context=context, return_hidden=self.uses_drafter)
+        self.engine = Engine(model, max_batch_size=self.rows, max_context=context, return_hidden=self.uses_drafter,
+                             compile=resolve_compile(spec.rollout.compile, model))
         self.plain_stepper = self.engine.stepper
         self._lock = threading.Lock()
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
@@ -260,6 +258,25 @@ class RolloutWorker:
         """Resume the bandit from a checkpoint: it is loaded into the next rollout's stepper (whose
         arms must match; `BucketedBandit.load_state_dict` says so otherwise)."""
         self.bandit, self._bandit_state = None, state
+
+    def trainer_state(self) -> dict[str, Any] | None:
+        """The drafter buffer and shuffle epoch of this worker's trainer (`SpotTrainer.state_dict`), in
+        the container or the sidecar, for whole-run checkpoints; None without a learned drafter."""
+        if self.sidecar is not None:
+            return ray.get(self.sidecar.trainer_state.remote())
+        return self.trainer.state_dict() if self.trainer is not None else None
+
+    def load_trainer_state(self, state: dict[str, Any] | None) -> None:
+        """Resume the trainer's buffer from a checkpoint (before this worker's first rollout)."""
+        if state is None:
+            return
+        if self.sidecar is not None:
+            ray.get(self.sidecar.load_trainer_state.remote(state))
+        elif self.trainer is not None:
+            self.trainer.load_state_dict(state)
+        else:
+            raise RuntimeError(f"{self.name}: the checkpoint holds a drafter buffer but speculative.mode "
+                               f"{self.spec.speculative.mode!r} keeps none")
 
     def start_training(self, step: int) -> float:
         if self.sidecar is not None:
