@@ -72,3 +72,14 @@ def test_a_measured_profile_yaml_points_at_its_bench(tmp_path):
         load_cost_model(str(tmp_path / "bad.yaml"))
     with pytest.raises(ValueError, match="neither a built-in gpu"):
         load_cost_model("b200")
+
+
+def test_bench_run_costs_json_reads_like_the_engine_bench(tmp_path):
+    costs = json.loads(FIXTURE.read_text())["costs"]
+    run_costs = tmp_path / "costs.json"
+    run_costs.write_text(json.dumps({"verify": costs["verify"],
+                                     "drafter": [{**d, "ratio": 0.2} for d in costs["drafter_step"]]}))
+    a = load_cost_model(str(FIXTURE), update_cost=(1e-3, 0.0))
+    b = load_cost_model(str(run_costs), update_cost=(1e-3, 0.0))
+    assert [a.target_seconds(8, 3, 64), a.drafter_seconds(8, 64)] == [b.target_seconds(8, 3, 64),
+                                                                     b.drafter_seconds(8, 64)]

@@ -17,6 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="qwen2.5-7b", help="model shape of a roofline profile: qwen2.5-7b, "
                         "qwen2.5-32b, llama-3.3-70b or a YAML file (default qwen2.5-7b)")
     parser.add_argument("--run", type=Path, default=None, help="run.yaml: roles, speculative and drafter settings")
+    parser.add_argument("--bench-variant", default=None, help="instead of --run: this variant of the bench workload "
+                        "(`tlt bench run`'s runs, e.g. vanilla or tlt)")
+    parser.add_argument("--workload", type=Path, default=None, help="workload of --bench-variant (default "
+                        "bench/workload.yaml)")
     parser.add_argument("--gpus", type=int, default=None, help="colocated cluster of this many GPUs: GPUs / tp "
                         "rollout engines, the update on all (default: the run's roles)")
     parser.add_argument("--tp", type=int, default=None, help="GPUs per rollout engine (default: the run's rollout GPUs, "
@@ -64,6 +68,22 @@ def _cluster(args: argparse.Namespace, spec: Any) -> Any:
         raise ValueError(f"--gpus must be a positive multiple of the tp width {tp}, got {args.gpus}")
     return ClusterConfig(**{**base.__dict__, "replicas": args.gpus // tp, "gpus_per_replica": tp,
                             "update_gpus": args.gpus})
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    from tlt.config import RunSpec
+    from tlt.config_io import load_run
+
+    if args.bench_variant is not None:
+        if args.run is not None:
+            raise ValueError("give --run or --bench-variant, not both")
+        from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run
+
+        workload = load_workload(args.workload or DEFAULT_WORKLOAD)
+        if args.bench_variant not in workload.variants:
+            raise ValueError(f"--bench-variant must be one of {sorted(workload.variants)}, got {args.bench_variant!r}")
+        return variant_run(workload, args.bench_variant, 0).spec
+    return load_run(args.run).spec if args.run is not None else RunSpec()
 
 
 def _history(folder: Path) -> list[dict[str, Any]]:
@@ -136,12 +156,9 @@ def _table(summary: dict[str, dict[str, Any]]) -> Any:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tlt.config import RunSpec
-    from tlt.config_io import load_run
-
     console = Console()
     try:
-        spec = load_run(args.run).spec if args.run is not None else RunSpec()
+        spec = _spec(args)
         out = _validate(args, spec) if args.validate else _simulate(args, spec, console)
     except ValueError as err:  # SpecError included
         console.print(f"[red]error:[/red] {err}")

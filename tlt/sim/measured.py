@@ -1,6 +1,7 @@
-"""Costs measured on this machine: `tlt bench engine --json`'s `costs` section (a target forward of
-1..k tokens per row at each measured batch, and one drafter step, on the bench's warm-started policy at
-`costs.context` cached tokens) plus the policy update's seconds per token from a `tlt train` run.
+"""Costs measured on this machine: `tlt bench engine --json`'s `costs` section or `tlt bench run`'s
+`costs.json` (a target forward of 1..k tokens per row at each measured batch, and one drafter step, on
+the bench's warm-started policy at a fixed number of cached tokens) plus the policy update's seconds
+per token from a `tlt train` run.
 
 Between measured batches the plain-step time is linear; past the largest it grows along the last
 segment's slope. Width ratios come from `tlt.adaptive.costs.cost_ratio`, the function the adaptive
@@ -51,14 +52,16 @@ class MeasuredCost:
     @classmethod
     def from_bench(cls, bench: dict[str, Any], update_seconds_per_token: float, sync_seconds: float,
                    name: str = "measured") -> MeasuredCost:
-        """From `tlt bench engine --json` output (its `costs` section: `verify` and `drafter_step`)."""
-        costs = bench.get("costs")
-        if not isinstance(costs, dict) or "verify" not in costs or "drafter_step" not in costs:
+        """From `tlt bench engine --json` output (its `costs` section: `verify` and `drafter_step`) or
+        `tlt bench run --work-dir`'s `costs.json` (`verify` and `drafter`)."""
+        costs = bench.get("costs", bench)
+        drafter_key = "drafter_step" if "drafter_step" in costs else "drafter"
+        if not isinstance(costs, dict) or "verify" not in costs or drafter_key not in costs:
             raise ValueError("bench JSON has no costs.verify / costs.drafter_step: run `tlt bench engine --part sd --json"
-                             " FILE` (the sd part writes them)")
+                             " FILE` (the sd part writes them), or use `tlt bench run --work-dir DIR`'s DIR/costs.json")
         fields = ("batch", "width", "seconds", "ratio", "ratio_min", "ratio_max")
         verify = tuple(CostPoint(**{k: p[k] for k in fields}) for p in costs["verify"])
-        drafter = tuple(sorted((int(d["batch"]), float(d["seconds"])) for d in costs["drafter_step"]))
+        drafter = tuple(sorted((int(d["batch"]), float(d["seconds"])) for d in costs[drafter_key]))
         return cls(verify, drafter, update_seconds_per_token, sync_seconds, name)
 
     def _plain(self, batch: int) -> float:
