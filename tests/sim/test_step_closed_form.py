@@ -138,3 +138,13 @@ def test_variants_take_the_engines_arms_per_mode():
     assert not build_variants(spec, ("tlt",), drafter_training=False)[0].trains
     with pytest.raises(ValueError, match="variants must be among"):
         build_variants(spec, ("eagle",))
+
+
+def test_timeline_shows_training_for_tlt_and_idling_for_vanilla_then_update_and_sync(linear_cost):
+    cluster = ClusterConfig(replicas=2, update_gpus=2, prompt_len=1)
+    for variant, spare in ((Variant("vanilla"), "idle"), (Variant("tlt", trains=True), "train")):
+        step = simulate_step([5, 50], variant, linear_cost, cluster, [None, None])
+        kinds = [[s.kind for s in row] for row in step.timelines]
+        assert kinds[0] == ["prefill", "decode", spare, "update", "sync"]
+        assert kinds[1] == ["prefill", "decode", "update", "sync"]
+        assert all(row[-1].end == pytest.approx(step.step_seconds) for row in step.timelines)
