@@ -36,13 +36,13 @@ class Segment:
 
 @dataclass(frozen=True)
 class Drafting:
-    """What SD can do on this replica this step: the usable arms (engine order), the engine's switch
-    settings, the replica's bandit, and the drafter's per-token acceptance now."""
+    """What SD can do on this replica this step: the usable arms (engine order, at least one), the
+    engine's switch settings, the replica's bandit, and the drafter's per-token acceptance now."""
 
     arms: tuple[ArmSpec, ...]
     threshold: int
     buckets: tuple[int, ...]
-    bandit: BucketedBandit | None
+    bandit: BucketedBandit
     alpha: float
     ngram_alpha: float
 
@@ -56,24 +56,25 @@ class ReplicaRollout:
     end: float
 
 
-def _round(cost: CostModel, drafting: Drafting | None, running: int, context: float) -> tuple[int | None, int | None,
-                                                                                               float, float]:
-    """(bucket, arm, tokens per row per round, seconds per round) of the next chunk."""
-    ctx = int(context)
-    bucket = None if drafting is None or not drafting.arms else sd_bucket(running, drafting.threshold,
-                                                                         drafting.buckets)
-    if bucket is None or drafting is None or drafting.bandit is None:
-        return None, None, 1.0, cost.target_seconds(running, 1, ctx)
+def _round(cost: CostModel, drafting: Drafting | None, running: int,
+           context: float) -> tuple[int | None, int | None, float, float]:
+    """(bucket, arm, tokens per row per round, seconds per round) of the next chunk; bucket and arm are
+    None for a plain step (no drafting, or SD off at this batch)."""
+    bucket = None if drafting is None else sd_bucket(running, drafting.threshold, drafting.buckets)
+    if drafting is None or bucket is None:
+        return None, None, 1.0, cost.target_seconds(running, 1, int(context))
     arm = drafting.bandit.choose(bucket)
     spec = drafting.arms[arm]
     steps, fan = drafter_steps(spec)
-    seconds = cost.target_seconds(running, verify_width(spec), ctx) + steps * cost.drafter_seconds(running * fan, ctx)
+    seconds = (cost.target_seconds(running, verify_width(spec), int(context))
+               + steps * cost.drafter_seconds(running * fan, int(context)))
     return bucket, arm, accept_length(spec, drafting.alpha, drafting.ngram_alpha), seconds
 
 
 def decode_shard(lengths: list[int], cost: CostModel, *, prompt_len: int, drafting: Drafting | None,
                  decision_tokens: int) -> ReplicaRollout:
-    """Simulate one replica generating `lengths` (response tokens per request, all admitted at once)."""
+    """Simulate one replica generating `lengths` (response tokens per request, all admitted at once);
+    drafting None: plain decoding throughout (vanilla)."""
     if decision_tokens < 1:
         raise ValueError(f"decision_tokens must be >= 1, got {decision_tokens}")
     if not lengths:
@@ -90,9 +91,10 @@ def decode_shard(lengths: list[int], cost: CostModel, *, prompt_len: int, drafti
             chunk = min(target - pos, decision_tokens)
             bucket, arm, tokens, per_round = _round(cost, drafting, running, prompt_len + pos + chunk / 2)
             seconds = chunk / tokens * per_round
-            if bucket is not None and arm is not None and drafting is not None and drafting.bandit is not None:
+            label = None
+            if drafting is not None and bucket is not None and arm is not None:
                 drafting.bandit.update(bucket, arm, chunk, seconds)
-            label = None if arm is None or drafting is None else arm_label(drafting.arms[arm])
+                label = arm_label(drafting.arms[arm])
             kind = "decode" if label in (None, "plain") else "sd"
             last = segments[-1]
             if (last.kind, last.batch, last.arm) == (kind, running, label):

@@ -79,7 +79,7 @@ def simulate(trace: list[list[int]], variants: list[Variant], cost: CostModel, c
         for number, lengths in enumerate(trace, 1):
             alpha = curve.alpha(trained)
             drafting = [None if b is None else Drafting(variant.arms, spec.threshold, tuple(spec.buckets), b, alpha,
-                                                        curve.ngram) for b in bandits]
+                                                        curve.ngram) for b in bandits]  # None: vanilla
             step = simulate_step(lengths, variant, cost, cluster, drafting)
             trained += step.harvested_gpu_seconds
             steps.append(step)
