@@ -42,7 +42,9 @@ class CostPoint:
     ratio_max: float
 
 
-def _forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
+def forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
+    """A call of the runner's forward + LM head over `width` tokens for each of `batch` rows after
+    `context` cached slots (the cache's lengths must already say so)."""
     lengths = torch.full((batch,), context, dtype=torch.long, device=runner.device)
     slots = lengths[:, None] + torch.arange(width, device=runner.device)[None, :]  # [B, W]
     mask = causal_mask(lengths, width, context + width)  # [B, W, S]
@@ -64,12 +66,14 @@ def measure_costs(
     context: int,
     repeats: int,
     clock: Literal["cpu", "wall"] = "cpu",
+    compile: bool = False,
 ) -> list[CostPoint]:
     """Time a forward of `width` tokens per row for `batch` rows after `context` cached slots.
 
     Width 1 (plain decoding) is always measured. One warm-up round, then `repeats` rounds, each
     running every (batch, width) once. clock: "cpu" (process CPU time; see the module docstring)
-    or "wall". Returns one CostPoint per pair, batch-major.
+    or "wall". compile: time the compiled step (as `Engine(compile=True)` runs). Returns one
+    CostPoint per pair, batch-major.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -78,10 +82,10 @@ def measure_costs(
     now = CLOCKS[clock]
     widths = sorted(set(widths) | {1})
     runner = ModelRunner(model, max_batch_size=max(batches), max_context=context + max(widths) + 1,
-                         capacity=context + max(widths) + 1)
+                         capacity=context + max(widths) + 1, compile=compile)
     runner.cache.start(max(batches))
     runner.cache.lengths = [context] * max(batches)  # slots hold zeros: cost does not depend on values
-    fns = {(b, w): _forward_fn(runner, b, w, context) for b in batches for w in widths}
+    fns = {(b, w): forward_fn(runner, b, w, context) for b in batches for w in widths}
     for fn in fns.values():
         fn()
     seconds: dict[tuple[int, int], list[float]] = {key: [] for key in fns}
@@ -119,9 +123,11 @@ def measure_drafter_costs(
     context: int,
     repeats: int,
     clock: Literal["cpu", "wall"] = "cpu",
+    compile: bool = False,
 ) -> list[DrafterCost]:
     """Time one drafter step against one target step (1 token per row) for every batch; a drafter
-    of `model`'s shape with random weights (the cost does not depend on the values)."""
+    of `model`'s shape with random weights (the cost does not depend on the values). compile: both
+    steps compiled."""
     from tlt.models.drafter import EagleDrafter, drafter_config_from_target
     from tlt.rollout.drafting import EagleCache
 
@@ -131,10 +137,10 @@ def measure_drafter_costs(
     drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype).eval()
     drafter.bind_policy(model)
     rows = max(batches)
-    state = EagleCache(drafter, model.get_input_embeddings(), rows, context + 2)
+    state = EagleCache(drafter, model.get_input_embeddings(), rows, context + 2, compile)
     state.cache.start(rows)
     state.cache.lengths = [context] * rows
-    runner = ModelRunner(model, max_batch_size=rows, max_context=context + 2, capacity=context + 2)
+    runner = ModelRunner(model, max_batch_size=rows, max_context=context + 2, capacity=context + 2, compile=compile)
     runner.cache.start(rows)
     runner.cache.lengths = [context] * rows
     hidden = model.config.hidden_size
@@ -146,7 +152,7 @@ def measure_drafter_costs(
         feature = torch.zeros(b, 1, hidden, dtype=model.dtype, device=runner.device)
         return lambda: drafter.logits(state.forward(token, feature, pos, pos, mask))
 
-    fns = {(b, kind): (draft_fn(b) if kind == "drafter" else _forward_fn(runner, b, 1, context))
+    fns = {(b, kind): (draft_fn(b) if kind == "drafter" else forward_fn(runner, b, 1, context))
            for b in batches for kind in ("drafter", "target")}
     for fn in fns.values():
         fn()

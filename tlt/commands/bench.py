@@ -17,8 +17,9 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a tiny model and short runs (seconds): checks the bench, measures little"
     )
     parser.add_argument(
-        "--part", choices=("all", "hf", "sd"), default="all",
-        help="hf: this engine vs transformers generate; sd: speculative decoding rows and costs; all: both",
+        "--part", choices=("all", "hf", "sd", "compiled"), default="all",
+        help="hf: this engine vs transformers generate; sd: speculative decoding rows and costs; compiled: eager vs "
+        "compiled steps vs generate vs the weight-read bound; all: every part",
     )
 
 
@@ -26,6 +27,7 @@ def _engine_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tlt.bench.engine import EngineBenchConfig, run_engine_bench
+    from tlt.bench.engine_compiled import CompiledBenchConfig, run_compiled_bench
     from tlt.bench.engine_sd import SdBenchConfig, run_sd_bench
 
     console = Console()
@@ -42,6 +44,10 @@ def _engine_run(args: argparse.Namespace) -> int:
             sd_cfg = SdBenchConfig.quick(repeats=args.repeats or 1) if args.quick else SdBenchConfig(
                 repeats=args.repeats or 3)
             result.update(run_sd_bench(sd_cfg, on_row=lambda text: status.update(text)))
+        if args.part in ("all", "compiled"):
+            c_cfg = CompiledBenchConfig.quick(repeats=args.repeats or 1) if args.quick else CompiledBenchConfig(
+                repeats=args.repeats or 5)
+            result.update(run_compiled_bench(c_cfg, on_row=lambda text: status.update(text)))
     for table in _engine_tables(result):
         console.print(table)
     if args.json:
