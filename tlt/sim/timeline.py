@@ -18,6 +18,7 @@ def plot_timelines(timelines: dict[str, list[list[Segment]]], path: Path, title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     if not timelines:
         raise ValueError("no timelines to plot")
@@ -32,7 +33,8 @@ def plot_timelines(timelines: dict[str, list[list[Segment]]], path: Path, title:
                 if spans:
                     ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=COLORS[kind])
         ax.set_ylim(-0.6, len(shown) - 0.4)
-        ax.set_ylabel(f"{variant}\nreplica" + (f" (every {stride})" if stride > 1 else ""))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _, stride=stride: f"{int(y) * stride}"))
+        ax.set_ylabel(f"{variant}\nreplica" + (f" (one in {stride})" if stride > 1 else ""))
         ax.invert_yaxis()
     axes[-1, 0].set_xlabel("seconds into the step")
     fig.suptitle(title, fontsize=10)
