@@ -63,7 +63,7 @@ def test_h20_switches_sd_off_at_large_batches_and_h100_keeps_drafting():
     assert h100["adaptive"]["plain_share_batch_ge_32"] < 0.3 < h20["adaptive"]["plain_share_batch_ge_32"]
 
 
-def test_tlt_simulate_writes_the_table_png_and_json(tmp_path, capsys):
+def test_tlt_simulate_writes_the_table_png_and_json(tmp_path):
     out_json, png = tmp_path / "sim.json", tmp_path / "step.png"
     rc = main(["simulate", "--trace", "lognormal:median=300,sigma=1,n=64,max=4096", "--hardware", "h20",
                "--gpus", "8", "--tp", "2", "--steps", "2", "--png", str(png), "--json", str(out_json),
