@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 _PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "PodGroup": "podgroups",
             "TLTTrainingRun": "tltrainingruns", "Event": "events",
-            "ResourceClaimTemplate": "resourceclaimtemplates"}
+            "ResourceClaimTemplate": "resourceclaimtemplates", "Secret": "secrets",
+            "NetworkPolicy": "networkpolicies", "ServiceAccount": "serviceaccounts", "Role": "roles",
+            "RoleBinding": "rolebindings"}
 
 
 class KubeError(Exception):

@@ -20,6 +20,9 @@ WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
 SPEC_DIR = "/etc/tlt"
 SPEC_FILE = "run.yaml"
 GCS_PORT = 6379
+RAY_CLIENT_PORT = 10001
+METRICS_PORT = 8080
+RAY_TOKEN_KEY = "token"
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -48,13 +51,32 @@ def claim_template_name(run: str) -> str:
     return f"{run}-rollout-gpu" if len(run) <= 241 else f"{run[:230]}-{_digest(run)}-rollout-gpu"
 
 
+def _suffixed(run: str, suffix: str) -> str:
+    """`<run><suffix>` within 253 characters (a longer run name is cut and given a digest)."""
+    return f"{run}{suffix}" if len(run) + len(suffix) <= 253 else f"{run[:242 - len(suffix)]}-{_digest(run)}{suffix}"
+
+
+def ray_token_secret_name(run: str) -> str:
+    """The Secret holding the run's Ray authentication token (key `token`)."""
+    return _suffixed(run, "-ray-token")
+
+
+def network_policy_name(run: str) -> str:
+    return _suffixed(run, "-ray")
+
+
+def worker_account_name(run: str) -> str:
+    """The ServiceAccount, Role and RoleBinding of the run's pods that call the API (policy rank 0
+    and rollout pods)."""
+    return _suffixed(run, "-worker")
+
+
 def podgroup_name(run: str) -> str:
     return run
 
 
 def pod_name(run: str, role: Role, rank: int) -> str:
-    suffix = f"-{role}-{rank}"
-    return f"{run}{suffix}" if len(run) + len(suffix) <= 253 else f"{run[:242 - len(suffix)]}-{_digest(run)}{suffix}"
+    return _suffixed(run, f"-{role}-{rank}")
 
 
 def hostname(role: Role, rank: int) -> str:

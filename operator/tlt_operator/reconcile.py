@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import secrets
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,14 +18,17 @@ from pydantic import ValidationError
 from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
 from tlt.status import DrafterStatus, RunStatus, status_patch
 
-from . import metrics, names
+from . import metrics, names, settings
 from .builders import (
     build_configmap,
     build_event,
+    build_network_policy,
     build_pod,
     build_podgroup,
+    build_ray_token_secret,
     build_resource_claim_template,
     build_service,
+    build_worker_identity,
 )
 from .builders.common import RunRef
 from .idleness import SlotTracker
@@ -50,23 +54,26 @@ async def _remove(kube: Kube, namespace: str, pods: list[PodView], cause: str) -
     return sum(done)
 
 
+async def _create_once(kube: Kube, child: dict[str, Any]) -> None:
+    """Create `child` unless it exists (never patched: pods are immutable, the token must not rotate)."""
+    try:
+        await kube.request("POST", path_of(child["apiVersion"], child["kind"], child["metadata"]["namespace"]), child)
+        metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
+    except KubeError as exc:
+        if exc.code != 409:
+            raise
+
+
 async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]],
                             live: set[str]) -> None:
-    children = (build_configmap(ref, spec), build_service(ref, spec), build_podgroup(ref, spec),
-                build_resource_claim_template(ref, spec))
+    await _create_once(kube, build_ray_token_secret(ref, spec, secrets.token_hex(32)))
+    children = (build_configmap(ref, spec), build_service(ref, spec),
+                build_network_policy(ref, spec, settings.operator_namespace()), *build_worker_identity(ref, spec),
+                build_podgroup(ref, spec), build_resource_claim_template(ref, spec))
     for child in children:
         if child is not None and await kube.apply(child) == "created":
             metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
-
-    async def create(pod: dict[str, Any]) -> None:
-        try:
-            await kube.request("POST", path_of("v1", "Pod", ref.namespace), pod)
-            metrics.CHILDREN_CREATED.labels(kind="Pod").inc()
-        except KubeError as exc:
-            if exc.code != 409:
-                raise
-
-    await asyncio.gather(*(create(pod) for name, pod in pods.items() if name not in live))
+    await asyncio.gather(*(_create_once(kube, pod) for name, pod in pods.items() if name not in live))
 
 
 def merge_diff(old: Any, new: Any) -> Any:

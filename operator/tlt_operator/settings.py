@@ -3,7 +3,11 @@
 Tunables come from the environment (set in the Deployment), read when the operator starts:
 `TLT_OPERATOR_NAMESPACES` (comma-separated namespaces to watch; empty: all),
 `TLT_OPERATOR_RECONCILE_SECONDS` (period of the level-based resync of every run, default 10),
-`TLT_OPERATOR_REQUEST_TIMEOUT` (seconds per API request, default 30) and
+`TLT_OPERATOR_REQUEST_TIMEOUT` (seconds per API request, default 30),
+`TLT_OPERATOR_NAMESPACE` (the operator's own namespace, from the downward API; each run's
+NetworkPolicy admits metrics scrapes from the operator's pods there; default tlt-system),
+`TLT_OPERATOR_PROMETHEUS_URLS` (comma-separated Prometheus base URLs a run's
+`monitoring.prometheusUrl` may name; empty: no run's Prometheus is read) and
 `TLT_OPERATOR_WATCH_SECONDS` (server-side watch timeout, default 300).
 """
 
@@ -36,6 +40,16 @@ def reconcile_seconds() -> float:
 
 def request_timeout_seconds() -> float:
     return _number("TLT_OPERATOR_REQUEST_TIMEOUT", 30.0)
+
+
+def operator_namespace() -> str:
+    return os.environ.get("TLT_OPERATOR_NAMESPACE", "").strip() or "tlt-system"
+
+
+def prometheus_allowlist() -> frozenset[str]:
+    """The Prometheus base URLs (no trailing slash) the operator may query for a run."""
+    raw = os.environ.get("TLT_OPERATOR_PROMETHEUS_URLS", "")
+    return frozenset(url.strip().rstrip("/") for url in raw.split(",") if url.strip())
 
 
 def configure(settings: kopf.OperatorSettings) -> None:

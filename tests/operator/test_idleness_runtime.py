@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import datetime
 import json
-import pathlib
 
 import pytest
-import yaml
 from _operator_harness import NAMESPACE, Cluster
 from test_manifests import _verb
+from tlt_operator.builders import build_worker_identity
+from tlt_operator.builders.common import RunRef
 from tlt_operator.idleness import parse_worker_state
 from tlt_operator.slots import WorkerState
 
+from tlt.config import RunSpec
 from tlt.runtime import k8s_slots
 from tlt.runtime.k8s_slots import SlotApi, SlotApiError, worker_name
 
-WORKER_RBAC = pathlib.Path(__file__).resolve().parents[2] / "manifests" / "samples" / "worker-rbac.yaml"
 POD = {"metadata": {"name": "r1-rollout-0", "labels": {"tlt.dev/run": "r1"}},
        "spec": {"containers": [{"name": "worker", "image": "tlt:dev"}]}}
 
@@ -92,11 +92,13 @@ def test_worker_rbac_allows_exactly_the_slot_calls(cluster: Cluster) -> None:
     used = {_verb(m, p) for (m, p), agent in zip(fake.requests, fake.agents, strict=True)
             if agent.startswith("Python-urllib")}
     assert used == {("", "pods", "patch"), ("tlt.dev", "tltrainingruns/status", "get")}
-    (role,) = [d for d in yaml.safe_load_all(WORKER_RBAC.read_text()) if d and d["kind"] == "Role"]
-    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}
-    assert used <= allowed, "the worker Role must allow every call of k8s_slots"
-    assert ("tlt.dev", "tltrainingruns", "get") not in allowed, "the run itself stays out of the workers' reach"
+    objects = {("pods", "r1-rollout-0"), ("tltrainingruns/status", "r1")}
+    _, role, _ = build_worker_identity(RunRef("r1", NAMESPACE, "uid-1"), RunSpec())
+    allowed = {(g, r, v, n) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"] for n in rule["resourceNames"]}
+    assert {(g, r, v, n) for g, r, v in used for rr, n in objects if rr == r} <= allowed, \
+        "the run's worker Role must allow every call of k8s_slots, on these objects by name"
+    assert not any(r == "tltrainingruns" for _, r, _, _ in allowed), "the run itself stays out of the workers' reach"
 
 
 def test_coordinator_progress_lands_on_its_pod_and_the_operator_reads_it(cluster: Cluster) -> None:

@@ -33,7 +33,7 @@ SIDECAR = {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}
 
 def contract_env(pod: str = "demo-rollout-3", role: str = "rollout") -> dict[str, str]:
     return {"TLT_RUN_NAME": "demo", "TLT_ROLE": role, "TLT_RANK": "3", "TLT_POD_NAME": pod,
-            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD}
+            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD, "RAY_AUTH_TOKEN": "t0k"}
 
 
 def spec_file(tmp_path: Path, drafter: dict[str, Any]) -> Path:
@@ -135,7 +135,7 @@ def test_sidecar_runs_ray_start_as_a_list_without_shell_and_fails_when_it_return
     [(argv, kwargs)] = FakeProcess.calls
     assert argv == drafter_trainer.sidecar_ray_start_args("rollout-3", HEAD, "10.1.2.3")
     assert kwargs.get("shell", False) is False
-    assert kwargs["env"] == {**contract_env(), "RAY_AUTH_MODE": "disabled"}
+    assert kwargs["env"] == {**contract_env(), "RAY_AUTH_MODE": "token"}
 
 
 def test_head_waits_for_every_sidecar_only_with_sidecar_placement():

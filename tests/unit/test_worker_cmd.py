@@ -27,7 +27,7 @@ HEAD = "policy-0.demo-workers:6379"
 
 def contract_env(role: str = "rollout", rank: str = "1") -> dict[str, str]:
     return {"TLT_RUN_NAME": "demo", "TLT_ROLE": role, "TLT_RANK": rank, "TLT_POD_NAME": f"demo-{role}-{rank}",
-            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD}
+            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD, "RAY_AUTH_TOKEN": "t0k"}
 
 
 def args_for(role: str, spec: Path = SPEC, out: Path = Path("/var/lib/tlt")) -> argparse.Namespace:
@@ -89,9 +89,17 @@ def test_environment_is_read_into_the_contract():
     assert env.is_head and env.rank == 0 and env.pod_ip == "10.1.2.3" and env.head_address == HEAD
 
 
-def test_ray_auth_mode_is_the_same_on_every_pod_unless_the_pod_sets_it():
-    assert worker.ray_environment({"HOME": "/home/tlt"}) == {"HOME": "/home/tlt", "RAY_AUTH_MODE": "disabled"}
-    assert worker.ray_environment({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t"})["RAY_AUTH_MODE"] == "token"
+def test_ray_auth_is_token_mode_by_default_on_every_pod():
+    environ = {"HOME": "/home/tlt", "RAY_AUTH_TOKEN": "t"}
+    assert worker.ray_environment(environ) == {**environ, "RAY_AUTH_MODE": "token"}
+    assert worker.ray_environment({"RAY_AUTH_MODE": "disabled"})["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_token_mode_without_a_token_is_an_environment_error(tmp_path):
+    with pytest.raises(worker.EnvError, match="RAY_AUTH_TOKEN"):
+        worker.ray_environment({"HOME": "/home/tlt"})
+    environ = {k: v for k, v in contract_env("rollout", "1").items() if k != "RAY_AUTH_TOKEN"}
+    assert worker.run(args_for("rollout"), environ) == 2
 
 
 def test_missing_nodes_counts_pods_not_yet_joined():
@@ -171,7 +179,7 @@ def test_node_runs_ray_start_as_a_list_without_shell_and_fails_when_it_returns(p
     [(argv, kwargs)] = processes.calls
     assert argv == worker.ray_start_args("rollout", 1, HEAD, "10.1.2.3")
     assert kwargs.get("shell", False) is False
-    assert kwargs["env"] == {**contract_env("rollout", "1"), "RAY_AUTH_MODE": "disabled"}
+    assert kwargs["env"] == {**contract_env("rollout", "1"), "RAY_AUTH_MODE": "token"}
 
 
 def _head_started(monkeypatch, processes, calls: list[Any]) -> None:

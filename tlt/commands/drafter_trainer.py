@@ -76,9 +76,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     environ = os.environ if environ is None else environ
     try:
         worker, head_address, pod_ip = sidecar_worker(environ)
+        ray_env = checked_ray_environment(environ)
     except EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ray_env = checked_ray_environment(environ)
     with exit_on_sigterm():
         return hold_node(sidecar_ray_start_args(worker, head_address, pod_ip, args.temp_dir), ray_env)

@@ -20,7 +20,8 @@ policy rank-0 pod has Succeeded, and the operator judges the run by that pod.
 
 Every command is an argument list run without a shell; the only values from outside are the pod's IP
 and the head address from the environment, each passed as one argument. Ray's token authentication is
-the same on every pod: `RAY_AUTH_MODE` from the pod's environment, else off (`ray_environment`).
+the same on every pod: `RAY_AUTH_MODE` from the pod's environment, else `token`, with the token in
+`RAY_AUTH_TOKEN` (the operator injects both, the token from the run's Secret; `ray_environment`).
 
 Exit status: 0 done (policy rank 0), 1 the run failed or this node lost the cluster, 2 the spec or the
 environment is wrong, 143 terminated (SIGTERM from the kubelet).
@@ -58,6 +59,7 @@ ENV_VARS = ("TLT_RUN_NAME", "TLT_ROLE", "TLT_RANK", "TLT_POD_NAME", "TLT_NAMESPA
 RAY = (sys.executable, "-m", "ray.scripts.scripts")
 EXIT_TERMINATED = 128 + signal.SIGTERM
 AUTH_MODE = "RAY_AUTH_MODE"
+AUTH_TOKEN = "RAY_AUTH_TOKEN"
 
 
 class EnvError(ValueError):
@@ -128,9 +130,15 @@ def ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
     Ray 2.60 turns token auth on for a head that finds a token file in $HOME, while a driver that connects
     to an explicit address never turns it on: left to chance the coordinator is refused by its own head.
-    `RAY_AUTH_MODE` from the pod's environment is kept (`token` with `RAY_AUTH_TOKEN` from a Secret, set
-    in every role's `podTemplate.env`); unset, it is `disabled` on every pod alike."""
-    return {**environ, AUTH_MODE: environ.get(AUTH_MODE) or "disabled"}
+    `RAY_AUTH_MODE` from the pod's environment is kept; unset, it is `token` on every pod alike, and
+    token mode needs `RAY_AUTH_TOKEN` (the operator sets it from the run's Secret `<run>-ray-token`):
+    without it EnvError, rather than a head that makes up a token no other pod knows."""
+    mode = environ.get(AUTH_MODE) or "token"
+    if mode == "token" and not environ.get(AUTH_TOKEN):
+        raise EnvError(f"Ray token authentication is on ({AUTH_MODE}=token, the default) but {AUTH_TOKEN} is not "
+                       f"set: the operator injects it from the run's Secret <run>-ray-token; set {AUTH_MODE}="
+                       "disabled in every role's podTemplate.env only on a network nobody else can reach")
+    return {**environ, AUTH_MODE: mode}
 
 
 def missing_nodes(spec: RunSpec, resources: Mapping[str, float]) -> dict[str, int]:
@@ -196,10 +204,10 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     environ = os.environ if environ is None else environ
     try:
         env = read_env(environ, args.role)
+        ray_env = checked_ray_environment(environ)
     except EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ray_env = checked_ray_environment(environ)
     with exit_on_sigterm():
         if env.is_head:
             return run_head(env, spec, args.out, args.join_timeout, ray_env)
@@ -210,9 +218,8 @@ def checked_ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """`ray_environment(environ)`, with a warning when Ray's token authentication is off."""
     ray_env = ray_environment(environ)
     if ray_env[AUTH_MODE] == "disabled":
-        log.warning("Ray token authentication is off: any process that reaches this pod's Ray ports can run code "
-                    "in the cluster; to turn it on set %s=token and RAY_AUTH_TOKEN (from a Secret) in every "
-                    "role's podTemplate.env", AUTH_MODE)
+        log.warning("Ray token authentication is off (%s=disabled): any process that reaches this pod's Ray ports "
+                    "can run code in the cluster", AUTH_MODE)
     return ray_env
 
 

@@ -1,7 +1,8 @@
 """The workers' side of the trainer-slot contract with the operator (see `tlt_operator.builders.pod`).
 
-Two directions, both through the Kubernetes API with the pod's own service account
-(manifests/samples/worker-rbac.yaml grants exactly these two calls):
+Two directions, both through the Kubernetes API with the pod's own service account (the run's
+`<run>-worker`, whose Role the operator makes: `get`/`patch` on the run's policy-0 and rollout pods
+by name, `get` on the run's status; see `tlt_operator.builders.security`):
 
 - `report_state`: a rollout worker publishes what it is doing (GENERATING / IDLE / TRAINING and
   since when) as the annotation `tlt.dev/worker-state: {"state": "IDLE", "since": "<RFC 3339>"}` on

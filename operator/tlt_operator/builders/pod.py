@@ -9,8 +9,9 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
   the pod's `tlt.dev/rank` label via the downward API), `TLT_POD_NAME`, `TLT_NAMESPACE`,
   `TLT_POD_IP` (downward API), `TLT_HEAD_ADDRESS` = `policy-0.<service>:6379`: the fixed DNS
   name of policy rank 0 under the headless Service, where it serves the Ray head (GCS) and the
-  coordinator; every other pod joins it. User `env` from the spec comes after these and cannot
-  replace them. Replica counts are read from the spec file, not the environment, so scaling a
+  coordinator; every other pod joins it. `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN` from the run's
+  Secret `<run>-ray-token` (by reference, `builders.security`). User `env` from the spec comes after
+  these and cannot replace them. Replica counts are read from the spec file, not the environment, so scaling a
   role adds or removes pods without replacing the others.
 - Writable paths: /tmp, $HOME (/home/tlt), /var/lib/tlt (working directory; relative
   `checkpoint.path` resolves against it, where the `checkpoint.claimName` PVC is mounted for
@@ -24,8 +25,10 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
   own pod, e.g. `{"step": 3, "lastStepSeconds": 41.2, "drafterVersion": 2, "acceptLength": 3.1,
   "activeTrainers": 2}`; the operator mirrors it into `.status.step` and `.status.drafter`.
   The run Succeeded when the policy rank-0 pod exits 0 (phase Succeeded) after the last step.
-- Trainer slots (`tlt.runtime.k8s_slots` implements both directions; RBAC:
-  manifests/samples/worker-rbac.yaml, run the pods with `podTemplate.serviceAccountName: tlt-worker`):
+- Identity: policy rank 0 and rollout pods run as the run's ServiceAccount `<run>-worker` (or the
+  template's `serviceAccountName`), whose Role grants `get`/`patch` on exactly those pods by name and
+  `get` on the run's status (`builders.security`); every other pod mounts no API token.
+- Trainer slots (`tlt.runtime.k8s_slots` implements both directions):
   - each rollout worker reports its state on its OWN pod, at every change, as the JSON annotation
     `tlt.dev/worker-state: {"state": "GENERATING"|"IDLE"|"TRAINING", "since": "<RFC 3339, UTC>"}`
     (merge patch of the pod's metadata: verb `patch` on `pods`). `since` is when the state was
@@ -65,6 +68,7 @@ from tlt.config import RoleSpec, RunSpec
 from .. import names
 from .common import RunRef, metadata
 from .podgroup import SCHEDULER_NAMES
+from .security import api_caller
 
 UID = 1000
 SIDECAR = "drafter-trainer"
@@ -90,6 +94,9 @@ def _env(run: RunRef, spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
         {"name": "TLT_POD_IP", "valueFrom": field("status.podIP")},
         {"name": "TLT_HEAD_ADDRESS", "value": names.head_address(run.name)},
         {"name": "HOME", "value": HOME_DIR},
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": names.ray_token_secret_name(run.name), "key": names.RAY_TOKEN_KEY}}},
     ]
     taken = {e["name"] for e in fixed}
     for var in role_spec(spec, role).pod_template.env:
@@ -163,10 +170,10 @@ def _volumes(run: RunRef, spec: RunSpec, role: names.Role) -> tuple[list[dict[st
 
 
 def _ports(role: names.Role) -> list[dict[str, Any]]:
-    ports = [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    ports = [{"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"}]
     if role == "policy":
         ports += [{"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
-                  {"name": "ray-client", "containerPort": 10001, "protocol": "TCP"}]
+                  {"name": "ray-client", "containerPort": names.RAY_CLIENT_PORT, "protocol": "TCP"}]
     return ports
 
 
@@ -209,8 +216,11 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
         pod_spec["nodeSelector"] = dict(overrides.node_selector)
     if overrides.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in overrides.tolerations]
-    if overrides.service_account_name:
+    if api_caller(role, rank):
+        pod_spec["serviceAccountName"] = overrides.service_account_name or names.worker_account_name(run.name)
+    elif overrides.service_account_name:
         pod_spec["serviceAccountName"] = overrides.service_account_name
+    pod_spec["automountServiceAccountToken"] = api_caller(role, rank)
     if overrides.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in overrides.image_pull_secrets]
     if spec.scheduling_policy.priority_class_name:

@@ -22,8 +22,9 @@ def build_service(run: RunRef, spec: RunSpec) -> dict[str, Any]:
             "selector": {names.RUN_LABEL: names.label_value(run.name)},
             "ports": [
                 {"name": "gcs", "port": names.GCS_PORT, "targetPort": names.GCS_PORT, "protocol": "TCP"},
-                {"name": "ray-client", "port": 10001, "targetPort": 10001, "protocol": "TCP"},
-                {"name": "metrics", "port": 8080, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "ray-client", "port": names.RAY_CLIENT_PORT, "targetPort": names.RAY_CLIENT_PORT,
+                 "protocol": "TCP"},
+                {"name": "metrics", "port": names.METRICS_PORT, "targetPort": names.METRICS_PORT, "protocol": "TCP"},
             ],
         },
     }
