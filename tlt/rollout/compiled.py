@@ -9,8 +9,9 @@ Shapes. Two modes:
 - dynamic (CPU, the default there): batch B, query width Q and attended span S are symbolic. Dynamo
   specialises a size of 1, so four graphs cover everything: (B = 1 | B > 1) x (Q = 1 | Q > 1), with
   decode (Q = 1), every verify width and prefill all served. Measured here (24 layers x 128, 1
-  thread): ~150 s to compile the four cold, ~20 s warm from inductor's on-disk cache, which lives
-  under `~/.cache/tlt/inductor` (or TORCHINDUCTOR_CACHE_DIR), so the cost is paid once per machine.
+  thread): ~150 s to compile the four cold, ~20 s warm from inductor's on-disk cache (its default,
+  /tmp/torchinductor_<user>, or TORCHINDUCTOR_CACHE_DIR), so the cold cost is paid once per machine
+  (per pod on a cluster, where /tmp is the pod's emptyDir).
 - padded (CUDA, with `mode="reduce-overhead"` CUDA graphs, which replay fixed shapes): B is padded up
   to the next power of two (as vLLM pads to its capture sizes) and S to the cache's full capacity;
   padded rows write scratch rows of the cache past the running ones and their output is dropped.
@@ -22,11 +23,9 @@ the calls that compiled; after warm-up, a steady state adds none (the bench repo
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -37,15 +36,6 @@ AUTO_MIN_LAYERS = 16
 # Every runner in a process shares the step function's code object, and so dynamo's cache for it: a
 # process holding several models (tests, the bench) needs more entries than the default 8.
 _CACHE_SIZE_LIMIT = 256
-
-
-def default_cache_dir() -> Path:
-    """Where inductor keeps compiled kernels across processes: TORCHINDUCTOR_CACHE_DIR, else
-    $XDG_CACHE_HOME/tlt/inductor (default ~/.cache/tlt/inductor)."""
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tlt" / "inductor"
 
 
 def compile_available(device: torch.device) -> str | None:
@@ -98,7 +88,6 @@ class CompiledStep:
     """`fn` compiled once per shape class; call it exactly like `fn`."""
 
     def __init__(self, fn: StepFn, *, name: str, padded: bool = False, mode: str | None = None) -> None:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir()))
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
         torch._dynamo.config.accumulated_cache_size_limit = max(
             torch._dynamo.config.accumulated_cache_size_limit, _CACHE_SIZE_LIMIT
