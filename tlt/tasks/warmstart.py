@@ -36,6 +36,7 @@ from transformers import (
 from tlt.models.tiny import tiny_config
 from tlt.rl.rewards import number_match
 from tlt.tasks.countdown import CountdownTask, generate
+from tlt.tasks.depth import layer_skip_losses
 from tlt.tasks.evaluate import greedy_accuracy, length_stats, sample_lengths
 from tlt.tasks.problem import Problem
 from tlt.tasks.tokenizer import build_char_tokenizer
@@ -57,6 +58,9 @@ class PolicyShape:
     num_kv_heads: int = 2
     intermediate_size: int = 384
     max_position_embeddings: int = 1024
+    # Residual-branch outputs (o_proj, down_proj) initialised with std / sqrt(2 * num_layers) (GPT-2's
+    # scheme): the residual stream's variance stays O(1) at any depth, so a deep narrow policy trains.
+    depth_scaled_init: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,13 @@ def build_policy(config: WarmstartConfig, vocab_size: int) -> Qwen2ForCausalLM:
         max_position_embeddings=shape.max_position_embeddings,
     )
     torch.manual_seed(config.init_seed)
-    return Qwen2ForCausalLM(model_config)
+    model = Qwen2ForCausalLM(model_config)
+    if shape.depth_scaled_init:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.mul_(1.0 / math.sqrt(2 * shape.num_layers))
+                layer.mlp.down_proj.weight.mul_(1.0 / math.sqrt(2 * shape.num_layers))
+    return model
 
 
 def _lr_factor(step: int, config: WarmstartConfig) -> float:
@@ -236,7 +246,10 @@ def evaluate_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, 
     accuracy = greedy_accuracy(model, tokenizer, held_out, number_match, config.max_new_tokens)
     sampled = generate(config.num_samples, config.eval_seed + 1, config.task)
     lengths = sample_lengths(model, tokenizer, sampled, config.max_new_tokens, seed=config.eval_seed)
-    return {"greedy_accuracy": accuracy, "sampled_length": length_stats(lengths)}
+    examples = encode_examples(tokenizer, held_out[:64])
+    batches = [collate(examples[i : i + 16], tokenizer.pad_token_id) for i in range(0, len(examples), 16)]
+    return {"greedy_accuracy": accuracy, "sampled_length": length_stats(lengths),
+            "heldout_loss_layer_skipped": layer_skip_losses(model, batches)}
 
 
 def warm_start(
