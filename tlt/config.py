@@ -317,7 +317,8 @@ class MonitoringSpec(Spec):
     """Where the operator reads per-pod GPU utilisation."""
 
     prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
-        None, description="Prometheus base URL for per-pod GPU utilisation; empty: reported state only."
+        None, description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "
+        "allowlist (TLT_OPERATOR_PROMETHEUS_URLS, set by the cluster admin); empty: reported state only."
     )
     gpu_util_metric: ShortStr = Field("DCGM_FI_DEV_GPU_UTIL", description="Utilisation metric (0-100).")
     pod_label: ShortStr = Field("exported_pod", description="Label holding the pod name.")

@@ -9,7 +9,10 @@ relabelling rule they stay `pod` / `namespace`. The label names are configurable
 falls back to its counterpart (`exported_pod` <-> `pod`), so both setups work unchanged.
 
 Synchronous and stdlib-only (`urllib`) on purpose: one small request per poll, no new
-dependency; the kopf operator calls it from a sync handler or `asyncio.to_thread`.
+dependency; the operator calls it on its own small thread pool (`idleness.SlotTracker`), never on
+the event loop's default executor that the API calls share. A read is bounded in total time (a
+server that drips bytes cannot hold it past `timeout`) and in size (`max_bytes`): the server is
+named by a tenant's spec, from the operator's allowlist.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import logging
 import math
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _EXPORTED = "exported_"
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+_CHUNK = 64 * 1024
 
 
 class PrometheusError(RuntimeError):
@@ -123,14 +129,17 @@ class PrometheusClient:
     """Reads per-pod GPU utilisation from one Prometheus server.
 
     base_url: e.g. `http://prometheus.monitoring:9090` (`monitoring.prometheusUrl`).
-    timeout: seconds for connecting and reading; also sent as the query's server-side timeout.
+    timeout: total seconds for connecting and reading the whole answer; also sent as the query's
+    server-side timeout.
     headers: extra request headers, e.g. `Authorization` for a proxy in front of Prometheus.
+    max_bytes: the largest answer read; a larger one is refused unread.
     """
 
     base_url: str
     query: GpuMetricsQuery = field(default_factory=GpuMetricsQuery)
     timeout: float = 5.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    max_bytes: int = MAX_ANSWER_BYTES
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -139,6 +148,8 @@ class PrometheusClient:
             )
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
 
     @classmethod
     def from_spec(cls, spec: MonitoringSpec, timeout: float = 5.0) -> PrometheusClient:
@@ -157,9 +168,10 @@ class PrometheusClient:
 
     def _get_json(self, request: urllib.request.Request) -> Any:
         where = f"Prometheus at {self.base_url}"
+        deadline = time.monotonic() + self.timeout
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                body = response.read()
+                body = self._read_bounded(response, deadline, where)
         except urllib.error.HTTPError as exc:
             raise PrometheusError(f"{where} answered HTTP {exc.code}: {_error_text(exc.read())}") from exc
         except TimeoutError as exc:
@@ -172,6 +184,21 @@ class PrometheusClient:
             return json.loads(body)
         except ValueError as exc:
             raise PrometheusError(f"{where} answered non-JSON: {body[:200]!r}") from exc
+
+    def _read_bounded(self, response: Any, deadline: float, where: str) -> bytes:
+        """The body, read in chunks until `deadline` and at most `max_bytes`. The socket timeout bounds
+        each read, so a read ends at most `timeout` after the deadline, never later."""
+        declared = response.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            raise PrometheusError(f"{where} answered {declared} bytes, more than the {self.max_bytes} allowed")
+        body = bytearray()
+        while chunk := response.read1(_CHUNK):
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise PrometheusError(f"{where} answered more than the {self.max_bytes} bytes allowed")
+            if time.monotonic() > deadline:
+                raise PrometheusError(f"{where} did not answer within {self.timeout:g}s")
+        return bytes(body)
 
 
 def _error_text(body: bytes) -> str:

@@ -34,7 +34,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     tunables.configure(settings)
     memo.kube = Kube.from_environment(tunables.request_timeout_seconds())
     memo.runs = {}  # shared by every object's memo (kopf copies the root memo shallowly)
-    memo.slots = SlotTracker()  # trainer-slot memory of every run (see idleness), shared likewise
+    # Trainer-slot memory of every run (see idleness), shared likewise; Prometheus only from the allowlist.
+    memo.slots = SlotTracker(allowlist=tunables.prometheus_allowlist())
     memo.resync = asyncio.create_task(_resync_forever(memo), name="tlt-resync")
 
 

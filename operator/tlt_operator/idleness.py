@@ -25,6 +25,7 @@ The worker-state annotation (`tlt.dev/worker-state`) is the contract described i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime
 import json
 import logging
@@ -52,6 +53,7 @@ from .slots import (
 log = logging.getLogger(__name__)
 MAX_GAP_POLLS = 3
 PROMETHEUS_TIMEOUT_S = 5.0
+PROMETHEUS_THREADS = 2
 
 Reader = Callable[[MonitoringSpec, str], dict[str, float]]
 
@@ -146,11 +148,21 @@ def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, Mapping[str, str]],
 
 
 class SlotTracker:
-    """The operator's memory of every run's slots, and the Prometheus reads (off the event loop)."""
+    """The operator's memory of every run's slots, and the Prometheus reads.
 
-    def __init__(self, read: Reader = read_prometheus, clock: Callable[[], float] = time.time) -> None:
+    `monitoring.prometheusUrl` is a tenant's choice and the operator is shared, so a read happens
+    only when the URL (without a trailing slash) is in `allowlist` (the admin's
+    `TLT_OPERATOR_PROMETHEUS_URLS`), on this tracker's own `PROMETHEUS_THREADS` threads (never the
+    default executor the API calls use), and is abandoned after `deadline` seconds: a slow or
+    hostile server costs its own run's utilisation reading, nothing else."""
+
+    def __init__(self, read: Reader = read_prometheus, clock: Callable[[], float] = time.time,
+                 allowlist: frozenset[str] = frozenset(), deadline: float = 2 * PROMETHEUS_TIMEOUT_S) -> None:
         self._read = read
         self._clock = clock
+        self._allowlist = allowlist
+        self._deadline = deadline
+        self._pool = concurrent.futures.ThreadPoolExecutor(PROMETHEUS_THREADS, thread_name_prefix="tlt-prometheus")
         self._runs: dict[tuple[str, str], RunSlots] = {}
 
     def forget(self, namespace: str, name: str) -> None:
@@ -174,11 +186,20 @@ class SlotTracker:
     async def _utilization(self, namespace: str, monitoring: MonitoringSpec) -> dict[str, float] | None:
         if not monitoring.prometheus_url:
             return None
+        if monitoring.prometheus_url.rstrip("/") not in self._allowlist:
+            metrics.GPU_QUERIES.labels(result="refused").inc()
+            log.warning("monitoring.prometheusUrl %r of a run in %s is not in the operator's allowlist "
+                        "(TLT_OPERATOR_PROMETHEUS_URLS): reported worker states only", monitoring.prometheus_url,
+                        namespace)
+            return None
+        loop = asyncio.get_running_loop()
         try:
-            reading = await asyncio.to_thread(self._read, monitoring, namespace)
-        except PrometheusError as exc:
+            reading = await asyncio.wait_for(loop.run_in_executor(self._pool, self._read, monitoring, namespace),
+                                             self._deadline)
+        except (PrometheusError, TimeoutError) as exc:
             metrics.GPU_QUERIES.labels(result="error").inc()
-            log.warning("no GPU utilisation for %s this poll (reported worker states only): %s", namespace, exc)
+            log.warning("no GPU utilisation for %s this poll (reported worker states only): %s", namespace,
+                        exc or f"no answer within {self._deadline:g}s")
             return None
         metrics.GPU_QUERIES.labels(result="ok").inc()
         return reading

@@ -78,7 +78,9 @@ def _set(exporter: Any, pods: list[str], percent: list[float]) -> None:
         exporter.set(NAMESPACE, pod, percent)
 
 
-def test_operator_enables_slots_of_idle_gpus_read_from_prometheus(cluster, prometheus, dcgm_exporter) -> None:
+def test_operator_enables_slots_of_idle_gpus_read_from_prometheus(cluster, prometheus, dcgm_exporter,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setenv("TLT_OPERATOR_PROMETHEUS_URLS", prometheus)  # the admin's allowlist
     _set(dcgm_exporter, PODS, BUSY)
     dcgm_exporter.set("elsewhere", "r1-rollout-3", IDLE)  # same pod name, other namespace: never ours
     spec = {

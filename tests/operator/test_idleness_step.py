@@ -79,7 +79,7 @@ async def test_prometheus_trouble_falls_back_to_reported_states_and_is_counted()
         raise PrometheusError(f"Prometheus at {monitoring.prometheus_url} is unreachable")
 
     clock = iter([T0, T0 + 1, T0 + 11])
-    tracker = SlotTracker(read=unreachable, clock=lambda: next(clock))
+    tracker = SlotTracker(read=unreachable, clock=lambda: next(clock), allowlist=frozenset({"http://prometheus:9090"}))
     spec = RunSpec.model_validate({"monitoring": {"prometheusUrl": "http://prometheus:9090", "pollSeconds": 10},
                                    "drafter": {"idleWindowSeconds": 5}})
     pods = {"r-rollout-0": _state("IDLE", T0 - 60)}

@@ -84,7 +84,8 @@ def test_bad_configuration_names_the_field():
 
 
 class _Stub(BaseHTTPRequestHandler):
-    """Answers /api/v1/query with what the test put in `server.reply` = (status, body, delay)."""
+    """Answers /api/v1/query with what the test put in `server.reply` = (status, body, delay); with
+    `server.drip` seconds > 0 the body goes out one byte per `drip` (a server holding the socket)."""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self.server.seen.append(urllib.parse.urlparse(self.path))
@@ -93,7 +94,13 @@ class _Stub(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
-        self.wfile.write(body)
+        if not self.server.drip:
+            self.wfile.write(body)
+            return
+        for byte in body:
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+            time.sleep(self.server.drip)
 
     def log_message(self, *args) -> None:
         pass
@@ -103,7 +110,7 @@ class _Stub(BaseHTTPRequestHandler):
 def stub() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
     server.daemon_threads = True
-    server.seen, server.reply = [], (200, b"{}", 0.0)
+    server.seen, server.reply, server.drip = [], (200, b"{}", 0.0), 0.0
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield server
@@ -143,6 +150,22 @@ def test_client_times_out(stub):
     stub.reply = (200, b"{}", 1.5)
     with pytest.raises(PrometheusError, match="did not answer within 0.2s"):
         _client(stub, timeout=0.2).utilization("team")
+
+
+def test_a_server_dripping_bytes_cannot_hold_a_read_past_its_deadline(stub):
+    stub.reply, stub.drip = (200, json.dumps(_answer()).encode() + b" " * 200, 0.0), 0.05
+    with pytest.raises(PrometheusError, match="did not answer within 0.3s"):
+        _client(stub, timeout=0.3).utilization("team")
+
+
+def test_an_answer_larger_than_the_cap_is_refused_unread(stub):
+    stub.reply = (200, json.dumps(_answer()).encode() + b" " * (6 * 1024 * 1024), 0.0)
+    with pytest.raises(PrometheusError, match="more than the 4194304 bytes allowed"):
+        _client(stub).utilization("team")
+    stub.reply = (200, json.dumps(_answer()).encode() + b" " * 100, 0.0)
+    small = PrometheusClient(_client(stub).base_url, max_bytes=64)
+    with pytest.raises(PrometheusError, match="more than the 64 bytes"):
+        small.utilization("team")
 
 
 def test_client_reports_an_unreachable_server():

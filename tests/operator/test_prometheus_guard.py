@@ -1,0 +1,62 @@
+"""The shared operator against a tenant's Prometheus URL (issue 16): only the admin's allowlist is
+read, on the tracker's own threads, abandoned at a deadline, so a hung server freezes nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import prometheus_client
+from tlt_operator.idleness import SlotTracker
+
+from tlt.config import MonitoringSpec, RunSpec
+from tlt.status import DrafterStatus
+
+T0 = 1_800_000_000.0
+URL = "http://prometheus.monitoring:9090"
+
+
+def _spec(url: str) -> RunSpec:
+    return RunSpec.model_validate({"monitoring": {"prometheusUrl": url, "pollSeconds": 1}})
+
+
+def _count(result: str) -> float:
+    return prometheus_client.REGISTRY.get_sample_value("tlt_operator_gpu_queries_total", {"result": result}) or 0
+
+
+async def test_a_url_outside_the_allowlist_is_never_fetched() -> None:
+    asked: list[str] = []
+
+    def read(monitoring: MonitoringSpec, namespace: str) -> dict[str, float]:
+        asked.append(monitoring.prometheus_url or "")
+        return {}
+
+    tracker = SlotTracker(read=read, clock=lambda: T0, allowlist=frozenset({URL}))
+    refused = _count("refused")
+    outcome = await tracker.poll("ns", "r", _spec("http://10.0.0.1:8080"), {}, DrafterStatus())
+    assert outcome is not None and asked == [], "an internal address a tenant names is not probed"
+    assert _count("refused") == refused + 1
+    await tracker.poll("ns", "r2", _spec(URL + "/"), {}, DrafterStatus())
+    assert asked == [URL + "/"], "the allowlisted server is read (trailing slash alike)"
+
+
+async def test_a_hung_prometheus_neither_blocks_the_shared_executor_nor_the_poll() -> None:
+    release = threading.Event()
+
+    def hung(monitoring: MonitoringSpec, namespace: str) -> dict[str, float]:
+        release.wait(10)
+        return {}
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))  # the API calls' pool, made tiny
+    tracker = SlotTracker(read=hung, clock=lambda: T0, allowlist=frozenset({URL}), deadline=0.2)
+    errors = _count("error")
+    try:
+        polls = [asyncio.create_task(tracker.poll("ns", f"r{i}", _spec(URL), {}, DrafterStatus())) for i in range(3)]
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 5) == "free"
+        outcomes = await asyncio.wait_for(asyncio.gather(*polls), 5)
+    finally:
+        release.set()
+    assert all(o is not None for o in outcomes), "each poll goes on with reported states only"
+    assert _count("error") == errors + 3
