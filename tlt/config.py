@@ -23,6 +23,9 @@ SHORT_NAME = "tltrun"
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 ShortStr = Annotated[str, Field(max_length=253)]
+RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
+MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
+                "own keys: run, role, rank, spec hash, progress, worker state)")
 PathStr = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
@@ -173,6 +176,12 @@ class PodOverrides(Spec):
     image_pull_secrets: list[Name] = Field(
         default_factory=list, max_length=8, description="Secrets used to pull the image."
     )
+
+    @model_validator(mode="after")
+    def _no_reserved_keys(self) -> PodOverrides:
+        if any(k.startswith(RESERVED_PREFIX) for k in [*self.labels, *self.annotations]):
+            raise ValueError(MSG_RESERVED)
+        return self
 
 
 class RoleSpec(Spec):

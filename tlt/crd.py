@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
-from tlt.config import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, RunSpec
+from tlt.config import API_GROUP, API_VERSION, KIND, MSG_RESERVED, PLURAL, RESERVED_PREFIX, SHORT_NAME, RunSpec
 from tlt.status import RunStatus
 
 CRD_FILE = "crds/tlt.dev_tltrainingruns.yaml"
@@ -41,10 +41,13 @@ def _pod_template_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:
     """The toleration and env rules of every role's pod template (the checks the Pod API would make later)."""
     toleration = "self.operator != 'Exists' || !has(self.value) || size(self.value) == 0"
     env = "!has(self.value) || size(self.value) == 0 || !has(self.secretKeyRef)"
+    reserved = " && ".join(f"(!has(self.{m}) || self.{m}.all(k, !k.startsWith('{RESERVED_PREFIX}')))"
+                           for m in ("labels", "annotations"))
     rules: dict[tuple[str, ...], list[dict[str, str]]] = {}
     for role in ("policy", "rollout", "verifier"):
         rules[(role, "podTemplate", "tolerations", "[]")] = [{"rule": toleration, "message": MSG_TOLERATION}]
         rules[(role, "podTemplate", "env", "[]")] = [{"rule": env, "message": MSG_ENV}]
+        rules[(role, "podTemplate")] = [{"rule": reserved, "message": MSG_RESERVED}]
     return rules
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.config import API_GROUP, API_VERSION, KIND
+from tlt.config import API_GROUP, API_VERSION, KIND, MSG_RESERVED
 from tlt.config_io import SpecError, parse_run
 from tlt.crd import MSG_BUCKETS, MSG_DATASET_PATH, MSG_ENV, MSG_NGRAM, MSG_SIDECAR, MSG_TOLERATION, MSG_TRAINERS
 from tlt.crd_validate import CEL_SKIPPED, validate_run
@@ -74,6 +74,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "name": "T", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}]}}}, "spec.rollout.podTemplate.env[1]"),
     ("suspend not a boolean", {"suspend": [True]}, "spec.suspend"),
     ("replicas negative", {"rollout": {"replicas": -1}}, "spec.rollout.replicas"),
+    ("reserved label", {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
+     "spec.rollout.podTemplate"),
+    ("reserved annotation", {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
+     "spec.policy.podTemplate"),
 ]
 
 CEL_MESSAGES = {
@@ -87,6 +91,8 @@ CEL_MESSAGES = {
     "file dataset without path": MSG_DATASET_PATH,
     "toleration Exists with a value": MSG_TOLERATION,
     "env value and secret": MSG_ENV,
+    "reserved label": MSG_RESERVED,
+    "reserved annotation": MSG_RESERVED,
 }
 
 
