@@ -322,6 +322,12 @@ class SchedulingPolicy(Spec):
     gang: PodGroupPolicy | None = Field(None, description="Create a PodGroup for gang scheduling.")
 
 
+# Prometheus names: a metric is letters, digits, '_' and ':' not starting with a digit; a label the same
+# without ':'.
+PromMetric = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")]
+PromLabel = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
+
+
 class MonitoringSpec(Spec):
     """Where the operator reads per-pod GPU utilisation."""
 
@@ -329,9 +335,9 @@ class MonitoringSpec(Spec):
         None, description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "
         "allowlist (TLT_OPERATOR_PROMETHEUS_URLS, set by the cluster admin); empty: reported state only."
     )
-    gpu_util_metric: ShortStr = Field("DCGM_FI_DEV_GPU_UTIL", description="Utilisation metric (0-100).")
-    pod_label: ShortStr = Field("exported_pod", description="Label holding the pod name.")
-    namespace_label: ShortStr = Field("exported_namespace", description="Label holding the namespace.")
+    gpu_util_metric: PromMetric = Field("DCGM_FI_DEV_GPU_UTIL", description="Utilisation metric (0-100).")
+    pod_label: PromLabel = Field("exported_pod", description="Label holding the pod name.")
+    namespace_label: PromLabel = Field("exported_namespace", description="Label holding the namespace.")
     poll_seconds: int = Field(10, ge=1, le=3600, description="How often the operator queries.")
 
 

@@ -68,7 +68,7 @@ def parse_worker_state(pod: str, annotations: Mapping[str, str]) -> tuple[Worker
         report = json.loads(raw)
         state = WorkerState(report["state"])
         since = datetime.datetime.fromisoformat(report["since"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         log.warning("pod %s: unreadable %s annotation %r (want {\"state\": GENERATING|IDLE|TRAINING, "
                     "\"since\": RFC 3339}): %s", pod, names.WORKER_STATE_ANNOTATION, raw[:200], exc)
         return None
@@ -196,7 +196,7 @@ class SlotTracker:
         try:
             reading = await asyncio.wait_for(loop.run_in_executor(self._pool, self._read, monitoring, namespace),
                                              self._deadline)
-        except (PrometheusError, TimeoutError) as exc:
+        except (PrometheusError, TimeoutError, ValueError) as exc:  # ValueError: metric/label names (see gpu_metrics)
             metrics.GPU_QUERIES.labels(result="error").inc()
             log.warning("no GPU utilisation for %s this poll (reported worker states only): %s", namespace,
                         exc or f"no answer within {self._deadline:g}s")

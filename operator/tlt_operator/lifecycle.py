@@ -7,7 +7,14 @@ the next status. No I/O and no clock: the reconciler supplies `now` and performs
 Phases: Pending (pods created, not all Running) -> Running (every desired pod Running) ->
 Succeeded (the policy rank-0 pod, which runs the coordinator, exited 0) or Failed (more failed
 pods than `runPolicy.backoffLimit`, or `activeDeadlineSeconds` passed since `startTime`).
-Restarting: failed pods are being replaced. Suspended: `spec.suspend`, every pod removed,
+Restarting: failed pods are being replaced.
+
+Failures count per restart of the group, as JobSet's `failurePolicy` does, not per pod: a pass that
+finds failed pods adds ONE restart, and a failed policy rank 0 (the Ray head) restarts every pod
+of the run (the others would only fail one by one after losing it). Pods the cluster disrupted
+(evicted, preempted: reason `Evicted` or a `DisruptionTarget` condition) are replaced without
+counting. Pods that carry the run's label but are not owned by the run are never touched.
+Suspended: `spec.suspend`, every pod removed,
 `startTime` cleared so the deadline counts from the resume (as a Job does). Succeeded and Failed
 are final; `cleanPodPolicy` picks the pods removed then (All, Running = the unfinished ones, None)
 and `ttlSecondsAfterFinished` deletes the run after `completionTime`.
@@ -20,6 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from pydantic import ValidationError
 
 from tlt.config import RunSpec
 from tlt.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
@@ -45,6 +54,7 @@ class PodView:
     owned: bool
     spec_hash: str
     progress: dict[str, Any]
+    disrupted: bool = False
 
 
 @dataclass
@@ -64,7 +74,7 @@ def view_pod(pod: dict[str, Any], run_uid: str) -> PodView:
     rank = labels.get(names.RANK_LABEL, "")
     try:
         progress = json.loads(annotations.get(names.PROGRESS_ANNOTATION, "{}"))
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("pod %s has an unreadable %s annotation", meta["name"], names.PROGRESS_ANNOTATION)
         progress = {}
     return PodView(
@@ -73,6 +83,8 @@ def view_pod(pod: dict[str, Any], run_uid: str) -> PodView:
         owned=any(ref.get("uid") == run_uid for ref in meta.get("ownerReferences") or []),
         spec_hash=annotations.get(names.SPEC_HASH_ANNOTATION, ""),
         progress=progress if isinstance(progress, dict) else {},
+        disrupted=status.get("reason") == "Evicted" or any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []),
     )
 
 
@@ -92,17 +104,31 @@ def _progress(spec: RunSpec, pods: list[PodView], old: RunStatus) -> tuple[StepS
     head = next((p for p in pods if p.role == "policy" and p.rank == 0), None)
     report = head.progress if head else {}
 
-    def number(key: str) -> Any:
+    def number(key: str, part: type[StepStatus | DrafterStatus], name: str) -> Any:
+        """The report's value when the status field takes it (type and bounds), else None (logged)."""
         value = report.get(key)
-        return value if isinstance(value, int | float) and value >= 0 else None
+        if value is None:
+            return None
+        if isinstance(value, int | float) and not isinstance(value, bool):  # not true as 1, nor "3" as 3
+            try:
+                return getattr(part.model_validate({name: value}), name)
+            except ValidationError:
+                pass
+        log.warning("pod %s reports %s=%.80r, outside what status.%s takes: ignored", head.name if head else "",
+                    key, value, name)
+        return None
 
     old_step = old.step or StepStatus()
-    step = StepStatus(current=number("step") if number("step") is not None else (old_step.current or 0),
+    current = number("step", StepStatus, "current")
+    step = StepStatus(current=current if current is not None else (old_step.current or 0),
                       total=spec.algorithm.steps,
-                      last_step_seconds=number("lastStepSeconds") or old_step.last_step_seconds)
+                      last_step_seconds=number("lastStepSeconds", StepStatus, "last_step_seconds")
+                      or old_step.last_step_seconds)
     drafter = (old.drafter or DrafterStatus()).model_copy(update={
-        k: v for k, v in {"version": number("drafterVersion"), "accept_length": number("acceptLength"),
-                          "active_trainers": number("activeTrainers")}.items() if v is not None})
+        k: v for k, v in {"version": number("drafterVersion", DrafterStatus, "version"),
+                          "accept_length": number("acceptLength", DrafterStatus, "accept_length"),
+                          "active_trainers": number("activeTrainers", DrafterStatus, "active_trainers")}.items()
+        if v is not None})
     return step, drafter if drafter.model_dump(exclude_none=True) else None
 
 
@@ -115,16 +141,15 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
            desired_hashes: dict[str, str]) -> Decision:
     """The next step for one run. `desired_hashes` maps each desired pod name to its spec hash."""
     mine = [p for p in pods if p.owned]
-    strangers = [p for p in pods if not p.owned]
     wanted = desired_pods(spec)
     phase, reason, message = old.phase or "Pending", "", ""
     decision = Decision(status=old)
-    decision.remove.extend(strangers)
     start_time, completion_time = old.start_time, old.completion_time
     restarts = old.restarts or 0
 
     if phase not in FINAL:
         failed = [p for p in mine if p.phase == "Failed"]
+        counted = int(any(not p.disrupted for p in failed))  # one restart of the group per pass
         head_done = any(p.role == "policy" and p.rank == 0 and p.phase == "Succeeded" for p in mine)
         deadline = spec.run_policy.active_deadline_seconds
         if spec.suspend:
@@ -135,14 +160,17 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
             phase, reason, message = "Succeeded", "CoordinatorSucceeded", "policy rank 0 finished every step"
         elif deadline is not None and start_time is not None and now - start_time > timedelta(seconds=deadline):
             phase, reason, message = "Failed", "DeadlineExceeded", f"running longer than {deadline}s"
-        elif restarts + len(failed) > spec.run_policy.backoff_limit:
+        elif restarts + counted > spec.run_policy.backoff_limit:
             phase, reason = "Failed", "BackoffLimitExceeded"
-            message = f"{restarts + len(failed)} pod failures, backoffLimit is {spec.run_policy.backoff_limit}"
+            message = f"{restarts + counted} restarts, backoffLimit is {spec.run_policy.backoff_limit}"
         else:
             decision.create_missing = True
+            head_failed = any(p.role == "policy" and p.rank == 0 for p in failed)
+            if head_failed:  # the whole Ray cluster restarts with its head
+                failed = failed + [p for p in mine if p.phase not in ("Failed", "Succeeded")]
             decision.restart.extend(failed)
-            restarts += len(failed)
-            live = [p for p in mine if p.phase != "Failed"]
+            restarts += counted
+            live = [p for p in mine if p not in failed]
             decision.remove.extend(p for p in live if (p.role, p.rank) not in wanted
                                    or desired_hashes.get(p.name, p.spec_hash) != p.spec_hash)
             start_time = start_time or now
@@ -152,6 +180,9 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
                 message = f"replacing failed pods {', '.join(sorted(p.name for p in failed))}"
             elif wanted <= running:
                 phase, reason, message = "Running", "AllPodsRunning", f"{len(wanted)} pods running"
+            elif taken := sorted(p.name for p in pods if not p.owned and p.name in desired_hashes):
+                phase, reason = "Pending", "PodNameTaken"
+                message = f"pods {', '.join(taken)} exist but are not this run's: left alone, the run waits"
             else:
                 phase, reason = "Pending", "PodsStarting"
                 message = f"{len(running & wanted)}/{len(wanted)} pods running"

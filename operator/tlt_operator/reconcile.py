@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
-from tlt.status import DrafterStatus, RunStatus, status_patch
+from tlt.status import Condition, DrafterStatus, RunStatus, set_condition, status_patch
 
 from . import metrics, names, settings
 from .builders import (
@@ -54,12 +54,39 @@ async def _remove(kube: Kube, namespace: str, pods: list[PodView], cause: str) -
     return sum(done)
 
 
+class ChildRejected(Exception):
+    """The API refused a child for good (400 / 403 / 422: bad syntax, a forbidden value, a quota)."""
+
+
+REJECTED = (400, 403, 422)
+
+
+def _rejected(child: dict[str, Any], exc: KubeError) -> ChildRejected:
+    return ChildRejected(f"{child['kind']} {child['metadata']['name']} was rejected by the API ({exc.code}): "
+                         f"{exc.message}"[:1024])
+
+
+def _created(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
+    """Condition `Created` (as Trainer v2): False with the API's message when a child was rejected;
+    True again once every child was made, only if it had been False (no noise on healthy runs)."""
+    before = next((c for c in status.conditions or [] if c.type == "Created"), None)
+    if error is None and (before is None or before.status == "True"):
+        return status
+    condition = Condition(type="Created", status="False" if error else "True",
+                          reason="ChildRejected" if error else "ChildrenCreated",
+                          message=error or "every child was created", observed_generation=generation,
+                          last_transition_time=now)
+    return status.model_copy(update={"conditions": set_condition(list(status.conditions or []), condition)})
+
+
 async def _create_once(kube: Kube, child: dict[str, Any]) -> None:
     """Create `child` unless it exists (never patched: pods are immutable, the token must not rotate)."""
     try:
         await kube.request("POST", path_of(child["apiVersion"], child["kind"], child["metadata"]["namespace"]), child)
         metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
     except KubeError as exc:
+        if exc.code in REJECTED:
+            raise _rejected(child, exc) from exc
         if exc.code != 409:
             raise
 
@@ -71,8 +98,15 @@ async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[st
                 build_network_policy(ref, spec, settings.operator_namespace()), *build_worker_identity(ref, spec),
                 build_podgroup(ref, spec), build_resource_claim_template(ref, spec))
     for child in children:
-        if child is not None and await kube.apply(child) == "created":
-            metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
+        if child is None:
+            continue
+        try:
+            if await kube.apply(child) == "created":
+                metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
+        except KubeError as exc:
+            if exc.code in REJECTED:
+                raise _rejected(child, exc) from exc
+            raise
     await asyncio.gather(*(_create_once(kube, pod) for name, pod in pods.items() if name not in live))
 
 
@@ -178,16 +212,24 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     old = RunStatus.model_validate(run.get("status") or {})
     decision = decide(spec, old, views, int(meta.get("generation", 1)), now, hashes)
 
-    restarted = await _remove(kube, namespace, decision.restart, "failed")
-    metrics.POD_RESTARTS.inc(restarted)
+    removed = await _remove(kube, namespace, decision.restart, "failed")
+    metrics.POD_RESTARTS.inc(removed)
     await _remove(kube, namespace, decision.remove, "unwanted")
+    # The restart counts once, and only when this pass removed the failed pods (another pass may have).
+    restarted = (decision.status.restarts or 0) - (old.restarts or 0) if removed else 0
     status = decision.status.model_copy(update={
-        "restarts": (decision.status.restarts or 0) - (len(decision.restart) - restarted),
+        "restarts": (old.restarts or 0) + restarted,
         "selector": f"{names.run_selector(name)},{names.ROLE_LABEL}=rollout",
     })
     if decision.create_missing:
         gone = {p.name for p in decision.restart + decision.remove}
-        await _create_children(kube, ref, spec, wanted, {p.name for p in views} | gone)
+        try:
+            await _create_children(kube, ref, spec, wanted, {p.name for p in views} | gone)
+            status = _created(status, None, int(meta.get("generation", 1)), now)
+        except ChildRejected as exc:
+            log.warning("%s/%s: %s", namespace, name, exc)
+            status = _created(status, str(exc), int(meta.get("generation", 1)), now)
+            decision.events.append(("Warning", "ChildRejected", str(exc)))
     slot_events: list[tuple[str, str, str]] = []
     if slots is not None:
         status, slot_events = await _slots(slots, namespace, name, spec, live, views, status)

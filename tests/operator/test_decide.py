@@ -38,11 +38,12 @@ def test_all_pods_running_is_running_and_emits_one_event() -> None:
     assert again.events == [], "no event without a transition"
 
 
-def test_missing_pod_is_pending_and_strangers_and_surplus_go() -> None:
-    pods = all_running()[:3] + [pod("r-rollout-5"), pod("r-rollout-1", owned=False)]
+def test_missing_pod_is_pending_surplus_goes_and_strangers_are_left_alone() -> None:
+    pods = all_running()[:3] + [pod("r-rollout-5"), pod("r-rollout-1", owned=False), pod("q-verifier-7", owned=False)]
     d = decide(SPEC, RunStatus(), pods, 1, NOW, HASHES)
     assert d.status.phase == "Pending" and d.create_missing
-    assert {p.name for p in d.remove} == {"r-rollout-5", "r-rollout-1"}
+    assert {p.name for p in d.remove} == {"r-rollout-5"}, "only what the run owns is touched"
+    assert "r-rollout-1" in d.status.message and "not this run's" in d.status.message
 
 
 def test_changed_template_replaces_the_pod() -> None:

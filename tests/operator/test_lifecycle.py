@@ -55,8 +55,10 @@ def test_drift_is_repaired(cluster: Cluster, operator) -> None:
     cluster.core.create_namespaced_pod(NAMESPACE, {
         "metadata": {"name": "r1-rollout-9", "labels": {"tlt.dev/run": "r1", "tlt.dev/role": "rollout"}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
-    wait_for("deleted pod back, stray pod gone", lambda: cluster.pod_names("r1") == PODS
+    wait_for("deleted pod back", lambda: cluster.pod_names("r1") == PODS | {"r1-rollout-9"}
              and cluster.pods("r1")["r1-rollout-1"].metadata.uid != pods["r1-rollout-1"].metadata.uid)
+    wait_for("Running: a pod the run does not own is neither touched nor counted",
+             lambda: cluster.phase("r1") == "Running" and "r1-rollout-9" in cluster.pod_names("r1"))
     cluster.core.delete_namespaced_config_map("r1-spec", NAMESPACE)
     wait_for("ConfigMap back", lambda: "ConfigMap/r1-spec" in cluster.children("r1"))
 

@@ -8,6 +8,7 @@ import concurrent.futures
 import threading
 
 import prometheus_client
+import pytest
 from tlt_operator.idleness import SlotTracker
 
 from tlt.config import MonitoringSpec, RunSpec
@@ -60,3 +61,15 @@ async def test_a_hung_prometheus_neither_blocks_the_shared_executor_nor_the_poll
         release.set()
     assert all(o is not None for o in outcomes), "each poll goes on with reported states only"
     assert _count("error") == errors + 3
+
+
+async def test_a_metric_name_prometheus_would_refuse_does_not_break_the_poll() -> None:
+    with pytest.raises(ValueError, match="gpuUtilMetric"):
+        RunSpec.model_validate({"monitoring": {"gpuUtilMetric": "gpu util{x}"}})
+    # Admission refuses these names now; a run stored before that must still reconcile.
+    monitoring = MonitoringSpec.model_construct(prometheus_url=URL, poll_seconds=1, gpu_util_metric="gpu util{x}",
+                                                pod_label="exported-pod", namespace_label="exported_namespace")
+    spec = RunSpec().model_copy(update={"monitoring": monitoring})
+    tracker = SlotTracker(clock=lambda: T0, allowlist=frozenset({URL}))  # the real reader: refuses before any I/O
+    outcome = await tracker.poll("ns", "r", spec, {}, DrafterStatus())
+    assert outcome is not None

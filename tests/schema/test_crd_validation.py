@@ -74,6 +74,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "name": "T", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}]}}}, "spec.rollout.podTemplate.env[1]"),
     ("suspend not a boolean", {"suspend": [True]}, "spec.suspend"),
     ("replicas negative", {"rollout": {"replicas": -1}}, "spec.rollout.replicas"),
+    ("metric not a Prometheus name", {"monitoring": {"gpuUtilMetric": "gpu util"}}, "spec.monitoring.gpuUtilMetric"),
+    ("label not a Prometheus name", {"monitoring": {"podLabel": "exported-pod"}}, "spec.monitoring.podLabel"),
     ("reserved label", {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
      "spec.rollout.podTemplate"),
     ("reserved annotation", {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
