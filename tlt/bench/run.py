@@ -13,6 +13,7 @@ Aggregation lives in `tlt.bench.run_summary`; this module runs things.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -56,7 +57,7 @@ class Workload:
     path: Path
     sha256: str
     name: str
-    warmstart: str
+    warmstart: WarmstartConfig
     spec: dict[str, Any]
     variants: dict[str, dict[str, Any]]
     repeats: int
@@ -64,6 +65,20 @@ class Workload:
     costs: dict[str, Any]
     quick: bool
     drafter_warmstart: dict[str, Any] | None = None
+
+
+def resolve_warmstart(value: Any, path: Path) -> WarmstartConfig:
+    """A workload's `warmstart`: a built-in name (`default`, `reduced`) or a mapping of WarmstartConfig
+    fields (nested `task` / `policy`), e.g. a deep policy's shape and schedule."""
+    if isinstance(value, str) and value in WARMSTARTS:
+        return WARMSTARTS[value]()
+    if isinstance(value, dict):
+        try:
+            return WarmstartConfig.from_dict(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: warmstart: {exc}") from exc
+    raise ValueError(f"{path}: warmstart must be one of {sorted(WARMSTARTS)} or a mapping of warm-start settings, "
+                     f"got {value!r}")
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -80,8 +95,7 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
     missing = [k for k in ("name", "warmstart", "spec", "variants", "repeats", "heldout", "costs") if k not in data]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
-    if data["warmstart"] not in WARMSTARTS:
-        raise ValueError(f"{path}: warmstart must be one of {sorted(WARMSTARTS)}, got {data['warmstart']!r}")
+    warmstart = resolve_warmstart(data["warmstart"], path)
     if quick:
         data = _merge(data, data.get("quick", {}))
     n = repeats if repeats is not None else int(data["repeats"])
@@ -95,7 +109,7 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
         unknown = sorted(set(warm) - set(DRAFTER_WARMSTART_KEYS))
         if unknown:
             raise ValueError(f"{path}: drafterWarmstart: unknown keys {unknown}; allowed: {list(DRAFTER_WARMSTART_KEYS)}")
-    return Workload(path, hashlib.sha256(raw).hexdigest(), data["name"], data["warmstart"], data["spec"],
+    return Workload(path, hashlib.sha256(raw).hexdigest(), data["name"], warmstart, data["spec"],
                     data["variants"], n, data["heldout"], data["costs"], quick, warm)
 
 
@@ -110,9 +124,9 @@ def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None
     from tlt.bench.engine_sd import SdBenchConfig, trained_drafter
     from tlt.tasks.warmstart import load_policy, warm_start
 
-    folder = warm_start(WARMSTARTS[workload.warmstart]())
+    folder = warm_start(workload.warmstart)
     policy, tokenizer = load_policy(folder)
-    sd_cfg = SdBenchConfig(warmstart="full" if workload.warmstart == "default" else workload.warmstart,
+    sd_cfg = SdBenchConfig(
                            max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
                            drafter_steps=int(cfg["steps"]), drafter_batch=int(cfg["batch"]),
                            drafter_lr=float(cfg["learningRate"]), seed=int(cfg["seed"]))
@@ -162,7 +176,7 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
                 drafter: Path | None = None) -> dict[str, Any]:
     """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
     run = variant_run(workload, variant, repeat, drafter)
-    trainer = RayTrainer(run, out_dir, warmstart=WARMSTARTS[workload.warmstart](), num_cpus=num_cpus)
+    trainer = RayTrainer(run, out_dir, warmstart=workload.warmstart, num_cpus=num_cpus)
     accept: list[float | None] = []
     started = time.perf_counter()
     history = trainer.train(on_step=lambda _: accept.append(heldout_accept_length(trainer, workload)))
@@ -178,7 +192,7 @@ def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[st
     drafter step relative to one target step at each batch (see tlt.adaptive.costs)."""
     from tlt.tasks.warmstart import load_policy, warm_start
 
-    model, _ = load_policy(warm_start(WARMSTARTS[workload.warmstart]()))
+    model, _ = load_policy(warm_start(workload.warmstart))
     model = model.to(resolve_dtype(workload.spec["model"]["dtype"])).eval()
     c = workload.costs
     points = measure_costs(model, batches=list(c["batches"]), widths=list(c["widths"]), context=int(c["context"]),
@@ -231,6 +245,7 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
 
 def workload_info(workload: Workload) -> dict[str, Any]:
     return {"path": str(workload.path), "sha256": workload.sha256, "name": workload.name, "quick": workload.quick,
+            "warmstart": {"cache_key": workload.warmstart.cache_key(), **dataclasses.asdict(workload.warmstart)},
             "repeats": workload.repeats, "variants": list(workload.variants), "heldout": workload.heldout,
             "speculative": {v: _merge(workload.spec, o).get("speculative", {}) for v, o in workload.variants.items()},
             "algorithm": workload.spec.get("algorithm", {}), "threads": torch.get_num_threads()}
