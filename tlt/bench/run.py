@@ -40,12 +40,14 @@ from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import steps
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.warmstart import WarmstartConfig, reduced_config
+from tlt.tasks.warmstart import WarmstartConfig, deep_config, reduced_config
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
-WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {"reduced": reduced_config, "default": WarmstartConfig}
+WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {
+    "reduced": reduced_config, "default": WarmstartConfig, "deep": deep_config,
+}
 DRAFTER_WARMSTART_KEYS = ("prompts", "steps", "batch", "learningRate", "maxNewTokens", "seed")
 Progress = Callable[[str], None]
 
