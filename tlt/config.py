@@ -362,9 +362,18 @@ class RunSpec(Spec):
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
 
 
+# KubeRay's rule for a run's name: a DNS-1035 label of at most 53 characters, so every child name
+# (`<run>-rollout-<rank>`, the Service `<run>`, hostnames under it) stays a valid name.
+RUN_NAME_MAX = 53
+RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MSG_RUN_NAME = (f"metadata.name must be at most {RUN_NAME_MAX} characters of lowercase letters, digits and '-', "
+                "starting with a letter and ending with a letter or digit (DNS-1035, so every child name fits)")
+RunName = Annotated[str, Field(min_length=1, max_length=RUN_NAME_MAX, pattern=RUN_NAME_PATTERN)]
+
+
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: Name = "tlt-run"
+    name: RunName = "tlt-run"
     namespace: Name | None = None
 
 

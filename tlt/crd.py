@@ -20,7 +20,19 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
-from tlt.config import API_GROUP, API_VERSION, KIND, MSG_RESERVED, PLURAL, RESERVED_PREFIX, SHORT_NAME, RunSpec
+from tlt.config import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    MSG_RESERVED,
+    MSG_RUN_NAME,
+    PLURAL,
+    RESERVED_PREFIX,
+    RUN_NAME_MAX,
+    RUN_NAME_PATTERN,
+    SHORT_NAME,
+    RunSpec,
+)
 from tlt.status import RunStatus
 
 CRD_FILE = "crds/tlt.dev_tltrainingruns.yaml"
@@ -209,9 +221,12 @@ def build_schema() -> dict[str, Any]:
     spec = model_schema(RunSpec, "spec")
     spec["default"] = {}
     _attach_rules(spec)
+    name_rule = (f"!has(self.metadata.name) || (size(self.metadata.name) <= {RUN_NAME_MAX} && "
+                 f"self.metadata.name.matches('{RUN_NAME_PATTERN}'))")
     return {
         "description": "A GRPO training run with lossless speculative rollouts and an online drafter (TLT).",
         "type": "object",
+        "x-kubernetes-validations": [{"rule": name_rule, "message": MSG_RUN_NAME, "fieldPath": ".metadata.name"}],
         "properties": {
             "apiVersion": {"type": "string", "description": "tlt.dev/v1alpha1"},
             "kind": {"type": "string", "description": KIND},

@@ -212,7 +212,8 @@ def _cel(node: dict[str, Any], value: Any, old: Any, path: str, out: list[FieldE
             out.append(FieldError(path, "Invalid value", f'{_show(value)}: {result} evaluating rule: {rule["rule"]}'))
         elif not result:
             message = rule.get("message") or f"failed rule: {rule['rule']}"
-            out.append(FieldError(path, "Invalid value", f"{json.dumps(node['type'])}: {message}"))
+            where = path + rule["fieldPath"] if rule.get("fieldPath") else path  # the apiserver reports there
+            out.append(FieldError(where.lstrip("."), "Invalid value", f"{json.dumps(node['type'])}: {message}"))
     if isinstance(value, dict):
         props = node.get("properties", {})
         extra = node.get("additionalProperties")

@@ -195,11 +195,17 @@ def test_valid_manifest_accepted_by_both(spec):
     assert result.ok, result.messages()
 
 
-@pytest.mark.parametrize("name", ["Bad_Name", "-run", "x" * 254])
+@pytest.mark.parametrize("name", ["Bad_Name", "-run", "x" * 254, "x" * 54, "my.run", "1run"])
 def test_bad_run_name_rejected_by_both(name):
+    """KubeRay's rule: DNS-1035 and at most 53 characters, so every child name fits."""
     doc = manifest({}, name=name)
     assert any(e.startswith("metadata.name:") for e in pydantic_errors(doc))
     assert any(m.startswith("metadata.name: Invalid value:") for m in validate_run(doc).messages())
+
+
+def test_longest_run_name_is_accepted_by_both():
+    doc = manifest({}, name="r" * 53)
+    assert pydantic_errors(doc) == [] and validate_run(doc).ok
 
 
 def test_managed_by_change_rejected_on_update():
