@@ -9,6 +9,7 @@ and as CEL rules in the CRD (`tlt/crd.py`); `tests/schema` checks both reject th
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,10 +24,15 @@ SHORT_NAME = "tltrun"
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 ShortStr = Annotated[str, Field(max_length=253)]
+PARENT_SEGMENT = r"(^|/)\.\.(/|$)"
+MSG_CHECKPOINT_PATH = "checkpoint.path must not contain a '..' segment (it would leave the working directory or the volume)"
 RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
 MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
                 "own keys: run, role, rank, spec hash, progress, worker state)")
 PathStr = Annotated[str, Field(min_length=1, max_length=1024)]
+# A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and
+# ending with a letter or digit.
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
 
 
 class Spec(BaseModel):
@@ -161,13 +167,13 @@ class Resources(Spec):
 class PodOverrides(Spec):
     """The bounded set of pod-template fields a run may override."""
 
-    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    labels: dict[str, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Extra pod labels."
     )
     annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict, max_length=32, description="Extra pod annotations."
     )
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    node_selector: dict[str, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Node labels the pods must match."
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Pod tolerations.")
@@ -193,6 +199,12 @@ class RoleSpec(Spec):
     )
     resources: Resources = Field(default_factory=Resources, description="Requests and limits of each pod.")
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
+
+
+class PolicySpec(RoleSpec):
+    """The policy pods: rank 0 runs the Ray head and the coordinator, so there is at least one."""
+
+    replicas: int = Field(1, ge=1, le=1024, description="Pods of this role (rank 0 is the coordinator).")
 
 
 class RolloutSpec(RoleSpec):
@@ -290,10 +302,17 @@ class DrafterSpec(Spec):
 class CheckpointSpec(Spec):
     """Whole-run checkpoints (policy, optimizer, drafter, bandit)."""
 
-    path: PathStr = Field("checkpoints", description="Folder (local) or mount path of the checkpoint volume.")
+    path: PathStr = Field("checkpoints", description="Folder (local) or mount path of the checkpoint volume; "
+                          "no '..' segment.")
     claim_name: Name | None = Field(None, description="PersistentVolumeClaim mounted at `path` on a cluster.")
     interval_steps: int = Field(1, ge=1, le=1_000_000, description="Whole-run checkpoint every N steps.")
     keep: int = Field(2, ge=1, le=100, description="Checkpoints kept.")
+
+    @model_validator(mode="after")
+    def _no_parent_segment(self) -> CheckpointSpec:
+        if re.search(PARENT_SEGMENT, self.path):
+            raise ValueError(MSG_CHECKPOINT_PATH)
+        return self
 
 
 class RunPolicy(Spec):
@@ -317,7 +336,8 @@ class PodGroupPolicy(Spec):
 class SchedulingPolicy(Spec):
     """Queueing and scheduling of the run's pods."""
 
-    queue: Name | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name`).")
+    queue: Annotated[LabelValue, Field(min_length=1)] | None = Field(
+        None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name`, a label value).")
     priority_class_name: Name | None = Field(None, description="PriorityClass of every pod.")
     gang: PodGroupPolicy | None = Field(None, description="Create a PodGroup for gang scheduling.")
 
@@ -347,7 +367,7 @@ class RunSpec(Spec):
     model: ModelSpec = Field(default_factory=ModelSpec)
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
-    policy: RoleSpec = Field(default_factory=RoleSpec, description="GRPO update pods; rank 0 runs the coordinator.")
+    policy: PolicySpec = Field(default_factory=PolicySpec, description="GRPO update pods; rank 0 runs the coordinator.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine pods (drafter-trainer slots).")
     verifier: RoleSpec = Field(default_factory=RoleSpec, description="Reward verifier pods (CPU).")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)

@@ -24,8 +24,10 @@ from tlt.config import (
     API_GROUP,
     API_VERSION,
     KIND,
+    MSG_CHECKPOINT_PATH,
     MSG_RESERVED,
     MSG_RUN_NAME,
+    PARENT_SEGMENT,
     PLURAL,
     RESERVED_PREFIX,
     RUN_NAME_MAX,
@@ -82,6 +84,8 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         },
     ],
     ("managedBy",): [{"rule": "self == oldSelf", "message": MSG_MANAGED_BY}],
+    ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches('{PARENT_SEGMENT}')",
+                       "message": MSG_CHECKPOINT_PATH}],
     **_pod_template_rules(),
 }
 

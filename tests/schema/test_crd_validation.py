@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.config import API_GROUP, API_VERSION, KIND, MSG_RESERVED
+from tlt.config import API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_PATH, MSG_RESERVED
 from tlt.config_io import SpecError, parse_run
 from tlt.crd import MSG_BUCKETS, MSG_DATASET_PATH, MSG_ENV, MSG_NGRAM, MSG_SIDECAR, MSG_TOLERATION, MSG_TRAINERS
 from tlt.crd_validate import CEL_SKIPPED, validate_run
@@ -76,6 +76,13 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("replicas negative", {"rollout": {"replicas": -1}}, "spec.rollout.replicas"),
     ("metric not a Prometheus name", {"monitoring": {"gpuUtilMetric": "gpu util"}}, "spec.monitoring.gpuUtilMetric"),
     ("label not a Prometheus name", {"monitoring": {"podLabel": "exported-pod"}}, "spec.monitoring.podLabel"),
+    ("policy replicas zero (rank 0 is the coordinator)", {"policy": {"replicas": 0}}, "spec.policy.replicas"),
+    ("label value with a space", {"policy": {"podTemplate": {"labels": {"team": "a b"}}}},
+     "spec.policy.podTemplate.labels[team]"),
+    ("nodeSelector value ending in a dash", {"rollout": {"podTemplate": {"nodeSelector": {"gpu": "h100-"}}}},
+     "spec.rollout.podTemplate.nodeSelector[gpu]"),
+    ("queue not a label value", {"schedulingPolicy": {"queue": "team/a"}}, "spec.schedulingPolicy.queue"),
+    ("checkpoint path leaving its folder", {"checkpoint": {"path": "ckpt/../../etc"}}, "spec.checkpoint"),
     ("reserved label", {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
      "spec.rollout.podTemplate"),
     ("reserved annotation", {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
@@ -93,6 +100,7 @@ CEL_MESSAGES = {
     "file dataset without path": MSG_DATASET_PATH,
     "toleration Exists with a value": MSG_TOLERATION,
     "env value and secret": MSG_ENV,
+    "checkpoint path leaving its folder": MSG_CHECKPOINT_PATH,
     "reserved label": MSG_RESERVED,
     "reserved annotation": MSG_RESERVED,
 }
