@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,17 @@ from tlt.config import KIND, TLTTrainingRun
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats, as kubectl reads them: `1e-5` is a number, not the string PyYAML 1.1 makes."""
+    """YAML 1.2 floats, as kubectl reads them: `1e-5` is a number, not the string PyYAML 1.1 makes; and a
+    key given twice in one mapping is an error (kubectl's strict decoding), not the last one winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -37,11 +49,31 @@ class SpecError(ValueError):
         super().__init__(f"{source}: {len(errors)} error(s)\n" + "\n".join(f"  {e}" for e in errors))
 
 
+@cache
+def _field_names() -> tuple[str, ...]:
+    """Every field name of the manifest schema, camelCase (for "did you mean")."""
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            names.update(node.get("properties", {}))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(TLTTrainingRun.model_json_schema(by_alias=True))
+    return tuple(sorted(names))
+
+
 def _format(err: dict[str, Any]) -> str:
     path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown field (check spelling; fields are camelCase)"
+        close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(), n=1, cutoff=0.7)
+        hint = f"did you mean {close[0]!r}?" if close else "check spelling; fields are camelCase"
+        msg = f"unknown field ({hint})"
     return f"{path or 'top level'}: {msg}"
 
 

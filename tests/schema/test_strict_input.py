@@ -1,0 +1,44 @@
+"""`tlt validate`'s reading of a run file (issue 16): a key given twice is refused as kubectl's strict
+decoding refuses it, and an unknown field is answered with the closest known field."""
+
+from __future__ import annotations
+
+import pytest
+
+from tlt.config_io import SpecError, load_run, parse_run, read_yaml
+
+DUPLICATE = """\
+apiVersion: tlt.dev/v1alpha1
+kind: TLTTrainingRun
+metadata: {name: x}
+spec:
+  rollout:
+    replicas: 1
+    image: ghcr.io/tlt-dev/tlt-worker:0.1.0
+    replicas: 64
+"""
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(DUPLICATE)
+    with pytest.raises(SpecError) as info:
+        load_run(path)
+    (error,) = info.value.errors
+    assert "duplicate key 'replicas'" in error and "line 8" in error
+
+
+def test_the_same_key_in_different_mappings_is_fine():
+    assert read_yaml("a: {x: 1}\nb: {x: 2}\n") == {"a": {"x": 1}, "b": {"x": 2}}
+
+
+@pytest.mark.parametrize(("spec", "error"), [
+    ({"algorithm": {"learningRat": 0.1}}, "spec.algorithm.learningRat: unknown field (did you mean 'learningRate'?)"),
+    ({"rollout": {"replicaz": 2}}, "spec.rollout.replicaz: unknown field (did you mean 'replicas'?)"),
+    ({"rollout": {"zzzqqq": 2}}, "spec.rollout.zzzqqq: unknown field (check spelling; fields are camelCase)"),
+])
+def test_an_unknown_field_gets_a_did_you_mean(spec, error):
+    with pytest.raises(SpecError) as info:
+        parse_run({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": "x"},
+                   "spec": spec})
+    assert info.value.errors == [error]
