@@ -30,6 +30,10 @@ RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its
 MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
                 "own keys: run, role, rank, spec hash, progress, worker state)")
 PathStr = Annotated[str, Field(min_length=1, max_length=1024)]
+# An image reference (the distribution grammar, simplified): optional registry host[:port], a lowercase
+# path of components joined by '/', an optional tag, an optional sha256 digest.
+IMAGE_PATTERN = (r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*"
+                 r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
 # A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and
 # ending with a letter or digit.
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
@@ -137,7 +141,8 @@ class SecretKeyRef(Spec):
     """One key of a Secret in the run's namespace."""
 
     name: Name = Field(description="Secret name.")
-    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="Key within the Secret.")
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        description="Key within the Secret: letters, digits, '-', '_' and '.'.")
 
 
 class EnvVar(Spec):
@@ -194,8 +199,9 @@ class RoleSpec(Spec):
     """The pods of one role."""
 
     replicas: int = Field(1, ge=0, le=1024, description="Pods of this role.")
-    image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
-        "ghcr.io/tlt-dev/tlt-worker:0.1.0", description="Container image."
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)] = Field(
+        "ghcr.io/tlt-dev/tlt-worker:0.1.0",
+        description="Container image: [registry[:port]/]path[:tag][@sha256:digest], lowercase path, no spaces.",
     )
     resources: Resources = Field(default_factory=Resources, description="Requests and limits of each pod.")
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
@@ -287,7 +293,8 @@ class DrafterSpec(Spec):
     placement: Literal["in-container", "sidecar"] = Field(
         "in-container", description="Trainer in the rollout container, or a sidecar sharing a DRA claim."
     )
-    device_class_name: ShortStr | None = Field(None, description="DRA DeviceClass (sidecar placement).")
+    device_class_name: Annotated[str, Field(max_length=253, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$")] | None = (
+        Field(None, description="DRA DeviceClass (sidecar placement), a DNS subdomain name."))
     export_format: Literal["eagle"] = Field("eagle", description="Format of the exported drafter.")
 
     @model_validator(mode="after")

@@ -83,6 +83,12 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.rollout.podTemplate.nodeSelector[gpu]"),
     ("queue not a label value", {"schedulingPolicy": {"queue": "team/a"}}, "spec.schedulingPolicy.queue"),
     ("checkpoint path leaving its folder", {"checkpoint": {"path": "ckpt/../../etc"}}, "spec.checkpoint"),
+    ("image with a space", {"rollout": {"image": "ghcr.io/tlt worker:1"}}, "spec.rollout.image"),
+    ("image with two tags", {"verifier": {"image": "tlt:1:2"}}, "spec.verifier.image"),
+    ("secret key with a slash", {"verifier": {"podTemplate": {"env": [
+        {"name": "T", "secretKeyRef": {"name": "s", "key": "a/b"}}]}}}, "spec.verifier.podTemplate.env[0].secretKeyRef.key"),
+    ("device class not a DNS name", {"drafter": {"placement": "sidecar", "deviceClassName": "GPU_Class"}},
+     "spec.drafter.deviceClassName"),
     ("reserved label", {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
      "spec.rollout.podTemplate"),
     ("reserved annotation", {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
