@@ -47,6 +47,10 @@ MSG_NGRAM = "speculative.ngramMin must be <= speculative.ngramMax"
 MSG_TRAINERS = "drafter.minTrainers must be <= drafter.maxTrainers"
 MSG_SIDECAR = "drafter.deviceClassName is required when drafter.placement is 'sidecar'"
 MSG_MANAGED_BY = "managedBy is immutable"
+MSG_MODEL = "model is immutable: the run's weights, dtype and context shape every checkpoint; start a new run"
+MSG_QUEUED_REPLICAS = ("policy, rollout and verifier replicas are immutable while schedulingPolicy.queue is set "
+                       "(Kueue admitted the pod group at its size); scale runs without a queue")
+_SAME_REPLICAS = " && ".join(f"self.{r}.replicas == oldSelf.{r}.replicas" for r in ("policy", "rollout", "verifier"))
 MSG_TOLERATION = "toleration.value must be empty when toleration.operator is 'Exists'"
 MSG_ENV = "env.value and env.secretKeyRef are mutually exclusive"
 
@@ -84,6 +88,9 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         },
     ],
     ("managedBy",): [{"rule": "self == oldSelf", "message": MSG_MANAGED_BY}],
+    ("model",): [{"rule": "self == oldSelf", "message": MSG_MODEL}],
+    (): [{"rule": f"!has(self.schedulingPolicy.queue) || !has(oldSelf.schedulingPolicy.queue) || ({_SAME_REPLICAS})",
+          "message": MSG_QUEUED_REPLICAS}],
     ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches('{PARENT_SEGMENT}')",
                        "message": MSG_CHECKPOINT_PATH}],
     **_pod_template_rules(),

@@ -68,7 +68,7 @@ def test_rbac_has_no_wildcards() -> None:
 
 def test_rbac_allows_every_request_of_a_full_scenario(cluster: Cluster, operator) -> None:
     spec = {"rollout": {"replicas": 2}, "runPolicy": {"ttlSecondsAfterFinished": 1},
-            "schedulingPolicy": {"queue": "q", "gang": {}}}
+            "schedulingPolicy": {"gang": {}}}  # no Kueue queue: replicas are immutable under one
     cluster.create_run("r1", spec)
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
     cluster.fail_pod("r1-rollout-1")

@@ -12,7 +12,17 @@ import yaml
 
 from tlt.config import API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_PATH, MSG_RESERVED
 from tlt.config_io import SpecError, parse_run
-from tlt.crd import MSG_BUCKETS, MSG_DATASET_PATH, MSG_ENV, MSG_NGRAM, MSG_SIDECAR, MSG_TOLERATION, MSG_TRAINERS
+from tlt.crd import (
+    MSG_BUCKETS,
+    MSG_DATASET_PATH,
+    MSG_ENV,
+    MSG_MODEL,
+    MSG_NGRAM,
+    MSG_QUEUED_REPLICAS,
+    MSG_SIDECAR,
+    MSG_TOLERATION,
+    MSG_TRAINERS,
+)
 from tlt.crd_validate import CEL_SKIPPED, validate_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,6 +230,20 @@ def test_bad_run_name_rejected_by_both(name):
 def test_longest_run_name_is_accepted_by_both():
     doc = manifest({}, name="r" * 53)
     assert pydantic_errors(doc) == [] and validate_run(doc).ok
+
+
+def test_model_is_immutable():
+    old, new = manifest({}), manifest({"model": {"maxContext": 2048}})
+    assert validate_run(new).ok
+    assert validate_run(new, old=old).messages() == [f'spec.model: Invalid value: "object": {MSG_MODEL}']
+
+
+def test_replicas_are_immutable_while_queued_and_scale_freely_otherwise():
+    queued = {"schedulingPolicy": {"queue": "team-a"}}
+    result = validate_run(manifest({**queued, "rollout": {"replicas": 4}}), old=manifest(queued))
+    assert result.messages() == [f'spec: Invalid value: "object": {MSG_QUEUED_REPLICAS}']
+    assert validate_run(manifest({"rollout": {"replicas": 4}}), old=manifest({})).ok
+    assert validate_run(manifest({**queued, "algorithm": {"steps": 30}}), old=manifest(queued)).ok
 
 
 def test_managed_by_change_rejected_on_update():
