@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from tlt.config_io import SpecError, load_run
+from tlt.spec_warnings import spec_warnings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,4 +23,6 @@ def run(args: argparse.Namespace) -> int:
             failed += 1
             continue
         print(f"{path}: ok ({run_.kind} {run_.metadata.name})")
+        for warning in spec_warnings(run_.spec):
+            print(f"{path}: warning: {warning}", file=sys.stderr)
     return 1 if failed else 0

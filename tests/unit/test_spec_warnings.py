@@ -1,0 +1,48 @@
+"""Settings that validate but do nothing are warned about by `tlt validate` (issue 16)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+import yaml
+
+from tlt.cli import main
+from tlt.config import RunSpec
+from tlt.spec_warnings import quantity_bytes, spec_warnings, tree_candidates
+
+
+def test_the_default_spec_has_no_warnings():
+    assert spec_warnings(RunSpec()) == []
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"speculative": {"threshold": 100, "buckets": [1, 4, 16]}}, "spec.speculative.threshold"),
+    ({"speculative": {"arms": [{"kind": "tree", "depth": 2, "topk": 2, "verifyTokens": 7}]}},
+     "spec.speculative.arms[0].verifyTokens"),
+    ({"model": {"maxContext": 256}, "algorithm": {"maxNewTokens": 256}}, "spec.algorithm.maxNewTokens"),
+    ({"verifier": {"resources": {"memory": "100m"}}}, "spec.verifier.resources.memory"),
+    ({"rollout": {"resources": {"memory": "1.0001Ki"}}}, "spec.rollout.resources.memory"),
+])
+def test_each_setting_that_does_nothing_is_named(spec, field):
+    (warning,) = spec_warnings(RunSpec.model_validate(spec))
+    assert warning.startswith(f"{field}: ")
+
+
+def test_boundaries_are_quiet():
+    quiet = {"speculative": {"threshold": 16, "buckets": [1, 4, 16],
+                             "arms": [{"kind": "tree", "depth": 2, "topk": 2, "verifyTokens": 6}]},
+             "model": {"maxContext": 256}, "algorithm": {"maxNewTokens": 255},
+             "verifier": {"resources": {"memory": "1.5Gi"}}}
+    assert spec_warnings(RunSpec.model_validate(quiet)) == []
+    assert tree_candidates(RunSpec().speculative.arms[2]) == 6
+    assert quantity_bytes("1.5Gi") == 1610612736 and quantity_bytes("100m") == Decimal("0.1")
+
+
+def test_tlt_validate_prints_warnings_and_still_succeeds(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
+                                    "metadata": {"name": "w"}, "spec": {"verifier": {"resources": {"memory": "1m"}}}}))
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: spec.verifier.resources.memory" in err

@@ -1,0 +1,50 @@
+"""Settings that validate but silently do nothing: `tlt validate` prints them as warnings, not errors.
+
+`spec_warnings(spec)` is pure: one line per finding, field path first, saying what has no effect.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from tlt.config import ArmSpec, RunSpec
+
+_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+def quantity_bytes(quantity: str) -> Decimal:
+    """The bytes a memory quantity means ("1.5Gi" -> 1610612736; "100m" -> 0.1)."""
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a quantity")
+    return Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
+
+
+def tree_candidates(arm: ArmSpec) -> int:
+    """Draft nodes a tree arm can offer its budget: topk children of the root, then topk children of
+    each of the best topk nodes of every further level (`rollout.drafting.EagleTreeDrafter`)."""
+    return arm.topk + (arm.depth - 1) * arm.topk * arm.topk
+
+
+def spec_warnings(spec: RunSpec) -> list[str]:
+    out: list[str] = []
+    sd = spec.speculative
+    if sd.mode != "off" and sd.buckets and sd.threshold > sd.buckets[-1]:
+        out.append(f"spec.speculative.threshold: {sd.threshold} is past the last bucket ({sd.buckets[-1]}); running "
+                   f"batches above {sd.buckets[-1]} have no bucket and decode plainly, so the rest does nothing")
+    for i, arm in enumerate(sd.arms):
+        if arm.kind == "tree" and arm.verify_tokens > tree_candidates(arm):
+            out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the {tree_candidates(arm)} "
+                       f"nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
+    if spec.algorithm.max_new_tokens >= spec.model.max_context:
+        out.append(f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
+                   f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing")
+    for role in ("policy", "rollout", "verifier"):
+        memory = getattr(spec, role).resources.memory
+        if quantity_bytes(memory) % 1:
+            out.append(f"spec.{role}.resources.memory: {memory!r} is a fraction of a byte; Kubernetes rounds it up "
+                       "(write a whole number of bytes, e.g. 4Gi)")
+    return out
