@@ -12,7 +12,36 @@ import re
 import yaml
 from pydantic import ValidationError
 
-from tlt.config import KIND, TLTTrainingRun
+from tlt.config import (
+    IMAGE_PATTERN,
+    KIND,
+    RUN_NAME_PATTERN,
+    LabelValue,
+    Name,
+    PromLabel,
+    PromMetric,
+    Quantity,
+    TLTTrainingRun,
+)
+
+
+def _pattern(annotated: Any) -> str:
+    """The regex of a constrained `Annotated[str, Field(pattern=...)]` type."""
+    return next(m.pattern for info in annotated.__metadata__ for m in info.metadata if getattr(m, "pattern", None))
+
+
+# What each shared pattern means, in words (an error shows both).
+PATTERN_WORDS = {
+    _pattern(Name): "a DNS name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+    _pattern(LabelValue): "a label value: empty or up to 63 letters, digits, '-', '_' and '.', starting and ending "
+                          "with a letter or digit",
+    _pattern(Quantity): "a quantity: a number with an optional suffix m, k, M, G, T, Ki, Mi, Gi or Ti (e.g. 4Gi, 500m)",
+    _pattern(PromMetric): "a Prometheus metric name: letters, digits, '_' and ':', not starting with a digit",
+    _pattern(PromLabel): "a Prometheus label name: letters, digits and '_', not starting with a digit",
+    IMAGE_PATTERN: "an image reference: [registry[:port]/]lowercase/path[:tag][@sha256:digest], no spaces",
+    RUN_NAME_PATTERN: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a "
+                      "letter or digit",
+}
 
 
 class _Loader(yaml.SafeLoader):
@@ -70,6 +99,8 @@ def _field_names() -> tuple[str, ...]:
 def _format(err: dict[str, Any]) -> str:
     path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_pattern_mismatch" and err["ctx"]["pattern"] in PATTERN_WORDS:
+        msg = f"must be {PATTERN_WORDS[err['ctx']['pattern']]}, got {err['input']!r}"
     if err["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(), n=1, cutoff=0.7)
         hint = f"did you mean {close[0]!r}?" if close else "check spelling; fields are camelCase"

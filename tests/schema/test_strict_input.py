@@ -42,3 +42,18 @@ def test_an_unknown_field_gets_a_did_you_mean(spec, error):
         parse_run({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": "x"},
                    "spec": spec})
     assert info.value.errors == [error]
+
+
+@pytest.mark.parametrize(("spec", "error"), [
+    ({"rollout": {"resources": {"memory": "4GB"}}},
+     "spec.rollout.resources.memory: must be a quantity: a number with an optional suffix"),
+    ({"rollout": {"image": "ghcr.io/tlt worker"}}, "spec.rollout.image: must be an image reference"),
+    ({"schedulingPolicy": {"priorityClassName": "High"}},
+     "spec.schedulingPolicy.priorityClassName: must be a DNS name: lowercase letters"),
+])
+def test_a_pattern_is_explained_in_words(spec, error):
+    with pytest.raises(SpecError) as info:
+        parse_run({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": "x"},
+                   "spec": spec})
+    (message,) = info.value.errors
+    assert message.startswith(error) and "got " in message
