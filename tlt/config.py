@@ -37,6 +37,10 @@ IMAGE_PATTERN = (r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]+)?/)?[a-z0-9
 # A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and
 # ending with a letter or digit.
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+# A label or taint key (a qualified name): an optional DNS-subdomain prefix and '/', then a name of at
+# most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
+QualifiedName = Annotated[str, Field(max_length=316, pattern=(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"))]
 
 
 class Spec(BaseModel):
@@ -123,9 +127,9 @@ class AlgorithmSpec(Spec):
 class Toleration(Spec):
     """A pod toleration (the subset of `core/v1.Toleration` a run may set)."""
 
-    key: ShortStr | None = Field(None, description="Taint key; empty with operator Exists matches every taint.")
+    key: QualifiedName | None = Field(None, description="Taint key; empty with operator Exists matches every taint.")
     operator: Literal["Exists", "Equal"] = Field("Equal", description="How key and value match the taint.")
-    value: ShortStr | None = Field(None, description="Taint value (operator Equal).")
+    value: LabelValue | None = Field(None, description="Taint value (operator Equal), a label value.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect matched; empty matches all effects."
     )

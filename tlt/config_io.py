@@ -20,6 +20,7 @@ from tlt.config import (
     Name,
     PromLabel,
     PromMetric,
+    QualifiedName,
     Quantity,
     TLTTrainingRun,
 )
@@ -35,6 +36,8 @@ PATTERN_WORDS = {
     _pattern(Name): "a DNS name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
     _pattern(LabelValue): "a label value: empty or up to 63 letters, digits, '-', '_' and '.', starting and ending "
                           "with a letter or digit",
+    _pattern(QualifiedName): "a qualified name: an optional DNS prefix and '/', then up to 63 letters, digits, '-', "
+                             "'_' and '.', starting and ending with a letter or digit",
     _pattern(Quantity): "a quantity: a number with an optional suffix m, k, M, G, T, Ki, Mi, Gi or Ti (e.g. 4Gi, 500m)",
     _pattern(PromMetric): "a Prometheus metric name: letters, digits, '_' and ':', not starting with a digit",
     _pattern(PromLabel): "a Prometheus label name: letters, digits and '_', not starting with a digit",

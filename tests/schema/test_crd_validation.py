@@ -93,6 +93,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.rollout.podTemplate.nodeSelector[gpu]"),
     ("queue not a label value", {"schedulingPolicy": {"queue": "team/a"}}, "spec.schedulingPolicy.queue"),
     ("checkpoint path leaving its folder", {"checkpoint": {"path": "ckpt/../../etc"}}, "spec.checkpoint"),
+    ("toleration value with a space", {"rollout": {"podTemplate": {"tolerations": [
+        {"key": "gpu", "value": "a b"}]}}}, "spec.rollout.podTemplate.tolerations[0].value"),
+    ("toleration key with two slashes", {"rollout": {"podTemplate": {"tolerations": [
+        {"key": "a/b/c", "operator": "Exists"}]}}}, "spec.rollout.podTemplate.tolerations[0].key"),
     ("image with a space", {"rollout": {"image": "ghcr.io/tlt worker:1"}}, "spec.rollout.image"),
     ("image with two tags", {"verifier": {"image": "tlt:1:2"}}, "spec.verifier.image"),
     ("secret key with a slash", {"verifier": {"podTemplate": {"env": [
