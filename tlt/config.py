@@ -26,6 +26,11 @@ Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki
 ShortStr = Annotated[str, Field(max_length=253)]
 PARENT_SEGMENT = r"(^|/)\.\.(/|$)"
 MSG_CHECKPOINT_PATH = "checkpoint.path must not contain a '..' segment (it would leave the working directory or the volume)"
+# Where every worker pod mounts its own volumes (tlt_operator.builders.pod); the working directory last.
+POD_OWN_MOUNTS = ("/etc/tlt", "/tmp", "/home/tlt", "/dev/shm", "/var/lib/tlt")
+OWN_MOUNT = "^(" + "|".join(POD_OWN_MOUNTS) + r"|\.)/*$"
+MSG_CHECKPOINT_MOUNT = ("checkpoint.path is where checkpoint.claimName is mounted and must not be one of the pod's own "
+                        f"mounts ({', '.join(POD_OWN_MOUNTS[:-1])}) nor the working directory {POD_OWN_MOUNTS[-1]} ('.')")
 RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
 MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
                 "own keys: run, role, rank, spec hash, progress, worker state)")
@@ -323,6 +328,8 @@ class CheckpointSpec(Spec):
     def _no_parent_segment(self) -> CheckpointSpec:
         if re.search(PARENT_SEGMENT, self.path):
             raise ValueError(MSG_CHECKPOINT_PATH)
+        if self.claim_name and re.search(OWN_MOUNT, self.path):
+            raise ValueError(MSG_CHECKPOINT_MOUNT)
         return self
 
 

@@ -24,9 +24,11 @@ from tlt.config import (
     API_GROUP,
     API_VERSION,
     KIND,
+    MSG_CHECKPOINT_MOUNT,
     MSG_CHECKPOINT_PATH,
     MSG_RESERVED,
     MSG_RUN_NAME,
+    OWN_MOUNT,
     PARENT_SEGMENT,
     PLURAL,
     RESERVED_PREFIX,
@@ -92,7 +94,9 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     (): [{"rule": f"!has(self.schedulingPolicy.queue) || !has(oldSelf.schedulingPolicy.queue) || ({_SAME_REPLICAS})",
           "message": MSG_QUEUED_REPLICAS}],
     ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches('{PARENT_SEGMENT}')",
-                       "message": MSG_CHECKPOINT_PATH}],
+                       "message": MSG_CHECKPOINT_PATH},
+                      {"rule": f"!has(self.claimName) || !has(self.path) || !self.path.matches('{OWN_MOUNT}')",
+                       "message": MSG_CHECKPOINT_MOUNT}],
     **_pod_template_rules(),
 }
 

@@ -16,7 +16,7 @@ from tlt_operator import names
 from tlt_operator.builders import build_network_policy, build_pod, build_ray_token_secret, build_worker_identity
 from tlt_operator.lifecycle import desired_pods
 
-from tlt.config import RunSpec
+from tlt.config import POD_OWN_MOUNTS, RunSpec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SIDECAR = RunSpec.model_validate({"rollout": {"replicas": 2}, "drafter": {
@@ -138,3 +138,10 @@ def test_operator_makes_the_isolation_children_and_never_rotates_the_token(clust
     cluster.fail_pod("r1-rollout-0")
     wait_for("restarted", lambda: (cluster.run("r1").get("status") or {}).get("restarts") == 1)
     assert _secret_token(cluster, "r1-ray-token") == token, "a later pass must not rotate the run's token"
+
+
+def test_admission_knows_every_mount_of_the_pod() -> None:
+    """checkpoint.claimName may not be mounted over these (tlt.config.POD_OWN_MOUNTS keeps the list)."""
+    for pod in _pods(SIDECAR):
+        for container in _containers(pod):
+            assert {m["mountPath"] for m in container["volumeMounts"]} <= set(POD_OWN_MOUNTS)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.config import API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_PATH, MSG_RESERVED
+from tlt.config import API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_MOUNT, MSG_CHECKPOINT_PATH, MSG_RESERVED
 from tlt.config_io import SpecError, parse_run
 from tlt.crd import (
     MSG_BUCKETS,
@@ -93,6 +93,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.rollout.podTemplate.nodeSelector[gpu]"),
     ("queue not a label value", {"schedulingPolicy": {"queue": "team/a"}}, "spec.schedulingPolicy.queue"),
     ("checkpoint path leaving its folder", {"checkpoint": {"path": "ckpt/../../etc"}}, "spec.checkpoint"),
+    ("checkpoint volume over /tmp", {"checkpoint": {"path": "/tmp/", "claimName": "ckpt"}}, "spec.checkpoint"),
+    ("checkpoint volume over the working dir", {"checkpoint": {"path": ".", "claimName": "ckpt"}}, "spec.checkpoint"),
     ("toleration value with a space", {"rollout": {"podTemplate": {"tolerations": [
         {"key": "gpu", "value": "a b"}]}}}, "spec.rollout.podTemplate.tolerations[0].value"),
     ("toleration key with two slashes", {"rollout": {"podTemplate": {"tolerations": [
@@ -121,6 +123,8 @@ CEL_MESSAGES = {
     "toleration Exists with a value": MSG_TOLERATION,
     "env value and secret": MSG_ENV,
     "checkpoint path leaving its folder": MSG_CHECKPOINT_PATH,
+    "checkpoint volume over /tmp": MSG_CHECKPOINT_MOUNT,
+    "checkpoint volume over the working dir": MSG_CHECKPOINT_MOUNT,
     "reserved label": MSG_RESERVED,
     "reserved annotation": MSG_RESERVED,
 }
