@@ -413,6 +413,8 @@ class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: RunName = "tlt-run"
     namespace: Name | None = None
+    labels: dict[QualifiedName, LabelValue] | None = None  # typed as the apiserver types them
+    annotations: dict[QualifiedName, str] | None = None
 
 
 class TLTTrainingRun(BaseModel):

@@ -57,3 +57,16 @@ def test_a_pattern_is_explained_in_words(spec, error):
                    "spec": spec})
     (message,) = info.value.errors
     assert message.startswith(error) and "got " in message
+
+
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"labels": {"team": 3}}, "metadata.labels.team"),
+    ({"labels": {"team": "a b"}}, "metadata.labels.team"),
+    ({"annotations": {"note": ["x"]}}, "metadata.annotations.note"),
+    ({"labels": {"a b": "x"}}, "metadata.labels.a b.[key]"),
+])
+def test_metadata_labels_and_annotations_are_typed(metadata, field):
+    with pytest.raises(SpecError) as info:
+        parse_run({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
+                   "metadata": {"name": "x", **metadata}, "spec": {}})
+    assert any(e.startswith(f"{field}:") for e in info.value.errors), info.value.errors
