@@ -44,8 +44,9 @@ IMAGE_PATTERN = (r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]+)?/)?[a-z0-9
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
 # A label or taint key (a qualified name): an optional DNS-subdomain prefix and '/', then a name of at
 # most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
-QualifiedName = Annotated[str, Field(max_length=316, pattern=(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"))]
+_QUALIFIED_NAME = (
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+QualifiedName = Annotated[str, Field(max_length=316, pattern=f"^{_QUALIFIED_NAME}$")]
 
 
 class Spec(BaseModel):
@@ -201,6 +202,14 @@ class PodOverrides(Spec):
     def _no_reserved_keys(self) -> PodOverrides:
         if any(k.startswith(RESERVED_PREFIX) for k in [*self.labels, *self.annotations]):
             raise ValueError(MSG_RESERVED)
+        # The CRD cannot check map keys cheaply (a CEL regex over unbounded keys fails the apiserver's
+        # cost check); the apiserver refuses such a pod later (the run shows Created=False).
+        bad = sorted(k for k in [*self.labels, *self.annotations, *self.node_selector]
+                     if not re.fullmatch(_QUALIFIED_NAME, k))
+        if bad:
+            raise ValueError(f"podTemplate label, annotation and nodeSelector keys must be qualified names (an "
+                             "optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' and '.', starting "
+                             f"and ending with a letter or digit), got {bad[:5]}")
         return self
 
 

@@ -70,3 +70,13 @@ def test_metadata_labels_and_annotations_are_typed(metadata, field):
         parse_run({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
                    "metadata": {"name": "x", **metadata}, "spec": {}})
     assert any(e.startswith(f"{field}:") for e in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize("template", [{"labels": {"a b": "x"}}, {"annotations": {"/x": "y"}},
+                                      {"nodeSelector": {"gpu type": "h100"}}])
+def test_pod_template_keys_are_qualified_names(template):
+    """tlt validate only: the CRD cannot check map keys within the apiserver's CEL cost budget."""
+    with pytest.raises(SpecError) as info:
+        parse_run({"spec": {"rollout": {"podTemplate": template}}})
+    (error,) = info.value.errors
+    assert error.startswith("spec.rollout.podTemplate: podTemplate label, annotation and nodeSelector keys")
