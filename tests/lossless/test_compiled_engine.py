@@ -25,6 +25,7 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.runner import causal_mask, decoder_forward
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Completion, Request, SamplingParams
+from tlt.rollout.warmup import warm_up
 
 CONTEXT = 40
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11, 12, 13, 14, 11]]
@@ -113,14 +114,14 @@ def test_steady_state_compiles_nothing_new():
     compiled = engine.runner.compiled
     drafter_step = engine.stepper.drafter.state.compiled
     before = (compiled.compiles, drafter_step.compiles)
-    assert 1 <= before[0] <= 6 and 1 <= before[1] <= 6, f"graphs compiled (target, drafter): {before}"
+    # graphs are shared by every step of the process: earlier tests may have compiled some already
+    assert before[0] <= 6 and before[1] <= 6, f"graphs compiled (target, drafter): {before}"
     more = [Request("a", [3, 4, 5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=11)),
             Request("b", [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=5))]
     engine.generate(more)
     engine.stepper = SpeculativeStepper(engine.runner, NgramDrafter(k=2, ngram_min=1, ngram_max=2))
     engine.generate(_requests(max_new=(7, 12, 3)))
     assert (compiled.compiles, drafter_step.compiles) == before
-    assert compiled.compile_seconds > 0
 
 
 def test_padded_mode_equals_dynamic_mode():
@@ -150,3 +151,20 @@ def test_rollout_compile_setting():
     assert resolve_compile("auto", shallow) is False and resolve_compile("auto", deep) is True
     with pytest.raises(ValueError, match="rollout.compile"):
         resolve_compile("sometimes", shallow)
+
+
+def test_warm_up_compiles_every_shape_class_before_the_first_generate():
+    """After `warm_up`, a first generate with an EAGLE chain (prefill, decode, verify, drafter
+    catch-up and chain steps, at batch 1 and above) compiles nothing."""
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=5, num_layers=1, hidden_size=48)
+    engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
+    drafter = _eagle(model)
+    assert warm_up(engine, drafter) > 0
+    assert warm_up(Engine(model, max_batch_size=4, max_context=CONTEXT), drafter) == 0.0  # eager: nothing to do
+    compiled_before = engine.runner.compiled.compiles
+    chain = EagleChainDrafter(drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
+                              compile=True)
+    engine.stepper = SpeculativeStepper(engine.runner, chain)
+    engine.generate(_requests())
+    assert engine.runner.compiled.compiles == compiled_before
+    assert chain.state.compiled.compiles == 0

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 StepFn = Callable[..., torch.Tensor]
 AUTO_MIN_LAYERS = 16
-# Every runner in a process shares the step function's code object, and so dynamo's cache for it: a
-# process holding several models (tests, the bench) needs more entries than the default 8.
+# Every runner in a process shares the step function's compiled graphs: a process holding several
+# models (tests, the bench) needs more cache entries than dynamo's default 8.
 _CACHE_SIZE_LIMIT = 256
 
 
@@ -84,18 +84,20 @@ def bucket_size(b: int, max_rows: int) -> int:
     return min(max_rows, 1 << (b - 1).bit_length())
 
 
-class CompiledStep:
-    """`fn` compiled once per shape class; call it exactly like `fn`."""
+_COMPILES = [0]  # graphs compiled in this process, by any step (a step counts those its calls caused)
+_COMPILED: dict[tuple[StepFn, str | None], Callable] = {}
 
-    def __init__(self, fn: StepFn, *, name: str, padded: bool = False, mode: str | None = None) -> None:
+
+def _compiled(fn: StepFn, mode: str | None) -> Callable:
+    """One compiled callable per (step function, mode) in the process. Dynamo keys its graph cache on the
+    function's code and on the backend object: every runner and drafter cache of the process shares these
+    graphs (a new backend per instance would compile them all again)."""
+    key = (fn, mode)
+    if key not in _COMPILED:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
         torch._dynamo.config.accumulated_cache_size_limit = max(
             torch._dynamo.config.accumulated_cache_size_limit, _CACHE_SIZE_LIMIT
         )
-        self.name = name
-        self.padded = padded
-        self.compiles = 0
-        self.compile_seconds = 0.0
         # Round where eager rounds: HF norms and RoPE compute in float32 and cast back; without this,
         # inductor fuses the casts away and the compiled step is (slightly) more precise than eager.
         patches: dict = {"emulate_precision_casts": True}
@@ -105,10 +107,22 @@ class CompiledStep:
         def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
             from torch._inductor.compile_fx import compile_fx
 
-            self.compiles += 1
+            _COMPILES[0] += 1
             return compile_fx(gm, example_inputs, config_patches=patches)
 
-        self._fn = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        _COMPILED[key] = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+    return _COMPILED[key]
+
+
+class CompiledStep:
+    """`fn` compiled once per shape class; call it exactly like `fn`."""
+
+    def __init__(self, fn: StepFn, *, name: str, padded: bool = False, mode: str | None = None) -> None:
+        self.name = name
+        self.padded = padded
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self._fn = _compiled(fn, mode)
 
     def __call__(
         self,
@@ -125,14 +139,22 @@ class CompiledStep:
         [Bmax, Hkv, capacity, D]; extra: more per-token inputs [B, Q, ...] of fn (e.g. the drafter's
         features). Returns fn's output [B, Q, H]."""
         b = token_ids.shape[0]
+        # Strides are part of a graph's guards: an expanded (stride-0) positions tensor would compile anew.
+        token_ids, positions, write_slots, attn_mask = (
+            t.contiguous() for t in (token_ids, positions, write_slots, attn_mask)
+        )
+        if write_slots is positions:  # aliasing is guarded too: keep the two inputs distinct always
+            write_slots = write_slots.clone()
         if self.padded:
             token_ids, positions, write_slots, attn_mask = self._pad(token_ids, positions, write_slots, attn_mask, ks[0])
             extra = tuple(_pad_rows(t, token_ids.shape[0]) for t in extra)
         else:
             _mark_dynamic(token_ids, positions, write_slots, attn_mask, *extra)
-        before, t0 = self.compiles, time.perf_counter()
+            _mark_cache_dynamic(ks, vs)
+        before, t0 = _COMPILES[0], time.perf_counter()
         out = self._fn(module, token_ids, positions, write_slots, attn_mask, ks, vs, *extra)
-        if self.compiles != before:
+        if _COMPILES[0] != before:
+            self.compiles += _COMPILES[0] - before
             seconds = time.perf_counter() - t0
             self.compile_seconds += seconds
             log.info("%s step: compiled graph %d for B=%d Q=%d in %.1f s", self.name, self.compiles, b,
@@ -168,3 +190,12 @@ def _mark_dynamic(
             torch._dynamo.maybe_mark_dynamic(t, 1)
     if mask.shape[-1] > 1:
         torch._dynamo.maybe_mark_dynamic(mask, 2)
+
+
+def _mark_cache_dynamic(ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+    """Cache rows and capacity symbolic: caches sized for other batch sizes or draft scratch (a warm-up's,
+    another arm set's) share the graphs."""
+    for t in (*ks, *vs):
+        for dim in (0, 2):
+            if t.shape[dim] > 1:
+                torch._dynamo.maybe_mark_dynamic(t, dim)

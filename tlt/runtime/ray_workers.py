@@ -43,6 +43,7 @@ from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.stepper import Stepper
+from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
 from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
@@ -130,6 +131,7 @@ class RolloutWorker:
         if self.uses_drafter:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
             self.drafter.bind_policy(model)
+        self.warmup_seconds = warm_up(self.engine, self.drafter)  # compile now, not in step 0's rollout
         if self.uses_drafter and spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
             push = hub_push(hub) if hub is not None else _no_hub
