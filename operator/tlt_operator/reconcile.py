@@ -66,6 +66,17 @@ def _rejected(child: dict[str, Any], exc: KubeError) -> ChildRejected:
                          f"{exc.message}"[:1024])
 
 
+def _spec_condition(run: dict[str, Any], error: str) -> RunStatus:
+    """The run's status with `ValidSpec=False` and the validation message: a spec the CRD let through
+    but the operator cannot read (a stored run older than a stricter schema) is visible, not silent."""
+    old = RunStatus.model_validate(run.get("status") or {})
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    condition = Condition(type="ValidSpec", status="False", reason="InvalidSpec", message=error[:4096],
+                          observed_generation=int(run["metadata"].get("generation", 1)), last_transition_time=now)
+    return old.model_copy(update={"phase": old.phase or "Pending",
+                                  "conditions": set_condition(list(old.conditions or []), condition)})
+
+
 def _created(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
     """Condition `Created` (as Trainer v2): False with the API's message when a child was rejected;
     True again once every child was made, only if it had been False (no noise on healthy runs)."""
@@ -202,7 +213,9 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     try:
         spec = RunSpec.model_validate(run.get("spec") or {})
     except ValidationError as exc:
-        raise SpecError(f"spec of {namespace}/{name} is not a valid RunSpec: {exc}") from exc
+        error = SpecError(f"spec of {namespace}/{name} is not a valid RunSpec: {exc}")
+        await _write_status(kube, run, _spec_condition(run, str(error)), 0)
+        raise error from exc
     ref = RunRef(name, namespace, meta["uid"])
     wanted = _desired_pods(ref, spec)
     live = await kube.list(path_of("v1", "Pod", namespace), names.run_selector(name))
@@ -221,6 +234,10 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
         "restarts": (old.restarts or 0) + restarted,
         "selector": f"{names.run_selector(name)},{names.ROLE_LABEL}=rollout",
     })
+    if any(c.type == "ValidSpec" and c.status == "False" for c in status.conditions or []):
+        valid = Condition(type="ValidSpec", status="True", reason="SpecValid", message="the spec is valid",
+                          observed_generation=int(meta.get("generation", 1)), last_transition_time=now)
+        status = status.model_copy(update={"conditions": set_condition(list(status.conditions or []), valid)})
     if decision.create_missing:
         gone = {p.name for p in decision.restart + decision.remove}
         try:

@@ -94,3 +94,17 @@ def test_a_hostile_progress_annotation_does_not_stop_restarts_being_counted(clus
         "tlt.dev/progress": progress}}})
     cluster.fail_pod("r1-rollout-0")
     wait_for("the restart is written", lambda: (cluster.run("r1").get("status") or {}).get("restarts") == 1)
+
+
+def test_a_spec_the_crd_accepts_but_the_operator_cannot_read_is_reported(cluster: Cluster, operator) -> None:
+    """The CRD cannot check pod-template label keys (CEL cost); the operator's own check says why."""
+    cluster.create_run("r1", {"rollout": {"podTemplate": {"labels": {"bad key": "x"}}}})
+    wait_for("ValidSpec=False", lambda: (_condition(cluster, "r1", "ValidSpec") or {}).get("status") == "False")
+    condition = _condition(cluster, "r1", "ValidSpec")
+    assert condition["reason"] == "InvalidSpec" and "qualified names" in condition["message"]
+    assert not cluster.pod_names("r1")
+    run = cluster.run("r1")
+    run["spec"]["rollout"]["podTemplate"]["labels"] = {"good-key": "x"}
+    cluster.custom.replace_namespaced_custom_object("tlt.dev", "v1alpha1", NAMESPACE, "tltrainingruns", "r1", run)
+    wait_for("fixed: Running, ValidSpec=True", lambda: cluster.phase("r1") == "Running"
+             and _condition(cluster, "r1", "ValidSpec")["status"] == "True")
