@@ -43,7 +43,7 @@ def _container(argv: list[str], role: str, ip: str, head: str, log: Path) -> sub
     env = {**os.environ, "TLT_RUN_NAME": "sc", "TLT_ROLE": role, "TLT_RANK": "0", "TLT_POD_NAME": pod,
            "TLT_NAMESPACE": "default", "TLT_POD_IP": ip, "TLT_HEAD_ADDRESS": head,
            "RAY_gcs_rpc_server_reconnect_timeout_s": "10", "OMP_NUM_THREADS": "1",
-           "RAY_AUTH_TOKEN": "e2e-local-token"}  # token auth is the default: what the operator injects
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "e2e-local-token"}  # as the operator injects them
     for name in ("RAY_ADDRESS", "KUBERNETES_SERVICE_HOST"):
         env.pop(name, None)
     return subprocess.Popen([sys.executable, "-m", "tlt.cli", *argv], env=env, stdout=log.open("wb"),

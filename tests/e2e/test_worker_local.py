@@ -27,7 +27,7 @@ def _pod(role: str, spec: Path, ip: str, head: str, out: Path, log: Path) -> sub
     env = {**os.environ, "TLT_RUN_NAME": "wl", "TLT_ROLE": role, "TLT_RANK": "0", "TLT_POD_NAME": f"wl-{role}-0",
            "TLT_NAMESPACE": "default", "TLT_POD_IP": ip, "TLT_HEAD_ADDRESS": head,
            "RAY_gcs_rpc_server_reconnect_timeout_s": "10", "OMP_NUM_THREADS": "1",
-           "RAY_AUTH_TOKEN": "e2e-local-token"}  # token auth is the default: what the operator injects
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "e2e-local-token"}  # as the operator injects them
     for name in ("RAY_ADDRESS", "KUBERNETES_SERVICE_HOST"):
         env.pop(name, None)
     argv = [sys.executable, "-m", "tlt.cli", "worker", "--role", role, "--spec", str(spec), "--out", str(out),

@@ -27,7 +27,8 @@ HEAD = "policy-0.demo-workers:6379"
 
 def contract_env(role: str = "rollout", rank: str = "1") -> dict[str, str]:
     return {"TLT_RUN_NAME": "demo", "TLT_ROLE": role, "TLT_RANK": rank, "TLT_POD_NAME": f"demo-{role}-{rank}",
-            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD, "RAY_AUTH_TOKEN": "t0k"}
+            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD, "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": "t0k"}
 
 
 def args_for(role: str, spec: Path = SPEC, out: Path = Path("/var/lib/tlt")) -> argparse.Namespace:
@@ -100,6 +101,13 @@ def test_token_mode_without_a_token_is_an_environment_error(tmp_path):
         worker.ray_environment({"HOME": "/home/tlt"})
     environ = {k: v for k, v in contract_env("rollout", "1").items() if k != "RAY_AUTH_TOKEN"}
     assert worker.run(args_for("rollout"), environ) == 2
+
+
+def test_the_head_needs_the_auth_mode_in_its_own_environment(processes):
+    """Ray fixes a driver's auth mode at import: the head (a driver too) cannot default it."""
+    environ = {k: v for k, v in contract_env("policy", "0").items() if k != "RAY_AUTH_MODE"}
+    assert worker.run(args_for("policy"), environ) == 2
+    assert processes.calls == [], "no Ray head started"
 
 
 def test_missing_nodes_counts_pods_not_yet_joined():

@@ -22,6 +22,8 @@ Every command is an argument list run without a shell; the only values from outs
 and the head address from the environment, each passed as one argument. Ray's token authentication is
 the same on every pod: `RAY_AUTH_MODE` from the pod's environment, else `token`, with the token in
 `RAY_AUTH_TOKEN` (the operator injects both, the token from the run's Secret; `ray_environment`).
+Policy rank 0 must have `RAY_AUTH_MODE` set itself: it is also a Ray driver, and Ray fixes a driver's
+mode when it is imported (checked here with Ray 2.60: a driver given only the token is refused).
 
 Exit status: 0 done (policy rank 0), 1 the run failed or this node lost the cluster, 2 the spec or the
 environment is wrong, 143 terminated (SIGTERM from the kubelet).
@@ -205,6 +207,10 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     try:
         env = read_env(environ, args.role)
         ray_env = checked_ray_environment(environ)
+        if env.is_head and not environ.get(AUTH_MODE):
+            raise EnvError(f"policy rank 0 is also a Ray driver (the coordinator), and Ray reads {AUTH_MODE} when it "
+                           f"is imported: set {AUTH_MODE}=token (with {AUTH_TOKEN}) in the pod's environment, as the "
+                           "operator does, so the driver and its head agree")
     except EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
