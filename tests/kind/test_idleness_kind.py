@@ -101,18 +101,20 @@ def stage(kind_cluster: Kind, tmp_path_factory: pytest.TempPathFactory) -> Itera
     forward = subprocess.Popen(["kubectl", "--kubeconfig", str(kind.kubeconfig), "port-forward", "-n",
                                 EXPORTER_NAMESPACE, f"pod/{exporter_pod['metadata']['name']}", f"{port}:9400"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {**os.environ, "KUBECONFIG": str(kind.kubeconfig), "TLT_OPERATOR_RECONCILE_SECONDS": "1"}
+    target_labels = {"pod": exporter_pod["metadata"]["name"], "namespace": EXPORTER_NAMESPACE}
     operator_log = (work / "operator.log").open("wb")
-    operator = subprocess.Popen([str(Path(sys.executable).with_name("tlt-operator")), "--metrics-port", "0",
-                                 "--health-port", str(free_port())], env=env, stdout=operator_log,
-                                stderr=subprocess.STDOUT)
+    processes = [forward]
     try:
-        target_labels = {"pod": exporter_pod["metadata"]["name"], "namespace": EXPORTER_NAMESPACE}
         with prometheus_scraping(f"127.0.0.1:{port}", target_labels, work) as prometheus:
+            env = {**os.environ, "KUBECONFIG": str(kind.kubeconfig), "TLT_OPERATOR_RECONCILE_SECONDS": "1",
+                   "TLT_OPERATOR_PROMETHEUS_URLS": prometheus}  # the admin's allowlist
+            processes.append(subprocess.Popen([str(Path(sys.executable).with_name("tlt-operator")), "--metrics-port",
+                                               "0", "--health-port", str(free_port())], env=env, stdout=operator_log,
+                                              stderr=subprocess.STDOUT))
             yield {"kind": kind, "prometheus": prometheus, "exporter": f"http://127.0.0.1:{port}",
                    "operator_log": work / "operator.log"}
     finally:
-        for process in (operator, forward):
+        for process in reversed(processes):
             process.terminate()
             process.wait(timeout=30)
         operator_log.close()
