@@ -25,12 +25,14 @@ Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-
 Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 ShortStr = Annotated[str, Field(max_length=253)]
 PARENT_SEGMENT = r"(^|/)\.\.(/|$)"
-MSG_CHECKPOINT_PATH = "checkpoint.path must not contain a '..' segment (it would leave the working directory or the volume)"
+MSG_CHECKPOINT_PATH = ("checkpoint.path must not contain a '..' segment (it would leave the working directory or "
+                       "the volume)")
 # Where every worker pod mounts its own volumes (tlt_operator.builders.pod); the working directory last.
 POD_OWN_MOUNTS = ("/etc/tlt", "/tmp", "/home/tlt", "/dev/shm", "/var/lib/tlt")
 OWN_MOUNT = "^(" + "|".join(POD_OWN_MOUNTS) + r"|\.)/*$"
 MSG_CHECKPOINT_MOUNT = ("checkpoint.path is where checkpoint.claimName is mounted and must not be one of the pod's own "
-                        f"mounts ({', '.join(POD_OWN_MOUNTS[:-1])}) nor the working directory {POD_OWN_MOUNTS[-1]} ('.')")
+                        f"mounts ({', '.join(POD_OWN_MOUNTS[:-1])}) nor the working directory "
+                        f"{POD_OWN_MOUNTS[-1]} ('.')")
 RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
 MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
                 "own keys: run, role, rank, spec hash, progress, worker state)")

@@ -37,8 +37,8 @@ def spec_warnings(spec: RunSpec) -> list[str]:
                    f"batches above {sd.buckets[-1]} have no bucket and decode plainly, so the rest does nothing")
     for i, arm in enumerate(sd.arms):
         if arm.kind == "tree" and arm.verify_tokens > tree_candidates(arm):
-            out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the {tree_candidates(arm)} "
-                       f"nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
+            out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the "
+                       f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
     if spec.algorithm.max_new_tokens >= spec.model.max_context:
         out.append(f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
                    f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing")

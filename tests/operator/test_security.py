@@ -105,7 +105,8 @@ def test_no_shipped_role_patches_every_pod_of_a_namespace() -> None:
     roles = [d for d in _manifest_docs() if d.get("kind") == "Role"]
     for role in roles:
         for rule in role["rules"]:
-            assert not ("pods" in rule["resources"] and "patch" in rule["verbs"] and not rule.get("resourceNames")), role
+            namespace_wide = "pods" in rule["resources"] and "patch" in rule["verbs"] and not rule.get("resourceNames")
+            assert not namespace_wide, role
 
 
 def test_operator_may_set_block_owner_deletion() -> None:

@@ -102,7 +102,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("image with a space", {"rollout": {"image": "ghcr.io/tlt worker:1"}}, "spec.rollout.image"),
     ("image with two tags", {"verifier": {"image": "tlt:1:2"}}, "spec.verifier.image"),
     ("secret key with a slash", {"verifier": {"podTemplate": {"env": [
-        {"name": "T", "secretKeyRef": {"name": "s", "key": "a/b"}}]}}}, "spec.verifier.podTemplate.env[0].secretKeyRef.key"),
+        {"name": "T", "secretKeyRef": {"name": "s", "key": "a/b"}}]}}},
+     "spec.verifier.podTemplate.env[0].secretKeyRef.key"),
     ("device class not a DNS name", {"drafter": {"placement": "sidecar", "deviceClassName": "GPU_Class"}},
      "spec.drafter.deviceClassName"),
     ("reserved label", {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
