@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from tlt import cli
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.tasks.tokenizer import build_char_tokenizer
+from tlt.tasks.tokenizer import build_task_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def _deterministic(rows: list[dict]) -> list[dict]:
 @pytest.fixture(scope="module")
 def run_file(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("resume")
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=11), tokenizer, root / "policy-init")
     spec = {
         "apiVersion": "tlt.dev/v1alpha1",

@@ -29,7 +29,7 @@ from tlt.runtime.local import LocalTrainer
 from tlt.tasks.countdown import generate
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.problem import Problem
-from tlt.tasks.tokenizer import build_char_tokenizer
+from tlt.tasks.tokenizer import build_task_tokenizer
 from tlt.tasks.warmstart import reduced_config, warm_start
 
 
@@ -52,7 +52,7 @@ def test_prompt_selection_is_a_function_of_seed_and_step():
 
 
 def test_samples_do_not_depend_on_batch_company():
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     engine = Engine(tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=12, max_context=64,
                     return_hidden=False)
     algo = AlgorithmSpec(group_size=3, max_new_tokens=10)
@@ -73,7 +73,7 @@ def test_tail_seconds_count_steps_below_the_full_wave():
 
 
 def test_group_advantages_are_prompt_major():
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     engine = Engine(tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=8, max_context=64,
                     return_hidden=False)
     algo = AlgorithmSpec(group_size=2, max_new_tokens=4)
@@ -84,7 +84,7 @@ def test_group_advantages_are_prompt_major():
 
 
 def _tiny_run(root: Path, **algorithm) -> Path:
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer,
                 root / "init")
     spec = {

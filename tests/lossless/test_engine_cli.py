@@ -11,13 +11,13 @@ import pytest
 from tlt.cli import main
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.tasks.tokenizer import build_char_tokenizer
+from tlt.tasks.tokenizer import build_task_tokenizer
 
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("policy")
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     save_policy(tiny_model("qwen2", vocab_size=max(64, len(tokenizer))), tokenizer, folder)
     return folder
 

@@ -14,7 +14,7 @@ from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.runtime import steps
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.tokenizer import build_char_tokenizer
+from tlt.tasks.tokenizer import build_task_tokenizer
 
 TOLERANCE = 1e-5
 UPDATES = 3
@@ -33,7 +33,7 @@ def _synthetic_rewards(completions, group_size: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_engine_logprobs_equal_policy_after_every_update(tied: bool):
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     policy = tiny_model("qwen2", vocab_size=len(tokenizer), tie_word_embeddings=tied, seed=3)
     if tied:
         assert policy.lm_head.weight is policy.model.embed_tokens.weight
@@ -65,7 +65,7 @@ def test_engine_logprobs_equal_policy_after_every_update(tied: bool):
 
 def test_stale_engine_is_detected():
     """Without the sync, the engine's log-probs drift from the updated policy's (the check can fail)."""
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     policy = tiny_model("qwen2", vocab_size=len(tokenizer), tie_word_embeddings=True, seed=4)
     engine = Engine(copy.deepcopy(policy), max_batch_size=16, max_context=64, return_hidden=False)
     algo = AlgorithmSpec(prompts_per_step=4, group_size=4, max_new_tokens=12, learning_rate=1e-2)
@@ -87,7 +87,7 @@ def _greedy_float64_run(root, mode: str):
     from tlt.models.loading import save_policy
     from tlt.runtime.local import LocalTrainer
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer()
     init = root / "init"
     if not init.exists():
         save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=8, dtype=torch.float64), tokenizer, init)

@@ -17,7 +17,6 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
 )
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,6 @@ SUPPORTED_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer.model", "vocab.json")
-GENERIC_TOKENIZER_CLASSES: tuple[str, ...] = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -63,21 +61,14 @@ def read_model_config(path: str | Path) -> dict:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in a local model folder.
-
-    A folder saved from a plain `tokenizers` tokenizer declares the generic class; it is loaded as
-    such, because AutoTokenizer would swap in the model family's class (and its pre-tokenizer).
-    """
+    """The tokenizer saved in a local model folder, as `AutoTokenizer` loads it (what any standard tool gets)."""
     folder = Path(path)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise FileNotFoundError(
             f"no tokenizer in {str(folder)!r}: expected one of {', '.join(TOKENIZER_FILES)} "
             "(save it with tokenizer.save_pretrained)"
         )
-    config_file = folder / "tokenizer_config.json"
-    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
-    loader = PreTrainedTokenizerFast if declared in GENERIC_TOKENIZER_CLASSES else AutoTokenizer
-    return loader.from_pretrained(str(folder), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def load_policy(

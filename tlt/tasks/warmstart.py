@@ -39,7 +39,7 @@ from tlt.tasks.countdown import CountdownTask, generate
 from tlt.tasks.depth import layer_skip_losses
 from tlt.tasks.evaluate import greedy_accuracy, length_stats, sample_lengths
 from tlt.tasks.problem import Problem
-from tlt.tasks.tokenizer import build_char_tokenizer
+from tlt.tasks.tokenizer import TOKENIZER_VERSION, build_task_tokenizer
 
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,9 @@ class WarmstartConfig:
     num_samples: int = 256
     max_new_tokens: int = 512
     init_seed: int = 0
+    # The task tokenizer's version: part of the cache key, so a warm start cached with another
+    # tokenizer is never loaded ("bytes-v1": `tlt.tasks.tokenizer.build_task_tokenizer`).
+    tokenizer: str = TOKENIZER_VERSION
 
     def cache_key(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -140,18 +143,12 @@ def cache_root() -> Path:
 def encode_examples(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list[tuple[list[int], int]]:
     """Per problem: (bos + prompt + answer + eos token ids, number of leading tokens not trained on).
 
-    The tokenizer is char-level, so a lookup table encodes (much faster than a call per text).
+    The prompt is encoded exactly as the RL loop encodes it (`tokenizer(prompt)`, bos included); the
+    answer is encoded on its own and appended, as the policy generates it after the prompt.
     """
-    table = tokenizer.get_vocab()
-    unk = tokenizer.unk_token_id
-
-    def ids(text: str) -> list[int]:
-        return [table.get(ch, unk) for ch in text]
-
-    return [
-        ([tokenizer.bos_token_id] + ids(p.prompt) + ids(p.answer) + [tokenizer.eos_token_id], 1 + len(p.prompt))
-        for p in problems
-    ]
+    prompts = tokenizer([p.prompt for p in problems]).input_ids
+    answers = tokenizer([p.answer for p in problems], add_special_tokens=False).input_ids
+    return [(prompt + answer + [tokenizer.eos_token_id], len(prompt)) for prompt, answer in zip(prompts, answers)]
 
 
 def token_batches(
@@ -277,7 +274,10 @@ def warm_start(
         log.info("warm start cache hit: %s", target)
         return target
     root.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_char_tokenizer()
+    if config.tokenizer != TOKENIZER_VERSION:
+        raise ValueError(f"warm start tokenizer must be {TOKENIZER_VERSION!r} (the built-in task tokenizer), "
+                         f"got {config.tokenizer!r}")
+    tokenizer = build_task_tokenizer()
     model, metrics = train_policy(config, tokenizer, on_step)
     metrics.update(evaluate_policy(model, tokenizer, config))
     log.info("warm start trained: %s", metrics)
