@@ -97,9 +97,9 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
     missing = [k for k in ("name", "warmstart", "spec", "variants", "repeats", "heldout", "costs") if k not in data]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
-    warmstart = resolve_warmstart(data["warmstart"], path)
     if quick:
         data = _merge(data, data.get("quick", {}))
+    warmstart = resolve_warmstart(data["warmstart"], path)
     n = repeats if repeats is not None else int(data["repeats"])
     if n < 1:
         raise ValueError(f"repeats must be >= 1, got {n}")
