@@ -38,6 +38,7 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import steps
+from tlt.rollout.compiled import resolve_compile
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, reduced_config
@@ -197,10 +198,11 @@ def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[st
     model, _ = load_policy(warm_start(workload.warmstart))
     model = model.to(resolve_dtype(workload.spec["model"]["dtype"])).eval()
     c = workload.costs
+    compiled = resolve_compile(workload.spec.get("rollout", {}).get("compile", "auto"), model)  # as the workers run
     points = measure_costs(model, batches=list(c["batches"]), widths=list(c["widths"]), context=int(c["context"]),
-                           repeats=int(c["repeats"]))
+                           repeats=int(c["repeats"]), compile=compiled)
     drafter = measure_drafter_costs(model, batches=list(c["batches"]), context=int(c["context"]),
-                                    repeats=int(c["repeats"]))
+                                    repeats=int(c["repeats"]), compile=compiled)
     return [p.__dict__ for p in points], [d.__dict__ for d in drafter]
 
 
