@@ -100,3 +100,14 @@ def test_the_bandits_resume_from_the_checkpoint(recovered_run):
     final = load_checkpoint(trainer.checkpoint_root / "step-00000003").state["bandits"]
     chosen = sum(n for m in history for n in m["sd_arms"].values())
     assert sum(sum(map(sum, b["pulls"])) for b in final) == chosen
+
+
+def test_the_checkpoint_holds_the_drafter_optimizer_and_every_workers_buffer(recovered_run):
+    """What a restart resumes the drafter from: the hub's AdamW moments and both workers' online
+    buffers (the exact resume is tests/unit/test_drafter_resume.py)."""
+    saved = recovered_run[3]["checkpoint_1"]
+    assert saved.objects["drafter_optimizer"]["state"], "no AdamW moments in the checkpoint"
+    buffers = saved.objects["drafter_buffers"]
+    assert len(buffers) == 2
+    for state in buffers:
+        assert state["buffer"]["tokens"] and state["buffer"]["current_step"] == 1

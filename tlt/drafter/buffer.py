@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -177,6 +178,29 @@ class OnlineBuffer:
 
     def steps_held(self) -> list[int]:
         return sorted({s.step for s in self.samples})
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to rebuild this buffer exactly: settings, step, and every sample
+        (tokens [L] int64, hidden [L, H], prompt length, step) in order. Tensors, ints and lists
+        only, so whole-run checkpoints load it with `torch.load(weights_only=True)`."""
+        return {
+            "buffer_steps": self.buffer_steps, "row_tokens": self.row_tokens, "seed": self.seed,
+            "current_step": self.current_step,
+            "tokens": [s.tokens.clone() for s in self.samples], "hidden": [s.hidden.clone() for s in self.samples],
+            "prompt_len": [s.prompt_len for s in self.samples], "step": [s.step for s in self.samples],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s samples and step; the settings must match this buffer's."""
+        for name in ("buffer_steps", "row_tokens", "seed"):
+            if int(state[name]) != getattr(self, name):
+                raise ValueError(f"buffer state has {name}={state[name]}, this buffer {getattr(self, name)}: "
+                                 "the checkpoint was written with different drafter settings")
+        columns = (state["tokens"], state["hidden"], state["prompt_len"], state["step"])
+        if len({len(c) for c in columns}) != 1:
+            raise ValueError(f"buffer state columns differ in length: {[len(c) for c in columns]}")
+        self.samples = [Sample(t, h, int(p), int(s)) for t, h, p, s in zip(*columns)]
+        self.current_step = int(state["current_step"])
 
     def batches(self, epoch: int) -> list[PackedBatch]:
         """Every sample once, shuffled by (seed, step, epoch), packed into rows."""

@@ -7,13 +7,16 @@ clip 1.0, then AdamW 0.9/0.95, wd 0.01: `tlt.drafter.objective.make_optimizer`),
 trainers make N optimizer steps on one drafter. A gradient is at most N - 1 versions stale; a
 trainer that is stopped simply stops pushing, so preemption never stalls the others (an
 all-reduce group would have to be rebuilt every time a trainer leaves). The hub never binds an
-embedding or head: it only holds the drafter's own parameters.
+embedding or head: it only holds the drafter's own parameters. The hub lives for the whole run,
+so AdamW's moments carry from one RL step to the next; whole-run checkpoints carry them (with the
+workers' online buffers) across restarts.
 
 The hub runs as a Ray actor (`tlt.runtime.ray_actors`); this class has no Ray in it.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -103,11 +106,12 @@ class DrafterHub:
         return True if self.checkpointer is None else self.checkpointer.wait(timeout)
 
     def state(self) -> dict[str, Any]:
-        """Everything a whole-run checkpoint needs to resume the hub exactly."""
+        """Everything a whole-run checkpoint needs to resume the hub exactly: parameters, AdamW
+        moments and version, copied under the lock (trainers may go on pushing while it is written)."""
         with self._lock:
             return {
                 "params": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                 "version": self.version,
             }
 

@@ -112,6 +112,18 @@ class SpotTrainer:
                 tensor.copy_(params[name])
         self.version = version
 
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer (`OnlineBuffer.state_dict`) and the shuffle epoch, for whole-run checkpoints.
+        Safe while training: the loop only reads the buffer, and samples enter only while stopped."""
+        return {"buffer": self.buffer.state_dict(), "epoch": self._epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` (only while stopped)."""
+        if self.active:
+            raise RuntimeError(f"trainer {self.trainer_id}: cannot restore its buffer while training")
+        self.buffer.load_state_dict(state["buffer"])
+        self._epoch = int(state["epoch"])
+
     def start(self, step: int) -> float:
         """Start training in the background; returns the start time. No-op error if already running."""
         if self.active:

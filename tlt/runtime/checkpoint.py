@@ -5,7 +5,8 @@ Layout under the checkpoint root::
     step-00000005/            one finished checkpoint (never modified after the rename)
         manifest.json         step, file list with sha256 digests, free-form JSON state
         <name>.safetensors    flat tensor dicts (policy and drafter weights)
-        <name>.pt             nested states (optimizers), loaded with weights_only=True
+        <name>.pt             nested states (optimizers, the drafter's online buffers), loaded
+                              with weights_only=True
     LATEST                    name of the newest complete checkpoint, replaced atomically
     .tmp-step-00000006-1234/  an interrupted write: ignored, removed by the next save
 
@@ -51,6 +52,29 @@ class Checkpoint:
     tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     objects: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+
+
+def add_drafter(ckpt: Checkpoint, hub_state: dict[str, Any] | None,
+                trainer_states: list[dict[str, Any] | None] | None) -> None:
+    """Put the drafter into `ckpt`: the hub's parameters (tensors "drafter"), its AdamW state
+    (objects "drafter_optimizer") and version (state "drafter_version"), and every rollout
+    worker's online buffer + shuffle epoch in worker order (objects "drafter_buffers",
+    `SpotTrainer.state_dict`; None for a worker without one)."""
+    if hub_state is not None:
+        ckpt.tensors["drafter"] = hub_state["params"]
+        ckpt.objects["drafter_optimizer"] = hub_state["optimizer"]
+        ckpt.state["drafter_version"] = int(hub_state["version"])
+    if trainer_states is not None:
+        ckpt.objects["drafter_buffers"] = trainer_states
+
+
+def drafter_of(ckpt: Checkpoint) -> tuple[dict[str, Any] | None, list[dict[str, Any] | None] | None]:
+    """(hub state, trainer states) as `add_drafter` stored them; None for what the checkpoint lacks."""
+    hub = None
+    if "drafter" in ckpt.tensors:
+        hub = {"params": ckpt.tensors["drafter"], "optimizer": ckpt.objects["drafter_optimizer"],
+               "version": int(ckpt.state["drafter_version"])}
+    return hub, ckpt.objects.get("drafter_buffers")
 
 
 def _name(step: int) -> str:

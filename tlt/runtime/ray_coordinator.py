@@ -14,7 +14,8 @@ One step:
    the update phase;
 4. rewards are gathered, GRPO updates the policy here, metrics are recorded, the hub writes an
    asynchronous drafter snapshot, and every `checkpoint.intervalSteps` a whole-run checkpoint
-   (policy, optimizer, drafter params + optimizer, metrics) is written.
+   (policy, optimizer, drafter params + optimizer, the workers' drafter buffers, bandits, metrics)
+   is written.
 
 Failures: an actor that dies (or a task that raises) fails the step; all actors are torn down,
 the run reloads its newest whole-run checkpoint (or the initial policy when there is none) and
@@ -47,7 +48,7 @@ from tlt.config import RunSpec, TLTTrainingRun
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.runtime import steps
-from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
+from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.ray_slots import SlotSource
@@ -129,6 +130,7 @@ class RayTrainer:
         self.history: list[dict[str, Any]] = []
         self.drafter_state: dict[str, Any] | None = None
         self.bandit_states: list[dict[str, Any] | None] | None = None
+        self.trainer_states: list[dict[str, Any] | None] | None = None
 
     def _emit(self, kind: str, **info: Any) -> None:
         event = {"type": kind, "time": time.time(), "step": self.step + 1, **info}
@@ -152,9 +154,7 @@ class RayTrainer:
             self.history = list(ckpt.state["metrics"])
             self.restarts = int(ckpt.state.get("restarts", 0))
             self.bandit_states = ckpt.state.get("bandits")
-            if "drafter" in ckpt.tensors:
-                self.drafter_state = {"params": ckpt.tensors["drafter"], "optimizer": ckpt.objects["drafter_optimizer"],
-                                      "version": int(ckpt.state["drafter_version"])}
+            self.drafter_state, self.trainer_states = drafter_of(ckpt)
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
         tmp = self.metrics_path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
         tmp.write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in self.history))
@@ -168,14 +168,21 @@ class RayTrainer:
         elif self.actors.hub is not None and self.spec.speculative.drafter_path is not None:
             initial = load_drafter(self.spec.speculative.drafter_path, self.policy.config)
             ray.get(self.actors.hub.load_params.remote(initial.float().state_dict()))
-        if self.bandit_states is not None:
-            if len(self.bandit_states) == len(self.actors.rollout):
-                ray.get([w.load_bandit.remote(b) for w, b in zip(self.actors.rollout, self.bandit_states)])
-            else:
-                log.warning("the checkpoint holds %d rollout workers' bandits, the run has %d workers: bandits start "
-                            "afresh", len(self.bandit_states), len(self.actors.rollout))
+        self._load_per_worker("load_bandit", self.bandit_states, "bandits start afresh")
+        self._load_per_worker("load_trainer_state", self.trainer_states, "drafter buffers start empty")
         self._emit("actors", rollout=len(self.actors.rollout), verifiers=len(self.actors.verifiers))
         return self.actors
+
+    def _load_per_worker(self, method: str, states: list[Any] | None, otherwise: str) -> None:
+        """Hand each rollout worker its own checkpointed state (`method` of the worker, in worker order)."""
+        if states is None or self.actors is None:
+            return
+        workers = self.actors.rollout
+        if len(states) != len(workers):
+            log.warning("the checkpoint holds %d rollout workers' states for %s, the run has %d workers: %s",
+                        len(states), method, len(workers), otherwise)
+            return
+        ray.get([getattr(w, method).remote(state) for w, state in zip(workers, states)])
 
     def shutdown(self) -> None:
         if self.actors is not None:
@@ -195,11 +202,9 @@ class RayTrainer:
             state["bandits"] = self.bandit_states
         if self.actors is not None and self.actors.hub is not None:
             self.drafter_state = ray.get(self.actors.hub.state.remote())
-        if self.drafter_state is not None:
-            tensors["drafter"] = self.drafter_state["params"]
-            objects["drafter_optimizer"] = self.drafter_state["optimizer"]
-            state["drafter_version"] = self.drafter_state["version"]
+            self.trainer_states = ray.get([w.trainer_state.remote() for w in self.actors.rollout])
         ckpt = Checkpoint(step=self.step, tensors=tensors, objects=objects, state=state)
+        add_drafter(ckpt, self.drafter_state, self.trainer_states)
         return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
 
     def train_step(self) -> dict[str, Any]:

@@ -146,6 +146,12 @@ class SidecarTrainer:
             return {"was_training": False, "stop_received_at": now, "stopped_at": now, "trainer_node": self.node}
         return {"was_training": True, **self.trainer.stop(), "trainer_node": self.node}
 
+    def trainer_state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
+
     def iterations(self) -> int:
         run = self.trainer.current
         return run.iterations if run is not None else 0

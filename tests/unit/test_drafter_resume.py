@@ -1,0 +1,119 @@
+"""The drafter's AdamW moments and online buffer survive RL steps and a kill + restart, bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.hub import MAX_GRAD_NORM, DrafterHub
+from tlt.drafter.objective import make_optimizer
+from tlt.drafter.trainer import SpotTrainer, packed_gradients
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
+from test_drafter_hub import filled_buffer, policy
+
+LR = 3e-3
+
+
+def _trainer(model, hub: DrafterHub, buffer: OnlineBuffer) -> SpotTrainer:
+    drafter = EagleDrafter(drafter_config_from_target(model.config))
+    drafter.bind_policy(model)
+    trainer = SpotTrainer("rollout-0", drafter, buffer, hub.push)
+    trainer.load(*hub.pull())
+    return trainer
+
+
+def _train(trainer: SpotTrainer, hub: DrafterHub, epochs: int) -> None:
+    """What the trainer's loop does, synchronously: every packed row of each epoch, pushed to the hub."""
+    for _ in range(epochs):
+        state = trainer.state_dict()
+        for packed in trainer.buffer.batches(state["epoch"]):
+            grads, loss = packed_gradients(trainer.drafter, packed)
+            trainer.load(*hub.push(trainer.trainer_id, grads, trainer.version, packed.num_trained, loss))
+        trainer.load_state_dict({**state, "epoch": state["epoch"] + 1})
+
+
+def _assert_same(a, b) -> None:
+    """Nested dicts / lists of tensors and numbers are equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_hub_adamw_keeps_its_moments_from_one_rl_step_to_the_next():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), LR, seed=1)
+    reference = copy.deepcopy(hub.drafter)
+    ref_opt = make_optimizer(reference, LR)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(1, 4):  # one push per RL step; the hub (an actor) lives across steps
+        grads = {n: torch.randn(p.shape, generator=gen) for n, p in hub.drafter.named_parameters()}
+        hub.push("rollout-0", {n: g.clone() for n, g in grads.items()}, hub.version, 1, 0.0)
+        for name, param in reference.named_parameters():
+            param.grad = grads[name].clone()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_GRAD_NORM)
+        ref_opt.step()
+        assert all(int(s["step"]) == step for s in hub.optimizer.state.values())
+    _assert_same(hub.params(), {k: v.detach() for k, v in reference.state_dict().items()})
+    _assert_same(hub.optimizer.state_dict()["state"], ref_opt.state_dict()["state"])
+
+
+@pytest.mark.parametrize("drop", [None, "optimizer", "buffer", "epoch"])
+def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop):
+    """A run trains, checkpoints, trains on; a second process restored from the checkpoint trains
+    the same epochs and must end bit-identical. Dropping any part of the drafter's state (the
+    mutants) must break that."""
+    model = policy()
+    config = drafter_config_from_target(model.config)
+    hub = DrafterHub(config, LR, seed=1)
+    trainer = _trainer(model, hub, filled_buffer(model, seed=4))
+    _train(trainer, hub, epochs=2)
+    ckpt = Checkpoint(step=1)
+    add_drafter(ckpt, hub.state(), [trainer.state_dict()])
+    if drop == "optimizer":
+        ckpt.objects["drafter_optimizer"] = make_optimizer(EagleDrafter(config), LR).state_dict()
+    elif drop == "buffer":
+        ckpt.objects["drafter_buffers"][0]["buffer"] = {**trainer.buffer.state_dict(), "tokens": [], "hidden": [],
+                                                        "prompt_len": [], "step": []}
+    elif drop == "epoch":
+        ckpt.objects["drafter_buffers"][0]["epoch"] = 0
+    save_checkpoint(tmp_path, ckpt)
+    _train(trainer, hub, epochs=2)  # the first run goes on, then is "killed": its objects are gone
+
+    hub_state, trainer_states = drafter_of(load_latest(tmp_path))
+    resumed_hub = DrafterHub(config, LR, seed=99)
+    resumed_hub.load_state(hub_state)
+    fresh = trainer.buffer
+    resumed = _trainer(model, resumed_hub, OnlineBuffer(fresh.buffer_steps, fresh.row_tokens, fresh.seed))
+    resumed.load_state_dict(trainer_states[0])
+    resumed.load(*resumed_hub.pull())
+    _train(resumed, resumed_hub, epochs=2)
+
+    try:
+        _assert_same(resumed.state_dict(), trainer.state_dict())
+        _assert_same(resumed_hub.state(), hub.state())
+    except AssertionError:
+        assert drop is not None, "a complete checkpoint did not resume exactly"
+    else:
+        assert drop is None, f"dropping the drafter's {drop} went unnoticed"
+
+
+def test_buffer_state_refuses_other_settings():
+    model = policy()
+    buffer = filled_buffer(model, seed=2)
+    state = buffer.state_dict()
+    other = OnlineBuffer(buffer_steps=2, row_tokens=buffer.row_tokens, seed=buffer.seed)
+    with pytest.raises(ValueError, match="buffer_steps"):
+        other.load_state_dict(state)
