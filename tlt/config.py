@@ -246,11 +246,13 @@ class RolloutSpec(RoleSpec):
 class ArmSpec(Spec):
     """One speculative-decoding strategy the bandit may choose."""
 
-    kind: Literal["chain", "tree", "ngram", "plain"] = Field(
-        description="Drafting strategy; plain drafts nothing (lets the bandit learn where SD does not pay)."
+    kind: Literal["chain", "tree", "ngram", "history", "mixed", "plain"] = Field(
+        description="Drafting strategy: chain / tree from the learned drafter, ngram from the row's own text, "
+        "history from the prompt's other responses (tree when topk > 1), mixed: per row history, else the "
+        "learned drafter, else nothing; plain drafts nothing (lets the bandit learn where SD does not pay)."
     )
     depth: int = Field(4, ge=1, le=32, description="Draft tokens per sequence (tree: levels).")
-    topk: int = Field(1, ge=1, le=16, description="Children per node (tree only).")
+    topk: int = Field(1, ge=1, le=16, description="Children per node (tree and history only).")
     verify_tokens: int = Field(0, ge=0, le=256, description="Tree budget of tokens verified; 0: depth*topk.")
 
 
@@ -261,6 +263,27 @@ def _default_arms() -> list[ArmSpec]:
         ArmSpec(kind="tree", depth=2, topk=2, verify_tokens=4),
         ArmSpec(kind="ngram", depth=4),
     ]
+
+
+class HistorySpec(Spec):
+    """The rollout-history drafter's index (`tlt.rollout.history`): per prompt, its responses of this
+    step and of earlier steps, per rollout worker."""
+
+    enabled: bool = Field(True, description="Build arms of kind history and mixed; false drops them.")
+    max_nodes: int = Field(
+        400_000, ge=1_000, le=100_000_000,
+        description="Suffix-index nodes kept per rollout worker (~0.3 KB each); the oldest finished "
+        "responses are forgotten first.",
+    )
+    min_match: int = Field(2, ge=1, le=64, description="Shortest context suffix matched.")
+    max_match: int = Field(8, ge=1, le=64, description="Longest context suffix matched.")
+    max_draft: int = Field(8, ge=1, le=32, description="Longest history draft (arm depths must not exceed it).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HistorySpec:
+        if self.min_match > self.max_match:
+            raise ValueError("speculative.history.minMatch must be <= speculative.history.maxMatch")
+        return self
 
 
 class SpeculativeSpec(Spec):
@@ -284,9 +307,12 @@ class SpeculativeSpec(Spec):
     ngram_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
     ngram_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched.")
     drafter_path: PathStr | None = Field(None, description="Initial drafter checkpoint folder.")
+    history: HistorySpec = Field(default_factory=HistorySpec, description="Rollout-history drafting.")
 
     @model_validator(mode="after")
     def _ordered(self) -> SpeculativeSpec:
+        if any(a.kind in ("history", "mixed") and a.depth > self.history.max_draft for a in self.arms):
+            raise ValueError("speculative.arms of kind history or mixed must have depth <= speculative.history.maxDraft")
         if any(b >= a for b, a in zip(self.buckets, self.buckets[1:])):
             raise ValueError("speculative.buckets must be strictly ascending")
         if self.ngram_min > self.ngram_max:

@@ -47,6 +47,8 @@ MSG_DATASET_PATH = "dataset.path is required when dataset.source is 'file'"
 MSG_BUCKETS = "speculative.buckets must be strictly ascending"
 MSG_NGRAM = "speculative.ngramMin must be <= speculative.ngramMax"
 MSG_TRAINERS = "drafter.minTrainers must be <= drafter.maxTrainers"
+MSG_HISTORY_MATCH = "speculative.history.minMatch must be <= speculative.history.maxMatch"
+MSG_HISTORY_DEPTH = "speculative.arms of kind history or mixed must have depth <= speculative.history.maxDraft"
 MSG_SIDECAR = "drafter.deviceClassName is required when drafter.placement is 'sidecar'"
 MSG_MANAGED_BY = "managedBy is immutable"
 MSG_MODEL = "model is immutable: the run's weights, dtype and context shape every checkpoint; start a new run"
@@ -81,7 +83,10 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": MSG_BUCKETS,
         },
         {"rule": "self.ngramMin <= self.ngramMax", "message": MSG_NGRAM},
+        {"rule": "self.arms.all(a, (a.kind != 'history' && a.kind != 'mixed') || a.depth <= self.history.maxDraft)",
+         "message": MSG_HISTORY_DEPTH},
     ],
+    ("speculative", "history"): [{"rule": "self.minMatch <= self.maxMatch", "message": MSG_HISTORY_MATCH}],
     ("drafter",): [
         {"rule": "self.minTrainers <= self.maxTrainers", "message": MSG_TRAINERS},
         {

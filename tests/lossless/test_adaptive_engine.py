@@ -216,8 +216,9 @@ def test_every_arm_runs_up_to_the_context_limit_without_overflow(seed, model64):
     context = 24
     requests = _requests(max_new=(200, 200, 200, 200))
     plain = Engine(model64, max_batch_size=4, max_context=context).generate(requests)
-    arms = [*ARMS, ArmSpec(kind="ngram", depth=4), ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6)]
-    spec = _spec(arms=arms, threshold=4, buckets=[4], epsilon=1.0)
+    arms = [*ARMS, ArmSpec(kind="ngram", depth=4), ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6),
+            ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2), ArmSpec(kind="mixed", depth=3)]
+    spec = _spec(arms=arms, threshold=4, buckets=[4], epsilon=1.0, history={"min_match": 1, "max_match": 4})
     engine = Engine(model64, max_batch_size=4, max_context=context, return_hidden=True)
     engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed)
     out = engine.generate(requests)

@@ -21,6 +21,8 @@ from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
 from tlt.rollout.engine import Engine
+from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
+from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import causal_mask
 from tlt.rollout.sampling import process_logits
 from tlt.rollout.sequence import Sequence
@@ -113,7 +115,15 @@ DRAFTERS: dict[str, DrafterFactory] = {
     "eagle-tree": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
         _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=ctx
     ),
+    "history-chain": lambda m, a, ctx=MAX_CONTEXT: HistoryDrafter(_store(), k=4),
+    "history-tree": lambda m, a, ctx=MAX_CONTEXT: HistoryTreeDrafter(_store(), topk=2, depth=3, budget=5),
+    "mixed": lambda m, a, ctx=MAX_CONTEXT: MixedDrafter(_store(), EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx), k=3),
 }
+
+
+def _store(max_nodes: int = 100_000) -> HistoryStore:
+    return HistoryStore(max_nodes=max_nodes, min_match=1, max_match=4, max_draft=4)
 
 
 def _generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter | None, batch_size: int = 4):
@@ -147,7 +157,7 @@ def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, pl
         assert stepper.stats.accept_length > 2.0, f"{name}: an always-right drafter must be accepted"
 
 
-@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain"])
+@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain", "history-tree", "mixed"])
 def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
     requests = _requests()
@@ -341,6 +351,11 @@ ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
         _eagle(m), m.get_input_embeddings(), topk=2, depth=2, budget=4, max_batch_size=500, max_context=16, compile=c
     ),
     "ngram-deterministic": lambda m, c: NgramDrafter(k=3, ngram_min=1, ngram_max=2),
+    # 3000 samples of one prompt in waves of 500: later waves draft from the earlier waves' responses
+    "history-chain-deterministic": lambda m, c: HistoryDrafter(_store(), k=2),
+    "history-tree-deterministic": lambda m, c: HistoryTreeDrafter(_store(), topk=2, depth=2, budget=4),
+    "mixed-eagle-and-history": lambda m, c: MixedDrafter(_store(), EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c), k=2),
 }
 
 
@@ -355,5 +370,31 @@ def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_
     params = [SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)]
     out = engine.generate([Request(f"r{i}", ENGINE_PROMPT, p) for i, p in enumerate(params)])
     samples = torch.tensor([c.token_ids for c in out])
+    if "history" in name:
+        assert engine.stepper.stats.accepted > 0, f"{name}: the history drafts were never accepted: not tested"
     p = H.g_test_pvalue(samples, _exact_joint(model, temperature, top_p))
     assert p > 1e-3, f"{name}: engine samples differ from the model (p={p:.3g})"
+
+
+# ----- history drafts in a GRPO-shaped rollout: a prompt's responses draft its next ones -----
+
+
+@pytest.mark.parametrize("name", ["history-chain", "history-tree", "mixed"])
+def test_history_drafts_from_earlier_responses_are_accepted_and_exact(name: str, model64):
+    """Greedy group of one prompt, twice through one store: the second rollout's rows find the first's
+    whole responses; outputs stay token-for-token equal to plain decoding, and most drafts are accepted."""
+    group = [Request(f"g{i}", PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=30)) for i in range(3)]
+    plain = _generate(model64, group, None)[0]
+    store = _store()
+    drafter = DRAFTERS[name](model64, {})
+    drafter.store = store
+    engine = Engine(model64, max_batch_size=2, max_context=MAX_CONTEXT)  # waves of 2, then 1
+    engine.wave_observers.append(store.observe)
+    engine.stepper = SpeculativeStepper(engine.runner, drafter)
+    first = engine.generate(group)
+    engine.stepper = stepper = SpeculativeStepper(engine.runner, drafter)
+    second = engine.generate(group)
+    for p, a, b in zip(plain, first, second):
+        assert a.token_ids == p.token_ids and b.token_ids == p.token_ids
+        torch.testing.assert_close(b.logprobs, p.logprobs, rtol=0, atol=1e-9)
+    assert stepper.stats.accept_length > 3.0, f"{name}: history of identical responses must be accepted"

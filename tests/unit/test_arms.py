@@ -10,6 +10,8 @@ from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.drafting import EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
+from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import ModelRunner
 
 ARMS = [ArmSpec(kind="chain", depth=3), ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
@@ -40,7 +42,7 @@ def test_modes_select_arms(mode, expected):
 
 
 def test_ngram_mode_without_an_ngram_arm_is_refused():
-    with pytest.raises(ValueError, match="kind 'ngram'"):
+    with pytest.raises(ValueError, match="kind 'ngram' or 'history'"):
         arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="chain", depth=2)]))
 
 
@@ -81,7 +83,7 @@ def test_plain_arm_drafts_nothing_and_counts_as_a_plain_step(model):
     runner = ModelRunner(model, max_batch_size=2, max_context=64)
     stepper = AdaptiveStepper(runner, built, new_bandit(spec, 2, seed=0), threshold=2, buckets=[1, 2])
     assert stepper.speculative[1] is stepper.plain
-    with pytest.raises(ValueError, match="kind 'ngram'"):
+    with pytest.raises(ValueError, match="kind 'ngram' or 'history'"):
         arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="plain")]))
 
 
@@ -97,3 +99,32 @@ def test_arm_rates_sum_steps_seconds_and_tokens_per_bucket_and_arm():
                      "1": {"chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 3}}}
     merged = merge_arm_rates([table, table])
     assert merged["2"]["chain-d2"] == {"steps": 2, "seconds": 1.0, "tokens": 10}
+
+
+HISTORY_ARMS = [ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2),
+                ArmSpec(kind="mixed", depth=2), ArmSpec(kind="chain", depth=2), ArmSpec(kind="plain")]
+
+
+def test_history_and_mixed_arms_labels_widths_and_modes():
+    assert [arm_label(a) for a in HISTORY_ARMS] == ["history-d4", "history-d3k2v6", "mixed-d2", "chain-d2", "plain"]
+    assert [verify_width(a) for a in HISTORY_ARMS] == [5, 7, 3, 3, 1]
+    assert arm_indices(SpeculativeSpec(mode="ngram", arms=HISTORY_ARMS)) == [0, 1, 4]  # model-free only
+    off = SpeculativeSpec(mode="tlt", arms=HISTORY_ARMS, history={"enabled": False})
+    assert arm_indices(off) == [3, 4]
+
+
+def test_history_arms_share_one_store_and_mixed_shares_the_eagle_cache(model):
+    store = HistoryStore(max_nodes=1000, min_match=2, max_match=4, max_draft=8)
+    arms = build_arms(SpeculativeSpec(mode="tlt", arms=HISTORY_ARMS), embed=model.get_input_embeddings(),
+                      drafter=_drafter(model), max_batch_size=2, max_context=64, history=store)
+    assert [type(a.drafter) for a in arms[:4]] == [HistoryDrafter, HistoryTreeDrafter, MixedDrafter, EagleChainDrafter]
+    assert arms[0].drafter.store is arms[1].drafter.store is arms[2].drafter.store is store
+    assert arms[2].drafter.eagle.state is arms[3].drafter.state
+    fresh = build_arms(SpeculativeSpec(mode="ngram", arms=HISTORY_ARMS), embed=model.get_input_embeddings(),
+                       drafter=None, max_batch_size=2, max_context=64)
+    assert fresh[0].drafter.store is fresh[1].drafter.store  # a new store from speculative.history
+
+
+def test_history_arm_deeper_than_max_draft_is_refused():
+    with pytest.raises(ValueError, match="kind history or mixed must have depth <= speculative.history.maxDraft"):
+        SpeculativeSpec(arms=[ArmSpec(kind="history", depth=9)])

@@ -6,8 +6,12 @@ plain decode step, so the bandit itself learns the batch sizes where speculation
 Modes:
 
 - off: no arms (plain decoding only);
-- ngram: only the `ngram` and `plain` arms (model-free, no learned drafter needed);
-- static / tlt: every arm; `chain` and `tree` arms draft with the learned EAGLE drafter.
+- ngram: only the model-free arms, `ngram`, `history` and `plain` (no learned drafter needed);
+- static / tlt: every arm; `chain`, `tree` and `mixed` arms draft with the learned EAGLE drafter.
+
+`history` and `mixed` arms read the rollout-history store (`tlt.rollout.history`); with
+`speculative.history.enabled: false` they are dropped. All of an engine's history arms share one store,
+which the caller passes in to keep it across rollouts.
 
 All EAGLE arms of one engine share ONE drafter KV cache (`EagleCache`): whichever arm runs, the
 drafter catches up from the target's saved hidden states only on positions it has not seen, so
@@ -23,8 +27,12 @@ from torch import nn
 from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
+from tlt.rollout.mixed import MixedDrafter
 
-LEARNED_KINDS = ("chain", "tree")
+LEARNED_KINDS = ("chain", "tree", "mixed")
+HISTORY_KINDS = ("history", "mixed")
+MODEL_FREE_KINDS = ("ngram", "history", "plain")
 
 
 @dataclass(frozen=True)
@@ -42,9 +50,13 @@ def arm_label(arm: ArmSpec) -> str:
     """A short stable name for metrics, e.g. 'chain-d4', 'tree-d4k2v8', 'ngram-d4', 'plain'."""
     if arm.kind == "plain":
         return "plain"
-    if arm.kind == "tree":
-        return f"tree-d{arm.depth}k{arm.topk}v{tree_budget(arm)}"
+    if _is_tree(arm):
+        return f"{arm.kind}-d{arm.depth}k{arm.topk}v{tree_budget(arm)}"
     return f"{arm.kind}-d{arm.depth}"
+
+
+def _is_tree(arm: ArmSpec) -> bool:
+    return arm.kind == "tree" or (arm.kind == "history" and arm.topk > 1)
 
 
 def tree_budget(arm: ArmSpec) -> int:
@@ -56,19 +68,32 @@ def verify_width(arm: ArmSpec) -> int:
     """Tokens per row the target forwards in one step of this arm (the root plus its draft nodes)."""
     if arm.kind == "plain":
         return 1
-    return 1 + (tree_budget(arm) if arm.kind == "tree" else arm.depth)
+    return 1 + (tree_budget(arm) if _is_tree(arm) else arm.depth)
 
 
 def arm_indices(spec: SpeculativeSpec) -> list[int]:
     """Indices into `spec.arms` usable in `spec.mode` (see the module docstring)."""
     if spec.mode == "off":
         return []
+    usable = [i for i, a in enumerate(spec.arms) if spec.history.enabled or a.kind not in HISTORY_KINDS]
     if spec.mode == "ngram":
-        chosen = [i for i, a in enumerate(spec.arms) if a.kind in ("ngram", "plain")]
-        if not any(spec.arms[i].kind == "ngram" for i in chosen):
-            raise ValueError("speculative.mode 'ngram' needs at least one arm of kind 'ngram' in speculative.arms")
+        chosen = [i for i in usable if spec.arms[i].kind in MODEL_FREE_KINDS]
+        if not any(spec.arms[i].kind != "plain" for i in chosen):
+            raise ValueError("speculative.mode 'ngram' needs at least one arm of kind 'ngram' or 'history' "
+                             "(with speculative.history.enabled) in speculative.arms")
         return chosen
-    return list(range(len(spec.arms)))
+    return usable
+
+
+def uses_history(spec: SpeculativeSpec) -> bool:
+    """Whether some arm usable in `spec.mode` reads the rollout-history store."""
+    return any(spec.arms[i].kind in HISTORY_KINDS for i in arm_indices(spec))
+
+
+def new_history_store(spec: SpeculativeSpec) -> HistoryStore:
+    """An empty rollout-history store sized by `speculative.history`."""
+    h = spec.history
+    return HistoryStore(max_nodes=h.max_nodes, min_match=h.min_match, max_match=h.max_match, max_draft=h.max_draft)
 
 
 def build_arms(
@@ -79,6 +104,7 @@ def build_arms(
     max_batch_size: int,
     max_context: int,
     compile: bool = False,
+    history: HistoryStore | None = None,
 ) -> list[Arm]:
     """The arms of `spec.mode`, each with its drafter (a drafter factory over `spec.arms`).
 
@@ -86,6 +112,8 @@ def build_arms(
     learned EAGLE drafter, bound to the target's embedding and head; required when an arm of kind
     chain or tree is in use. The engine must keep hidden states (`Engine(return_hidden=True)`).
     compile: the EAGLE arms' drafter steps are compiled (as the engine's, `Engine(compile=True)`).
+    history: the rollout-history store of the history and mixed arms (a new one from
+    `speculative.history` when None and such an arm is in use).
     """
     indices = arm_indices(spec)
     needs_drafter = any(spec.arms[i].kind in LEARNED_KINDS for i in indices)
@@ -95,17 +123,19 @@ def build_arms(
         )
     scratch = max((_scratch(spec.arms[i]) for i in indices), default=0)
     shared = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch) if needs_drafter else None
+    if history is None and any(spec.arms[i].kind in HISTORY_KINDS for i in indices):
+        history = new_history_store(spec)
     arms = []
     for i in indices:
         arm = spec.arms[i]
-        built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context)
+        built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context, history)
         arms.append(Arm(i, arm_label(arm), arm, built))
     return arms
 
 
 def _scratch(arm: ArmSpec) -> int:
     """Drafter cache slots an arm writes past the committed ones in one step."""
-    if arm.kind == "chain":
+    if arm.kind in ("chain", "mixed"):
         return arm.depth - 1
     if arm.kind == "tree":
         return arm.topk * (arm.depth - 1)
@@ -120,14 +150,23 @@ def _drafter(
     shared: EagleCache | None,
     max_batch_size: int,
     max_context: int,
+    history: HistoryStore | None,
 ) -> Drafter | None:
     if arm.kind == "plain":
         return None
     if arm.kind == "ngram":
         return NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max)
+    if arm.kind == "history" and history is not None:
+        if arm.topk > 1:
+            return HistoryTreeDrafter(history, topk=arm.topk, depth=arm.depth, budget=tree_budget(arm))
+        return HistoryDrafter(history, arm.depth)
     if drafter is None or shared is None:
         raise ValueError(f"arm kind {arm.kind!r} needs the learned drafter")
     built: EagleChainDrafter | EagleTreeDrafter
+    if arm.kind == "mixed" and history is not None:
+        eagle = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context)
+        eagle.state = shared
+        return MixedDrafter(history, eagle, arm.depth)
     if arm.kind == "chain":
         built = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context)
     elif arm.kind == "tree":
@@ -136,6 +175,7 @@ def _drafter(
             max_batch_size=max_batch_size, max_context=max_context,
         )
     else:
-        raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'plain', got {arm.kind!r}")
+        raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'plain', "
+                         f"got {arm.kind!r}")
     built.state = shared
     return built

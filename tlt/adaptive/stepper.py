@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlt.adaptive.arms import Arm, build_arms
+from tlt.rollout.history import HistoryStore
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.switch import sd_bucket
 from tlt.config import SpeculativeSpec
@@ -178,13 +179,16 @@ def build_adaptive_stepper(
     context: int,
     bandit: BucketedBandit | None = None,
     seed: int = 0,
+    history: HistoryStore | None = None,
 ) -> AdaptiveStepper:
     """The engine's adaptive stepper for `spec` (arms of `spec.mode`, threshold, buckets).
 
-    Pass the previous rollout's `bandit` to keep what it learned; a new one is seeded with `seed`.
+    Pass the previous rollout's `bandit` to keep what it learned; a new one is seeded with `seed`; pass the
+    engine's rollout-history store (`history`) to keep earlier rollouts' responses for history drafts.
     The engine must keep hidden states (`Engine(return_hidden=True)`) for the EAGLE arms.
     """
     arms = build_arms(spec, embed=runner.model.get_input_embeddings(), drafter=drafter,
-                      max_batch_size=rows, max_context=context, compile=runner.compiled is not None)
+                      max_batch_size=rows, max_context=context, compile=runner.compiled is not None,
+                      history=history)
     bandit = bandit if bandit is not None else new_bandit(spec, len(arms), seed)
     return AdaptiveStepper(runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets)

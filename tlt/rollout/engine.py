@@ -19,6 +19,7 @@ from tlt.rollout.types import Completion, Request, StepMetrics
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[StepMetrics], None]
+WaveObserver = Callable[[list[Sequence]], None]
 
 
 class Engine:
@@ -29,6 +30,8 @@ class Engine:
     `Stepper` built on `runner` (e.g. speculative decoding). `tokens_processed` counts the tokens
     the target forwarded: real prompt tokens plus every token fed while decoding. compile: run the
     target (and drafters built with `compile=engine.compiled`) through compiled steps.
+    `wave_observers` are called with every wave's sequences once the wave has finished (e.g. the
+    rollout-history store indexes them, whichever stepper ran).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Engine:
         self.max_context = max_context
         self.return_hidden = return_hidden
         self.tokens_processed = 0
+        self.wave_observers: list[WaveObserver] = []
 
     @property
     def compiled(self) -> bool:
@@ -83,6 +87,8 @@ class Engine:
                 new = _generated(batch) - generated
                 on_step(StepMetrics(step, running, new, fed, finished, time.perf_counter() - t0))
             step, advance = step + 1, self.stepper.step
+        for observe in self.wave_observers:
+            observe(batch.all_sequences)
         return batch.completions()
 
     def _sequence(self, request: Request) -> Sequence:

@@ -14,6 +14,7 @@ from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper, build_adaptive_stepper
 from tlt.config import SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
+from tlt.rollout.history import HistoryStore
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.stepper import PlainStepper
 
@@ -27,8 +28,10 @@ def rollout_stepper(
     context: int,
     bandit: BucketedBandit | None,
     seed: int,
+    history: HistoryStore | None = None,
 ) -> PlainStepper | AdaptiveStepper:
     """The stepper of one rollout (build a fresh one per rollout; pass the previous one's bandit)."""
     if spec.mode == "off":
         return PlainStepper(runner)
-    return build_adaptive_stepper(spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed)
+    return build_adaptive_stepper(spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed,
+                                  history=history)

@@ -29,6 +29,7 @@ from typing import Any
 import ray
 import torch
 
+from tlt.adaptive.arms import new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
 from tlt.config import RunSpec
@@ -131,6 +132,9 @@ class RolloutWorker:
         if self.uses_drafter:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
             self.drafter.bind_policy(model)
+        self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
+        if self.history is not None:  # kept across steps: a prompt's earlier responses draft its next ones
+            self.engine.wave_observers.append(self.history.observe)
         self.warmup_seconds = warm_up(self.engine, self.drafter)  # compile now, not in step 0's rollout
         if self.uses_drafter and spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
@@ -205,7 +209,8 @@ class RolloutWorker:
             trace(metrics)
 
         stepper = rollout_stepper(self.spec.speculative, self.engine.runner, self.drafter, rows=self.rows,
-                                  context=self.context, bandit=self.bandit, seed=self.spec.algorithm.seed + self.index)
+                                  context=self.context, bandit=self.bandit, seed=self.spec.algorithm.seed + self.index,
+                                  history=self.history)
         if isinstance(stepper, AdaptiveStepper) and self._bandit_state is not None:
             stepper.bandit.load_state_dict(self._bandit_state)
             self._bandit_state = None
