@@ -50,8 +50,11 @@ def test_sd_rows_cover_every_variant_batch_and_temperature(report):
 def test_accept_lengths_are_reachable_by_each_draft_shape(report):
     cfg = SdBenchConfig.quick()
     most = {f"chain-{d}": d + 1 for d in cfg.chain_depths}
-    most[cfg.variants()[-2]] = cfg.tree[1] + 1  # tree: at most depth drafts plus the next token
-    most[cfg.variants()[-1]] = cfg.ngram[0] + 1
+    topk, depth, budget = cfg.tree
+    most[f"tree-k{topk}-d{depth}-b{budget}"] = depth + 1  # tree: at most depth drafts plus the next token
+    most[f"ngram-{cfg.ngram[0]}"] = cfg.ngram[0] + 1
+    most[f"history-{cfg.history[0]}"] = most[f"mixed-{cfg.history[0]}"] = cfg.history[0] + 1
+    assert set(most) | {"plain"} == set(cfg.variants())
     for row in report["sd"]["rows"]:
         if row["variant"] == "plain":
             assert row["accept_length"] == 1.0
@@ -93,3 +96,16 @@ def test_drafter_was_trained_on_the_policys_outputs(report):
     assert drafter["settings"]["policy"] == report["sd"]["policy"]["folder"].rstrip("/").rsplit("/", 1)[-1]
     assert drafter["settings"]["steps"] == SdBenchConfig.quick().drafter_steps
     assert 0.0 <= drafter["train_top1_agreement"] <= 1.0
+
+
+def test_history_summary_has_a_ratio_per_batch_at_the_sampling_temperature(report):
+    cfg = SdBenchConfig.quick()
+    rows = {(r["variant"], r["batch"], r["temperature"]): r for r in report["sd"]["rows"]}
+    t = max(cfg.temperatures)
+    for b in cfg.batches:
+        ratio = report["history_vs_ngram_accept"][str(b)]
+        assert ratio == pytest.approx(rows[f"history-{cfg.history[0]}", b, t]["accept_length"]
+                                      / rows[f"ngram-{cfg.ngram[0]}", b, t]["accept_length"])
+        assert report["mixed_vs_best_single"][str(b)] > 0
+        mixed = rows[f"mixed-{cfg.history[0]}", b, t]
+        assert sum(mixed["sources"][k] for k in ("history", "eagle", "none")) > 0

@@ -141,3 +141,13 @@ def test_mixed_skips_the_learned_drafter_when_every_row_has_history_or_is_paused
     mixed = MixedDrafter(store, eagle, k=2)
     draft = mixed.propose(_batch([_seq("a", [1, 2], [10, 11])], [done]))
     assert eagle.calls == 0 and draft.q is None and mixed.sources == {"history": 1, "eagle": 0, "none": 0}
+
+
+def test_mixed_prefers_the_learned_drafter_over_an_uncertain_history_match():
+    store = _store()
+    done = [_seq(f"s{i}", [1, 2], [10, 11, t, 5], finished=True) for i, t in enumerate([20, 21, 22, 23])]
+    eagle = _FakeEagle(k=2, vocab=40, sampled=False)
+    mixed = MixedDrafter(store, eagle, k=2)  # expects k / 2 = 1 token from EAGLE at first
+    draft = mixed.propose(_batch([_seq("a", [1, 2], [10, 11])], done))  # history: 4 ways, 0.25 + 0.25
+    assert eagle.calls == 1 and draft.tree.tokens[0, 1:].tolist() == [9, 9]
+    assert mixed.sources == {"history": 0, "eagle": 1, "none": 0}

@@ -103,3 +103,12 @@ def test_best_path_follows_the_most_frequent_continuation_and_top_children_their
 def test_bad_depth_is_refused():
     with pytest.raises(ValueError, match="depth must be >= 2"):
         SuffixTrie(depth=1)
+
+
+def test_scored_path_expects_the_product_of_shares_summed_over_prefixes():
+    trie = SuffixTrie(depth=6)
+    for tail in ([8, 1], [8, 1], [8, 2], [9, 3]):
+        trie.open("k", [1, 2, *tail])
+    node = trie.longest_match(trie.open("k", [0, 1, 2]), 1, 3)
+    tokens, expected = trie.scored_path(node, 2)
+    assert tokens == [8, 1] and expected == pytest.approx(0.75 + 0.75 * (2 / 3))

@@ -1,5 +1,11 @@
 """`tlt bench engine --part sd`: speculative decoding vs plain decoding on the warm-started policy,
-with an EAGLE drafter trained on the policy's own outputs, plus the verify and drafter-step costs."""
+with an EAGLE drafter trained on the policy's own outputs, plus the verify and drafter-step costs.
+
+Sampled rows (T > 0) run GRPO-shaped groups: `group_size` samples of each prompt. The history and
+mixed variants start every timed run from a fresh rollout-history store holding one earlier "step":
+the same prompts' responses sampled with other seeds (the same policy; in RL it has moved a little
+since). Greedy rows (T = 0) run one sample per prompt (a greedy group is G copies of one answer) and
+their store starts empty: they draft from the row's own text and earlier waves only."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -26,22 +32,30 @@ from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_st
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
 from tlt.rollout.drafting import EagleCache, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
 from tlt.rollout.engine import Engine
+from tlt.rollout.history import HistoryDrafter, HistoryStore
+from tlt.rollout.mixed import MixedDrafter, RowGate
 from tlt.rollout.runner import causal_mask
+from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Request
 from tlt.tasks.countdown import CountdownTask, generate
-from tlt.tasks.warmstart import WarmstartConfig, load_metadata, load_policy, reduced_config, warm_start
+from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_metadata, load_policy, reduced_config, warm_start
 
 log = logging.getLogger(__name__)
+
+
+WARMSTARTS = {"full": WarmstartConfig, "reduced": reduced_config, "deep": deep_config}
 
 
 @dataclass(frozen=True)
 class SdBenchConfig:
     """Plain vs chain / tree / n-gram SD on the warm-started policy, plus the measured costs.
 
-    warmstart: "full" (WarmstartConfig()) or "reduced" (reduced_config()). Each running batch B runs
-    max(B, min_prompts) task prompts (waves of B, rows leave at eos). The drafter trains for
-    drafter_steps on the policy's own T=1 samples of drafter_prompts other task prompts.
+    warmstart: "full" (WarmstartConfig()), "reduced" (reduced_config()) or "deep" (deep_config()). Each
+    running batch B runs max(B, min_prompts) requests (waves of B, rows leave at eos): at T = 0 one per
+    task prompt, at T > 0 `group_size` per prompt. The drafter trains for drafter_steps on the policy's
+    own T=1 samples of drafter_prompts other task prompts. history: (k, min_match, max_match) of the
+    history and mixed variants (the mixed one's EAGLE chain drafts k too).
     """
 
     warmstart: str = "full"
@@ -53,6 +67,9 @@ class SdBenchConfig:
     chain_depths: tuple[int, ...] = (2, 4)
     tree: tuple[int, int, int] = (2, 4, 8)  # (top-k, depth, verify budget)
     ngram: tuple[int, int, int] = (4, 2, 4)  # (k, ngram_min, ngram_max)
+    history: tuple[int, int, int] = (4, 2, 8)  # (k, min_match, max_match)
+    history_nodes: int = 400_000
+    group_size: int = 8
     drafter_prompts: int = 512
     drafter_steps: int = 400
     drafter_batch: int = 32
@@ -66,18 +83,19 @@ class SdBenchConfig:
     @classmethod
     def quick(cls, repeats: int = 1) -> SdBenchConfig:
         return cls(warmstart="reduced", batches=(1, 4), min_prompts=2, max_new_tokens=16, drafter_prompts=16,
-                   drafter_steps=5, drafter_batch=16, cost_widths=(2, 4), cost_context=32, repeats=repeats)
+                   drafter_steps=5, drafter_batch=16, cost_widths=(2, 4), cost_context=32, repeats=repeats,
+                   group_size=2)
 
     def variants(self) -> list[str]:
         topk, depth, budget = self.tree
         return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"tree-k{topk}-d{depth}-b{budget}",
-                f"ngram-{self.ngram[0]}"]
+                f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}"]
 
 
 def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokenizerBase]:
-    if cfg.warmstart not in ("full", "reduced"):
-        raise ValueError(f"warmstart must be 'full' or 'reduced', got {cfg.warmstart!r}")
-    folder = warm_start(WarmstartConfig() if cfg.warmstart == "full" else reduced_config())
+    if cfg.warmstart not in WARMSTARTS:
+        raise ValueError(f"warmstart must be one of {sorted(WARMSTARTS)}, got {cfg.warmstart!r}")
+    folder = warm_start(WARMSTARTS[cfg.warmstart]())
     model, tokenizer = load_policy(folder)
     return folder, model.eval(), tokenizer
 
@@ -160,6 +178,11 @@ def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter
                                            max_batch_size=batch, max_context=context)
     elif variant.startswith("ngram-"):
         stepper_drafter = NgramDrafter(*cfg.ngram)
+    elif variant.startswith("history-"):
+        stepper_drafter = HistoryDrafter(_history_store(cfg, []), cfg.history[0])
+    elif variant.startswith("mixed-"):
+        k = cfg.history[0]
+        stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context), k)
     elif variant == "plain":
         return engine
     else:
@@ -177,6 +200,7 @@ class SdRow:
     tokens: int = 0
     accept_length: float = 1.0
     mean_running: float = 0.0
+    sources: dict[str, int] = field(default_factory=dict)  # mixed: row-steps by draft source
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     seconds: list[float] = field(default_factory=list)
 
@@ -184,15 +208,43 @@ class SdRow:
         median = statistics.median(self.seconds)
         return {"variant": self.variant, "batch": self.batch, "temperature": self.temperature,
                 "prompts": self.prompts, "tokens": self.tokens, "accept_length": self.accept_length,
-                "mean_running": self.mean_running, "seconds": self.seconds, "tokens_per_s": self.tokens / median,
+                "mean_running": self.mean_running, "sources": self.sources, "seconds": self.seconds, "tokens_per_s": self.tokens / median,
                 "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)]}
 
 
-def _sd_runner(row: SdRow, engine: Engine, requests: list[Request]) -> Callable[[], float]:
+def _history_store(cfg: SdBenchConfig, earlier: list[Sequence]) -> HistoryStore:
+    """A store holding `earlier` (finished responses of an earlier step)."""
+    k, min_match, max_match = cfg.history
+    store = HistoryStore(max_nodes=cfg.history_nodes, min_match=min_match, max_match=max_match, max_draft=k)
+    store.observe(earlier)
+    return store
+
+
+def _earlier_step(policy: PreTrainedModel, requests: list[Request], batch: int, context: int) -> list[Sequence]:
+    """The same requests sampled with other seeds, as finished sequences (an earlier step's responses)."""
+    other = [Request(r.request_id, r.prompt_ids, replace(r.params, seed=(r.params.seed or 0) + 1_000_003))
+             for r in requests]
+    out = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=False).generate(other)
+    seqs = []
+    for request, c in zip(other, out):
+        seq = Sequence(request, limit=request.params.max_new_tokens, tokens=list(c.token_ids))
+        seq.finish_reason = c.finish_reason
+        seqs.append(seq)
+    return seqs
+
+
+def _sd_runner(row: SdRow, engine: Engine, requests: list[Request], cfg: SdBenchConfig,
+               earlier: list[Sequence]) -> Callable[[], float]:
     def go() -> float:
         running: list[int] = []
         if isinstance(engine.stepper, SpeculativeStepper):
             engine.stepper.stats = AcceptanceStats()
+            drafter = engine.stepper.drafter
+            if isinstance(drafter, (HistoryDrafter, MixedDrafter)):  # a fresh store: this step's history only
+                drafter.store = _history_store(cfg, earlier)
+                engine.wave_observers = [drafter.store.observe]
+            if isinstance(drafter, MixedDrafter):
+                drafter.gate, drafter.sources = RowGate(), dict.fromkeys(drafter.sources, 0)
         t0 = time.perf_counter()
         out = engine.generate(requests, on_step=lambda m: running.append(m.running))
         seconds = time.perf_counter() - t0
@@ -201,6 +253,8 @@ def _sd_runner(row: SdRow, engine: Engine, requests: list[Request]) -> Callable[
         row.mean_running = statistics.fmean(running[1:] or running)  # decode steps (step 0 is prefill)
         if isinstance(engine.stepper, SpeculativeStepper):
             row.accept_length = engine.stepper.stats.accept_length
+            if isinstance(engine.stepper.drafter, MixedDrafter):
+                row.sources = {**engine.stepper.drafter.sources, "gated": engine.stepper.drafter.gate.skipped}
         return seconds
 
     return go
@@ -245,15 +299,18 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     task = _task(folder)
     variants: list[tuple[SdRow, Callable[[], float]]] = []
     for batch in cfg.batches:
-        problems = generate(max(batch, cfg.min_prompts), cfg.seed + 1, task)
+        n = max(batch, cfg.min_prompts)
         for temperature in cfg.temperatures:
-            requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=temperature, seed=cfg.seed)
+            group = cfg.group_size if temperature > 0 else 1
+            problems = generate(-(-n // group), cfg.seed + 1, task)
+            requests = make_requests(tokenizer, [p for p in problems for _ in range(group)],
+                                     max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=cfg.seed)
             context = _context(policy, requests)
+            earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
-                row = SdRow(name, batch, temperature, len(requests))
-                variants.append((row, _sd_runner(row, sd_engine(name, cfg, policy, drafter, batch, context),
-                                                 requests)))
+                row = SdRow(name, batch, temperature, len(problems))
+                engine = sd_engine(name, cfg, policy, drafter, batch, context)
+                variants.append((row, _sd_runner(row, engine, requests, cfg, earlier)))
     for _, go in variants:  # warm-up round, not timed
         go()
     for round_ in range(cfg.repeats):
@@ -283,4 +340,20 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     }
     costs = {"clock": "wall", "context": cfg.cost_context, "estimate": "fastest repeat",
                   "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy)}
-    return {"sd": sd, "costs": costs}
+    return {"sd": sd, "costs": costs, **history_summary(sd["rows"], cfg)}
+
+
+def history_summary(rows: list[dict], cfg: SdBenchConfig) -> dict[str, dict[str, float]]:
+    """At the highest temperature (GRPO samples), per batch: history's accept length over n-gram's, and
+    the mixed variant's tokens/s over the best single drafter's (EAGLE chains, tree, history)."""
+    temperature = max(cfg.temperatures)
+    k = cfg.history[0]
+    at = {(r["variant"], r["batch"]): r for r in rows if r["temperature"] == temperature}
+    singles = [v for v in cfg.variants() if v.startswith(("chain-", "tree-", "history-"))]
+    out: dict[str, dict[str, float]] = {"history_vs_ngram_accept": {}, "mixed_vs_best_single": {}}
+    for b in cfg.batches:
+        ngram = at[f"ngram-{cfg.ngram[0]}", b]["accept_length"]
+        out["history_vs_ngram_accept"][str(b)] = at[f"history-{k}", b]["accept_length"] / ngram
+        best = max(at[v, b]["tokens_per_s"] for v in singles)
+        out["mixed_vs_best_single"][str(b)] = at[f"mixed-{k}", b]["tokens_per_s"] / best
+    return out

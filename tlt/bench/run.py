@@ -6,7 +6,9 @@ Repeats are interleaved (every variant once per round) and sums over all steps a
 median and range. After every step the variant's current drafter is measured at ONE fixed arm
 on held-out prompts (accept length, bonus token included), so drafters compare on equal terms.
 The verify cost curve of the same policy and its drafter step's cost (`tlt.adaptive.costs`) give
-the ideal SD speedup.
+the ideal SD speedup. Drift, after every step: the held-out KL(step 0 || step t) of every variant's
+policy (`tlt.bench.drift`), and in the `frozenIn` variants (default: vanilla) the accept length of
+the frozen warm-start drafter with the current policy (how much a drafter that never adapts loses).
 Aggregation lives in `tlt.bench.run_summary`; this module runs things.
 """
 
@@ -28,10 +30,13 @@ import ray
 import torch
 import yaml
 
+from transformers import PreTrainedModel
+
 from tlt.adaptive.costs import measure_costs, measure_drafter_costs
+from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.run_summary import summarize
 from tlt.config import TLTTrainingRun
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.drafting import EagleChainDrafter
 from tlt.rollout.engine import Engine
@@ -41,7 +46,7 @@ from tlt.runtime import steps
 from tlt.rollout.compiled import resolve_compile
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.warmstart import WarmstartConfig, deep_config, reduced_config
+from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_policy, reduced_config, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,7 @@ class Workload:
     costs: dict[str, Any]
     quick: bool
     drafter_warmstart: dict[str, Any] | None = None
+    frozen_in: tuple[str, ...] = ("vanilla",)
 
 
 def resolve_warmstart(value: Any, path: Path) -> WarmstartConfig:
@@ -112,8 +118,12 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
         unknown = sorted(set(warm) - set(DRAFTER_WARMSTART_KEYS))
         if unknown:
             raise ValueError(f"{path}: drafterWarmstart: unknown keys {unknown}; allowed: {list(DRAFTER_WARMSTART_KEYS)}")
+    frozen_in = data.get("frozenIn", ["vanilla"])
+    if not isinstance(frozen_in, list) or any(v not in data["variants"] for v in frozen_in):
+        raise ValueError(f"{path}: frozenIn must be a list of variant names from {sorted(data['variants'])}, "
+                         f"got {frozen_in!r}")
     return Workload(path, hashlib.sha256(raw).hexdigest(), data["name"], warmstart, data["spec"],
-                    data["variants"], n, data["heldout"], data["costs"], quick, warm)
+                    data["variants"], n, data["heldout"], data["costs"], quick, warm, tuple(frozen_in))
 
 
 def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None]:
@@ -125,8 +135,6 @@ def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None
     if not cfg:
         return None, None
     from tlt.bench.engine_sd import SdBenchConfig, trained_drafter
-    from tlt.tasks.warmstart import load_policy, warm_start
-
     folder = warm_start(workload.warmstart)
     policy, tokenizer = load_policy(folder)
     sd_cfg = SdBenchConfig(
@@ -146,33 +154,74 @@ def variant_run(workload: Workload, variant: str, repeat: int, drafter: Path | N
     return TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
 
 
+def heldout_requests(trainer: RayTrainer, workload: Workload) -> list[Request]:
+    """The held-out prompts (eval split) as requests sampled at the workload's temperature, fixed seeds."""
+    cfg = workload.heldout
+    problems = load_problems(trainer.spec.dataset, "eval")[: cfg["prompts"]]
+    stop = (trainer.tokenizer.eos_token_id,) if trainer.tokenizer.eos_token_id is not None else ()
+    algo = trainer.spec.algorithm
+    return [Request(f"heldout-{i}", trainer.tokenizer(p.prompt).input_ids,
+                    SamplingParams(algo.temperature, algo.top_p, cfg["maxNewTokens"], stop,
+                                   steps.derive_seed("heldout", cfg["seed"], i)))
+            for i, p in enumerate(problems)]
+
+
 @torch.inference_mode()
+def accept_length(policy: PreTrainedModel, params: dict[str, torch.Tensor], requests: list[Request],
+                  depth: int) -> float:
+    """Accept length of the drafter with `params` on `policy` (a copy is used), one request at a time,
+    at one EAGLE chain arm of `depth` drafts."""
+    drafter = EagleDrafter(drafter_config_from_target(policy.config)).to(policy.dtype)
+    drafter.load_state_dict({k: v.to(policy.dtype) for k, v in params.items()})
+    drafter.bind_policy(policy)
+    context = min(policy.config.max_position_embeddings,
+                  max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + depth + 1)
+    engine = Engine(policy, max_batch_size=1, max_context=context, return_hidden=True)
+    stepper = SpeculativeStepper(engine.runner, EagleChainDrafter(drafter, policy.get_input_embeddings(),
+                                                                  depth, 1, context))
+    engine.stepper = stepper
+    engine.generate(requests)
+    return stepper.stats.accept_length
+
+
 def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | None:
     """Accept length of the run's current drafter (from its hub) with the current policy, at one
     fixed EAGLE chain arm, on held-out prompts; None for a run without a drafter."""
     if trainer.actors is None or trainer.actors.hub is None:
         return None
     _, params = ray.get(trainer.actors.hub.pull.remote())
-    cfg = workload.heldout
     policy = copy.deepcopy(trainer.policy).to(resolve_dtype(trainer.spec.model.dtype)).eval()
-    drafter = EagleDrafter(drafter_config_from_target(policy.config)).to(policy.dtype)
-    drafter.load_state_dict({k: v.to(policy.dtype) for k, v in params.items()})
-    drafter.bind_policy(policy)
-    problems = load_problems(trainer.spec.dataset, "eval")[: cfg["prompts"]]
-    stop = (trainer.tokenizer.eos_token_id,) if trainer.tokenizer.eos_token_id is not None else ()
-    algo = trainer.spec.algorithm
-    requests = [Request(f"heldout-{i}", trainer.tokenizer(p.prompt).input_ids,
-                        SamplingParams(algo.temperature, algo.top_p, cfg["maxNewTokens"], stop,
-                                       steps.derive_seed("heldout", cfg["seed"], i)))
-                for i, p in enumerate(problems)]
-    context = min(policy.config.max_position_embeddings,
-                  max(len(r.prompt_ids) for r in requests) + cfg["maxNewTokens"] + cfg["depth"] + 1)
-    engine = Engine(policy, max_batch_size=1, max_context=context, return_hidden=True)
-    stepper = SpeculativeStepper(engine.runner, EagleChainDrafter(drafter, policy.get_input_embeddings(),
-                                                                  cfg["depth"], 1, context))
-    engine.stepper = stepper
-    engine.generate(requests)
-    return stepper.stats.accept_length
+    return accept_length(policy, params, heldout_requests(trainer, workload), workload.heldout["depth"])
+
+
+class DriftProbe:
+    """Per step of one run: held-out KL(step 0 || step t), and (when `frozen` is given) the frozen
+    drafter's held-out accept length with the current policy. The step-0 policy is the warm start."""
+
+    def __init__(self, workload: Workload, frozen: Path | None) -> None:
+        self.workload, self.frozen_path = workload, frozen
+        self.reference: PreTrainedModel | None = None
+        self.batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @torch.inference_mode()
+    def __call__(self, trainer: RayTrainer) -> dict[str, float | None]:
+        dtype = resolve_dtype(trainer.spec.model.dtype)
+        requests = heldout_requests(trainer, self.workload)
+        if self.reference is None:
+            self.reference = load_policy(warm_start(self.workload.warmstart))[0].to(dtype).eval()
+            context = min(self.reference.config.max_position_embeddings,
+                          max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + 1)
+            engine = Engine(self.reference, max_batch_size=len(requests), max_context=context, return_hidden=False)
+            self.batch = response_batch([(c.prompt_ids, c.token_ids) for c in engine.generate(requests)])
+        policy = copy.deepcopy(trainer.policy).to(dtype).eval()
+        out: dict[str, float | None] = {
+            "heldout_kl": policy_kl(self.reference, policy, *self.batch, trainer.spec.algorithm.temperature),
+            "frozen_accept_length": None,
+        }
+        if self.frozen_path is not None:
+            params = load_drafter(self.frozen_path, policy).state_dict()
+            out["frozen_accept_length"] = accept_length(policy, params, requests, self.workload.heldout["depth"])
+        return out
 
 
 def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int,
@@ -181,20 +230,27 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
     run = variant_run(workload, variant, repeat, drafter)
     trainer = RayTrainer(run, out_dir, warmstart=workload.warmstart, num_cpus=num_cpus)
     accept: list[float | None] = []
+    drift: list[dict[str, float | None]] = []
+    probe = DriftProbe(workload, drafter if variant in workload.frozen_in else None)
+
+    def on_step(_: Any) -> None:
+        accept.append(heldout_accept_length(trainer, workload))
+        drift.append(probe(trainer))
+
     started = time.perf_counter()
-    history = trainer.train(on_step=lambda _: accept.append(heldout_accept_length(trainer, workload)))
+    history = trainer.train(on_step=on_step)
     keep = ("rollout_seconds", "step_seconds", "update_seconds", "generated_tokens", "reward_mean",
             "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "harvested_seconds",
             "idle_seconds", "seconds_by_running", "sd_arms", "sd_arm_rates", "drafter_updates", "tail_seconds")
     return {"variant": variant, "repeat": repeat, "wall_seconds": time.perf_counter() - started,
-            "steps": [{k: m.get(k) for k in keep} for m in history], "heldout_accept_length": accept}
+            "steps": [{k: m.get(k) for k in keep} for m in history], "heldout_accept_length": accept,
+            "heldout_kl": [d["heldout_kl"] for d in drift],
+            "frozen_accept_length": [d["frozen_accept_length"] for d in drift]}
 
 
 def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The verify cost curve of the starting policy in the workload's dtype, and the cost of one
     drafter step relative to one target step at each batch (see tlt.adaptive.costs)."""
-    from tlt.tasks.warmstart import load_policy, warm_start
-
     model, _ = load_policy(warm_start(workload.warmstart))
     model = model.to(resolve_dtype(workload.spec["model"]["dtype"])).eval()
     c = workload.costs

@@ -91,6 +91,10 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                   for i in range(n_steps)],
         "rollout_accept_length": [_median_or_none([r["steps"][i]["accept_length"] for r in runs])
                                   for i in range(n_steps)],
+        "heldout_kl": [_median_or_none([(r.get("heldout_kl") or [None] * n_steps)[i] for r in runs])
+                       for i in range(n_steps)],
+        "frozen_accept_length": [_median_or_none([(r.get("frozen_accept_length") or [None] * n_steps)[i] for r in runs])
+                                 for i in range(n_steps)],
         "arms_chosen": dict(sorted(arms.items())),
         "harvested_seconds": spread([sum(s.get("harvested_seconds") or 0.0 for s in r["steps"]) for r in runs]),
         "idle_seconds": spread([sum(s.get("idle_seconds") or 0.0 for s in r["steps"]) for r in runs]),
@@ -157,6 +161,7 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "interference_ci95": interference_ci,
         "interference_per_repeat": interference,
         "reward_delta": tlt["final_reward"]["median"] - van["final_reward"]["median"],
+        "frozen_accept_drop": frozen_drop(van["frozen_accept_length"]),
         "ideal_speedup": ideal,
         "tlt_fraction_of_ideal": rollout_speedup / ideal if ideal else None,
         "ideal_speedup_free_drafter": ideal_free,
@@ -168,6 +173,13 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "load_average": load,
         "runs": runs,
     }
+
+
+def frozen_drop(series: list[float | None]) -> float | None:
+    """1 - last / first of a frozen drafter's per-step held-out accept length (the share it lost as the
+    policy moved); None when not measured."""
+    values = [v for v in series if v is not None]
+    return 1.0 - values[-1] / values[0] if len(values) >= 2 and values[0] else None
 
 
 def _default_threshold() -> int:

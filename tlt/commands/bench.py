@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from tlt.bench.run_cli import add_run_arguments, run_run
@@ -21,6 +22,23 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="hf: this engine vs transformers generate; sd: speculative decoding rows and costs; compiled: eager vs "
         "compiled steps vs generate vs the weight-read bound; all: every part",
     )
+    parser.add_argument(
+        "--warmstart", choices=("full", "reduced", "deep"), default=None,
+        help="policy of the sd part: full (default), reduced, or deep (16 layers, shaped like a reasoning LLM)",
+    )
+    parser.add_argument(
+        "--batches", type=_batches, default=None, help="running batch sizes of the sd part, e.g. 1,4,16 (default 1,4,32)",
+    )
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batches: comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"--batches: every batch size must be >= 1, got {text!r}")
+    return out
 
 
 def _engine_run(args: argparse.Namespace) -> int:
@@ -43,6 +61,8 @@ def _engine_run(args: argparse.Namespace) -> int:
         if args.part in ("all", "sd"):
             sd_cfg = SdBenchConfig.quick(repeats=args.repeats or 1) if args.quick else SdBenchConfig(
                 repeats=args.repeats or 3)
+            overrides = {"warmstart": args.warmstart, "batches": args.batches}
+            sd_cfg = replace(sd_cfg, **{k: v for k, v in overrides.items() if v is not None})
             result.update(run_sd_bench(sd_cfg, on_row=lambda text: status.update(text)))
         if args.part in ("all", "compiled"):
             c_cfg = CompiledBenchConfig.quick(repeats=args.repeats or 1) if args.quick else CompiledBenchConfig(
@@ -85,6 +105,14 @@ def _engine_tables(result: dict) -> list:
             table.add_row(row["variant"], str(row["batch"]), f"{row['temperature']:g}", f"{row['accept_length']:.2f}",
                           f"{row['tokens_per_s']:.0f}", f"{ratio['over_plain']:.2f}x", f"{low:.2f}-{high:.2f}")
         tables.append(table)
+        if "history_vs_ngram_accept" in result:
+            table = Table(title=f"history drafts at T={max(sd['config']['temperatures']):g} (GRPO groups of "
+                          f"{sd['config']['group_size']})")
+            for column in ("batch", "history / ngram accept", "mixed / best single tok/s"):
+                table.add_column(column, justify="right")
+            for b, ratio in result["history_vs_ngram_accept"].items():
+                table.add_row(b, f"{ratio:.2f}x", f"{result['mixed_vs_best_single'][b]:.2f}x")
+            tables.append(table)
         costs = result["costs"]
         table = Table(title=f"costs after {costs['context']} cached tokens (ms, {costs['estimate']})")
         for column in ("batch", "width (tokens/row)", "target forward ms", "vs 1 token"):

@@ -1,9 +1,10 @@
-"""`tlt demo [--out DIR] [--full-warmstart]`: `tlt train examples/run.yaml` on a local Ray cluster.
+"""`tlt demo [--out DIR]`: the same RL run twice on a local Ray cluster, vanilla then TLT, side by side.
 
-The example run (built-in task, speculative.mode tlt, two rollout workers) with the live display
-and the end-of-run report. By default the policy is the reduced warm start (trained and cached
-on first use, minutes on 2 CPU cores) so that set-up plus run stay within minutes;
---full-warmstart uses the default warm start that `tlt train` uses (a longer first run).
+`examples/demo.yaml` (built-in task, the deep warm-started policy) runs with `speculative.mode: off`
+into OUT/vanilla and with the file's mode (tlt) into OUT/tlt, same prompts, seeds and steps, each
+with its live display and own report; then OUT/report.md compares them (`tlt.runtime.demo_report`).
+The warm start is trained and cached on first use (minutes on 2 CPU cores). A run folder that
+already holds a finished run is resumed, not overwritten: its steps are reused.
 """
 
 from __future__ import annotations
@@ -12,28 +13,52 @@ import argparse
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "run.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+WARMSTARTS = ("deep", "reduced", "default")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, default=EXAMPLE, help=f"run file (default: {EXAMPLE})")
     parser.add_argument("--out", type=Path, default=Path("runs") / "demo", help="output folder (default: runs/demo)")
-    parser.add_argument("--full-warmstart", action="store_true",
-                        help="use the default warm start (as `tlt train` does) instead of the reduced one")
+    parser.add_argument("--warmstart", choices=WARMSTARTS, default="deep",
+                        help="built-in policy when the file sets no model.path (default: deep, 16 layers)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the file's)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tlt.bench.run import WARMSTARTS as CONFIGS
     from tlt.config_io import SpecError, load_run
+    from tlt.runtime.demo_report import write_demo_report
     from tlt.runtime.ray_train import train_ray
-    from tlt.tasks.warmstart import WarmstartConfig, reduced_config
 
     if not args.file.is_file():
         print(f"--file {args.file}: no such file; run from a checkout of the repository or pass --file", file=sys.stderr)
+        return 2
+    if args.steps is not None and args.steps < 1:
+        print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
     try:
         spec = load_run(args.file)
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2
-    warmstart = WarmstartConfig() if args.full_warmstart else reduced_config()
-    return train_ray(spec, args.out, warmstart=warmstart)
+    if args.steps is not None:
+        spec.spec.algorithm.steps = args.steps
+    if spec.spec.speculative.mode == "off":
+        print(f"{args.file}: speculative.mode is 'off'; the demo compares it with a speculative mode", file=sys.stderr)
+        return 2
+    warmstart = CONFIGS[args.warmstart]()
+    vanilla = spec.model_copy(deep=True)
+    vanilla.spec.speculative.mode = "off"
+    for name, run_ in (("vanilla", vanilla), ("tlt", spec)):
+        code = train_ray(run_, args.out / name, warmstart=warmstart)
+        if code:
+            return code
+    path, c = write_demo_report(args.out, args.out / "vanilla", args.out / "tlt")
+    Console().print(f"[bold]TLT vs vanilla[/bold] over {c['steps']} steps: rollout {c['rollout_speedup']:.2f}x, "
+                    f"step {c['step_speedup']:.2f}x; reward vanilla {c['reward']['vanilla']['first']:.3f} -> "
+                    f"{c['reward']['vanilla']['last']:.3f}, TLT {c['reward']['tlt']['first']:.3f} -> "
+                    f"{c['reward']['tlt']['last']:.3f}; report {path}")
+    return 0

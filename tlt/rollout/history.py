@@ -91,8 +91,12 @@ class HistoryStore:
 
     def chain(self, seq: Sequence, k: int) -> list[int]:
         """Up to k history tokens for a running sequence ([] when nothing matched)."""
+        return self.scored_chain(seq, k)[0]
+
+    def scored_chain(self, seq: Sequence, k: int) -> tuple[list[int], float]:
+        """`chain` and its expected accepted length by the index's frequencies (0 when nothing matched)."""
         node = self.match(seq)
-        return [] if node is None else self.trie.best_path(node, k)
+        return ([], 0.0) if node is None else self.trie.scored_path(node, k)
 
 
 class HistoryDrafter:

@@ -1,5 +1,12 @@
-"""The mixed drafter: per row, history drafts where the row has a history match, the learned EAGLE
-drafter where it has none, and nothing where the row's recent drafts were rejected.
+"""The mixed drafter: per row, history drafts where the row's history match is expected to be
+accepted at least as far as the learned EAGLE drafter's, the EAGLE drafter elsewhere, and nothing
+where the row's recent drafts were rejected.
+
+The choice per row compares expected accepted tokens: a history chain's is read from the index's own
+frequencies (the sum over i of the product of the first i drafts' shares of their continuations,
+`SuffixTrie.scored_path`); the EAGLE drafter's is a running mean of the tokens its drafts actually got
+accepted (per row-step, all rows pooled, starting at k / 2). History drafts cost nothing; the EAGLE
+drafter costs a pass per draft token for the whole batch, so it runs only when some row chose it.
 
 Rows are independent in verification, so one step can mix sources: a history chain carries no q
 (it is chosen), an EAGLE chain sampled from q carries q; in a sampling batch the history rows get a
@@ -37,7 +44,8 @@ class _RowState:
 
 
 class RowGate:
-    """Which rows draft this step (see the module docstring). Keyed by sequence identity."""
+    """Which rows draft this step (see the module docstring). Keyed by sequence identity. After
+    `allow`, `accepted[b]` is what row b's previous draft got accepted (None if it did not draft)."""
 
     def __init__(self, patience: int = 2, backoff: int = 2, max_backoff: int = 32) -> None:
         if patience < 1 or backoff < 1 or max_backoff < backoff:
@@ -46,17 +54,20 @@ class RowGate:
         self.patience, self.backoff, self.max_backoff = patience, backoff, max_backoff
         self._rows: dict[int, tuple[Sequence, _RowState]] = {}
         self.skipped = 0
+        self.accepted: list[int | None] = []
 
     def allow(self, sequences: list[Sequence]) -> list[bool]:
         """Per running row: may it draft this step? Learns from what the previous drafts gained."""
         out = []
+        self.accepted = []
         for seq in sequences:
             entry = self._rows.get(id(seq))
             if entry is None:
                 entry = self._rows[id(seq)] = (seq, _RowState(backoff=self.backoff))
             st = entry[1]
+            self.accepted.append(len(seq.tokens) - st.generated - 1 if st.drafted else None)
             if st.drafted:
-                accepted = len(seq.tokens) - st.generated - 1
+                accepted = self.accepted[-1]
                 if accepted > 0:
                     st.fails, st.backoff = 0, self.backoff
                 else:
@@ -81,7 +92,8 @@ class RowGate:
 
 
 class MixedDrafter:
-    """Chains of up to k tokens per row from history, else EAGLE (when given), gated by `RowGate`."""
+    """Chains of up to k tokens per row from history or EAGLE (when given), by expected accepted
+    tokens, gated by `RowGate` (see the module docstring)."""
 
     def __init__(self, store: HistoryStore, eagle: EagleChainDrafter | None, k: int, gate: RowGate | None = None) -> None:
         if not 1 <= k <= store.max_draft:
@@ -91,14 +103,21 @@ class MixedDrafter:
         self.store, self.eagle, self.k = store, eagle, k
         self.gate = gate if gate is not None else RowGate()
         self.sources = {"history": 0, "eagle": 0, "none": 0}  # row-steps by draft source
+        self.eagle_expected = k / 2  # running mean of accepted EAGLE drafts per row-step
+        self._last: dict[int, str] = {}  # id(sequence) -> source of its previous draft
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
         self.store.observe(batch.all_sequences)
         seqs = batch.sequences
         allow = self.gate.allow(seqs)
-        history = [self.store.chain(s, self.k) if ok else [] for s, ok in zip(seqs, allow)]
-        want_eagle = [ok and not h for ok, h in zip(allow, history)]
+        for seq, accepted in zip(seqs, self.gate.accepted):
+            if accepted is not None and self._last.get(id(seq)) == "eagle":
+                self.eagle_expected += 0.05 * (accepted - self.eagle_expected)
+        scored = [self.store.scored_chain(s, self.k) if ok else ([], 0.0) for s, ok in zip(seqs, allow)]
+        bar = self.eagle_expected if self.eagle is not None else 0.0
+        history = [h if h and e >= bar else [] for h, e in scored]
+        want_eagle = [ok and not h for ok, h in zip(allow, history)] if self.eagle is not None else [False] * len(seqs)
         draft, n_draft = pad_drafts(history, self.k, batch.device)
         q = None
         if self.eagle is not None and any(want_eagle):
@@ -109,7 +128,10 @@ class MixedDrafter:
             if learned.q is not None:
                 one_hot = F.one_hot(draft, learned.q.shape[-1]).to(learned.q.dtype)
                 q = torch.where(use[:, None, None], learned.q, one_hot)
+        self._last = {}
         for seq, n, h, e in zip(seqs, n_draft.tolist(), history, want_eagle):
             self.gate.drafted(seq, n)
-            self.sources["history" if h else "eagle" if e and self.eagle is not None else "none"] += 1
+            source = "history" if h else "eagle" if e else "none"
+            self.sources[source] += 1
+            self._last[id(seq)] = source
         return Draft(chain_tree(batch.last_token, draft, n_draft), chain=True, q=q)

@@ -153,14 +153,30 @@ class SuffixTrie:
     def best_path(self, node: int, k: int) -> list[int]:
         """Up to k tokens following `node`, each the most frequent child of the previous (ties: the
         child seen first)."""
+        return self.scored_path(node, k)[0]
+
+    def scored_path(self, node: int, k: int) -> tuple[list[int], float]:
+        """`best_path` and its expected accepted length under the index's own frequencies: the sum over
+        i of the product of the first i tokens' shares of their parent's continuations."""
         out: list[int] = []
+        expected, reach = 0.0, 1.0
+        count = self.count
         while len(out) < k:
             kids = self.children[node]
             if not kids:
                 break
-            token, node = max(kids.items(), key=lambda kv: self.count[kv[1]])
-            out.append(token)
-        return out
+            total = 0
+            best_token, best = -1, -1
+            for token, child in kids.items():
+                c = count[child]
+                total += c
+                if best < 0 or c > count[best]:
+                    best_token, best = token, child
+            reach *= count[best] / total
+            expected += reach
+            out.append(best_token)
+            node = best
+        return out, expected
 
     def top_children(self, node: int, k: int) -> list[tuple[int, int, float]]:
         """The k most frequent children of `node` as (token, child, share of the node's continuations)."""

@@ -1,0 +1,40 @@
+"""The demo's side-by-side comparison: totals, ratios and per-step rows from two metric histories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tlt.runtime.demo_report import compare, write_demo_report
+
+
+def _steps(rollout: list[float], reward: list[float], accept=None) -> list[dict]:
+    return [{"step": i + 1, "rollout_seconds": r, "step_seconds": r + 1.0, "update_seconds": 1.0,
+             "generated_tokens": 100, "reward_mean": w, "accept_length": None if accept is None else accept[i],
+             "idle_seconds": 2.0, "harvested_seconds": 1.5 if accept else 0.0, "sd_arms": {"history-d4": 3}}
+            for i, (r, w) in enumerate(zip(rollout, reward))]
+
+
+def test_compare_sums_ratios_and_pairs_steps():
+    c = compare(_steps([4.0, 4.0, 4.0], [0.5, 0.6, 0.7]), _steps([2.0, 2.0], [0.5, 0.8], accept=[3.0, 4.0]))
+    assert c["steps"] == 2  # the shorter run sets the steps compared
+    assert c["rollout_seconds"] == {"vanilla": 8.0, "tlt": 4.0} and c["rollout_speedup"] == 2.0
+    assert c["step_speedup"] == pytest.approx(10.0 / 6.0)
+    assert c["reward"]["tlt"] == {"first": 0.5, "last": 0.8}
+    assert c["accept_length_mean"] == 3.5 and c["harvested_seconds"] == 3.0
+    assert [r["tlt_rollout"] for r in c["per_step"]] == [2.0, 2.0]
+
+
+def test_compare_refuses_an_empty_run():
+    with pytest.raises(ValueError, match="at least one step"):
+        compare([], _steps([1.0], [0.1]))
+
+
+def test_report_is_written_beside_both_runs(tmp_path):
+    for name, steps in (("vanilla", _steps([4.0], [0.5])), ("tlt", _steps([2.0], [0.6], accept=[3.0]))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    path, c = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt")
+    text = path.read_text()
+    assert "| rollout seconds | 4.0 | 2.0 | 2.00x |" in text and (tmp_path / "side_by_side.png").stat().st_size > 0
