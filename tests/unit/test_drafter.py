@@ -50,19 +50,19 @@ def _random_inputs(batch: int, length: int, hidden: int, vocab: int = 64) -> tup
     return ids, feats, positions
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_config_copies_target_shapes_rope_and_eps_with_one_biasless_layer(family):
+@pytest.mark.parametrize(("family", "head_dim"), [("qwen2", 16), ("qwen3", 32), ("llama", 16)])
+def test_config_copies_target_shapes_rope_and_eps_with_one_biasless_layer(family, head_dim):
     target = tiny_model(family, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96, rope_theta=5e5)
     config = drafter_config_from_target(target.config)
     assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (64, 4, 2)
-    assert (config.head_dim, config.intermediate_size, config.vocab_size) == (16, 96, 64)
+    assert (config.head_dim, config.intermediate_size, config.vocab_size) == (head_dim, 96, 64)
     assert config.rope_parameters == target.config.rope_parameters
     assert config.rms_norm_eps == target.config.rms_norm_eps
     assert config.num_hidden_layers == 1
     assert not config.attention_bias and not config.mlp_bias
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 def test_state_dict_is_exactly_fc_and_layer0_without_embedding_head_or_input_norm(family):
     target = tiny_model(family)
     drafter = _bound_drafter(target)
@@ -72,6 +72,19 @@ def test_state_dict_is_exactly_fc_and_layer0_without_embedding_head_or_input_nor
     own = {id(p) for p in drafter.parameters()}
     assert id(target.lm_head.weight) not in own and id(target.model.embed_tokens.weight) not in own
     assert sum(p.numel() for p in drafter.parameters()) == sum(t.numel() for t in drafter.state_dict().values())
+
+
+def test_qwen3_target_gets_a_llama_layer_with_its_head_dim_and_no_qk_norms():
+    """vLLM's EAGLE drafters are Llama layers for every target (EagleLlamaForCausalLM has no q/k norms),
+    so a Qwen3 target's drafter has none either; it keeps the target's head_dim (heads x head_dim != H)."""
+    target = tiny_model("qwen3", hidden_size=64, num_heads=4, num_kv_heads=2)
+    drafter = _bound_drafter(target)
+    attn = drafter.layers[0].self_attn
+    assert not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm")
+    assert attn.q_proj.weight.shape == (4 * 32, 64) and attn.k_proj.weight.shape == (2 * 32, 64)
+    assert attn.o_proj.weight.shape == (64, 4 * 32)
+    ids, feats, positions = _random_inputs(2, 5, 64)
+    assert drafter(ids, feats, positions).shape == (2, 5, 64)
 
 
 def test_fc_reads_embedding_first_then_feature():
@@ -125,7 +138,9 @@ def test_target_features_are_the_final_norm_state_that_produced_the_next_token()
         assert torch.allclose(target.lm_head(target_features(target, ids)), target(ids).logits, atol=1e-6)
 
 
-@pytest.mark.parametrize(("family", "dtype"), [("qwen2", torch.float32), ("llama", torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("family", "dtype"), [("qwen2", torch.float32), ("qwen3", torch.float32), ("llama", torch.bfloat16)]
+)
 def test_save_load_round_trip_is_bitwise_and_binds_the_target(tmp_path, family, dtype):
     target = tiny_model(family, dtype=dtype)
     drafter = _bound_drafter(target)

@@ -45,7 +45,7 @@ def make_drafter(policy, seed: int = 5, dtype: torch.dtype = torch.float32) -> E
     return drafter
 
 
-@pytest.fixture(params=["qwen2", "llama"])
+@pytest.fixture(params=["qwen2", "qwen3", "llama"])
 def policy(request):
     return tiny_model(request.param, seed=2, vocab_size=64, dtype=torch.float32)
 
@@ -65,6 +65,8 @@ def test_export_writes_the_vllm_eagle_names_and_config(policy, tmp_path: Path):
     assert config["rope_theta"] == 10000.0
     assert config["torch_dtype"] == "float32"
     assert config["hidden_size"] == policy.config.hidden_size
+    assert config["head_dim"] == policy.config.head_dim  # Qwen3: heads x head_dim != hidden_size
+    assert config["tlt"]["target_model_type"] == policy.config.model_type
     assert sorted(p.name for p in (tmp_path / "eagle").iterdir()) == ["config.json", "model.safetensors"]
 
 

@@ -1,4 +1,4 @@
-"""Policy loading: local folders only, Qwen2 / Llama families, clear refusals for everything else."""
+"""Policy loading: local folders only, Qwen2 / Qwen3 / Llama families, clear refusals for everything else."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def _saved_policy(tmp_path: Path, family: str = "qwen2", tied: bool = False, voc
     return folder
 
 
-@pytest.mark.parametrize(("family", "tied"), [("qwen2", False), ("qwen2", True), ("llama", False), ("llama", True)])
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 def test_round_trip_keeps_weights_logits_tying_and_tokenizer(tmp_path, family, tied):
     original = tiny_model(family, tie_word_embeddings=tied)
     tokenizer = char_tokenizer()
@@ -75,16 +76,16 @@ def test_folder_without_config_json_is_refused(tmp_path):
         load_policy(folder)
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "qwen3", "mistral", None])
+@pytest.mark.parametrize("model_type", ["gpt2", "qwen3_moe", "mistral", None])
 def test_unsupported_model_type_is_refused_naming_the_supported_ones(tmp_path, model_type):
     folder = _saved_policy(tmp_path)
     config_file = folder / "config.json"
     config = json.loads(config_file.read_text())
     config["model_type"] = model_type
     config_file.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=rf"model_type {model_type!r} .* is not supported; allowed: llama, qwen2"):
+    with pytest.raises(ValueError, match=rf"model_type {model_type!r} .* is not supported; allowed: llama, qwen2, qwen3"):
         load_policy(folder)
-    assert SUPPORTED_MODEL_TYPES == ("llama", "qwen2")
+    assert SUPPORTED_MODEL_TYPES == ("llama", "qwen2", "qwen3")
 
 
 def test_tokenizer_larger_than_embedding_is_refused(tmp_path):

@@ -10,7 +10,7 @@ from torch import nn
 from tlt.models.tiny import tiny_model
 from tlt.rollout.runner import ModelRunner, causal_mask, check_supported, prefix_mask, run_layers
 
-FAMILIES = ["qwen2", "llama"]
+FAMILIES = ["qwen2", "qwen3", "llama"]
 
 
 def hf_logits(model, ids: list[int]) -> torch.Tensor:

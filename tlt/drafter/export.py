@@ -9,6 +9,10 @@ heads, RoPE and norm epsilon) and `model.safetensors` with exactly the tensors v
     layers.0.post_attention_layernorm.weight    [H]
     layers.0.mlp.{gate,up,down}_proj.weight     SwiGLU MLP
 
+The layout is the same for every target family: for a Qwen3 target too the layer is Llama-shaped,
+with no `q_norm` / `k_norm` (vLLM has no Qwen3 EAGLE-1 drafter class and runs such drafters as
+`EagleLlamaForCausalLM`), and `head_dim` in config.json carries Qwen3's head width.
+
 No `layers.0.input_layernorm` (the first EAGLE layer's input norm is the identity), no final
 norm, no embedding and no LM head: the drafter reads the target's own. vLLM skips checkpoint
 tensors it does not know and leaves unknown parameters at their initial values, so a misnamed

@@ -9,6 +9,10 @@ At draft position t the drafter reads x[t+1] (the token the target just produced
 The decoder layer is Llama-shaped for every target: its input norm is the identity and there
 is no final norm (the layout fastrl and vLLM's EAGLE loader expect: `fc.weight`, `layers.0.*`).
 Qwen2 targets have q/k/v biases; the drafter layer has none, like EAGLE's drafters for Qwen.
+Qwen3 targets have per-head q/k RMSNorms; the drafter layer has none either, because vLLM runs
+every EAGLE-1 drafter as `EagleLlamaForCausalLM` (Llama layers, no q/k norm: a `q_norm` tensor
+would be skipped on load). It keeps the target's `head_dim`, which for Qwen3 may differ from
+hidden_size / num_attention_heads.
 
 The embedding and LM head are the current policy's. They are bound with `bind` (again after
 every policy update that replaces the modules), kept outside the module tree so they never
@@ -107,7 +111,7 @@ class EagleDrafter(nn.Module):
         self._bound = (embed_tokens, lm_head)
 
     def bind_policy(self, policy: PreTrainedModel) -> None:
-        """Bind the input embedding and output head of a Qwen2 / Llama causal LM."""
+        """Bind the input embedding and output head of a Qwen2 / Qwen3 / Llama causal LM."""
         self.bind(policy.get_input_embeddings(), policy.get_output_embeddings())
 
     @property

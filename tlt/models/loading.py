@@ -1,8 +1,10 @@
 """Load and save a policy (causal LM + tokenizer) from a local folder; never from the hub.
 
-Supported families: Qwen2 / Qwen2.5 (`model_type: qwen2`) and Llama (`model_type: llama`,
-which also covers Llama-architecture distills). Anything else is refused before any weight
-is read, because the drafter and the rollout engine assume these architectures.
+Supported families: Qwen2 / Qwen2.5 (`model_type: qwen2`), dense Qwen3 (`model_type: qwen3`:
+per-head q/k RMSNorm before RoPE) and Llama (`model_type: llama`, which also covers
+Llama-architecture distills). Anything else (e.g. Qwen3-MoE, `qwen3_moe`)
+is refused before any weight is read, because the drafter and the rollout engine assume these
+architectures.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from transformers import (
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 SUPPORTED_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
