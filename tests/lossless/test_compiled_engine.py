@@ -2,7 +2,8 @@
 
 - Greedy decoding through compiled steps equals the eager engine token for token in float64 and
   float32, plain and speculative (n-gram chains, EAGLE chains and trees with compiled drafter steps,
-  the adaptive stepper), while rows leave the batch and up to the context limit.
+  the adaptive stepper), while rows leave the batch and up to the context limit; on a Qwen2 and
+  (one small config, plain and EAGLE) on a Qwen3.
 - A bounded graph set: batch, width and span are symbolic, so a second generate with other batch
   sizes, prompt lengths and draft widths compiles nothing new.
 - The padded mode (CUDA graphs' fixed shapes) gives the same results as the dynamic one.
@@ -80,6 +81,16 @@ def test_compiled_greedy_equals_eager(model, drafter_name):
     atol = 1e-6 if model.dtype == torch.float64 else 1e-4
     eager = _generate(model, _requests(), drafter_name, compiled=False)
     _assert_same(_generate(model, _requests(), drafter_name, compiled=True), eager, atol)
+
+
+@pytest.mark.slow  # ~60 s on 2 CPU cores: three compiled engines on a fresh model shape
+def test_compiled_greedy_equals_eager_on_qwen3():
+    """Qwen3's q/k norms (before RoPE) and head_dim != hidden / heads through the compiled target and
+    drafter steps: one small config, plain and EAGLE chain and tree."""
+    model = tiny_model("qwen3", dtype=torch.float32, vocab_size=32, seed=11, num_layers=1)
+    for name in (None, "eagle-chain", "eagle-tree"):
+        eager = _generate(model, _requests(), name, compiled=False)
+        _assert_same(_generate(model, _requests(), name, compiled=True), eager, 1e-4)
 
 
 def test_compiled_greedy_equals_eager_up_to_the_context_limit(model):

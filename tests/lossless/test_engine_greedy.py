@@ -47,7 +47,7 @@ def truncate_at_stop(tokens: list[int], stop: tuple[int, ...]) -> list[int]:
     return tokens[: cut + 1]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama"])
 def model(request):
     return tiny_model(request.param, dtype=torch.float64, seed=3)
 

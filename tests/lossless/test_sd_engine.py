@@ -2,7 +2,8 @@
 
 Greedy: token for token equal to plain decoding in float64 for n-gram chains, EAGLE chains and trees,
 random (mostly rejected) trees and oracle drafters that are always right (also through non-first
-branches, which forces cache compaction). After such a step the next logits equal a fresh full
+branches, which forces cache compaction); on a tiny Qwen2, and for the n-gram, EAGLE, oracle-tree
+and mixed drafters on a tiny Qwen3 too. After such a step the next logits equal a fresh full
 forward; log-probs of accepted tokens equal the plain engine's in float32. Sampling: the joint of the
 first three tokens of a tiny real model (vocabulary 8) matches the exact one (G-test, alpha 1e-3).
 """
@@ -145,16 +146,31 @@ def plain64(model64: PreTrainedModel) -> list[Completion]:
     return _generate(model64, _requests(), None)[0]
 
 
-@pytest.mark.parametrize("name", list(DRAFTERS))
-def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, plain64):
-    answers = {c.request_id: c.token_ids for c in plain64}
-    out, stepper = _generate(model64, _requests(), DRAFTERS[name](model64, answers))
-    for plain, spec in zip(plain64, out):
-        assert spec.token_ids == plain.token_ids, f"{name}: {spec.request_id} diverged from plain decoding"
-        torch.testing.assert_close(spec.logprobs, plain.logprobs, rtol=0, atol=1e-9)
-        torch.testing.assert_close(spec.hidden, plain.hidden, rtol=0, atol=1e-9)
+@pytest.fixture(scope="module")
+def qwen3_64() -> PreTrainedModel:
+    """Qwen3: q/k norms before RoPE, heads x head_dim = 2 x hidden_size (as in Qwen3-0.6B)."""
+    return tiny_model("qwen3", dtype=torch.float64, vocab_size=32, seed=11)
+
+
+def _assert_greedy_speculative_equals_plain(name: str, model: PreTrainedModel, plain: list[Completion]) -> None:
+    answers = {c.request_id: c.token_ids for c in plain}
+    out, stepper = _generate(model, _requests(), DRAFTERS[name](model, answers))
+    for want, spec in zip(plain, out):
+        assert spec.token_ids == want.token_ids, f"{name}: {spec.request_id} diverged from plain decoding"
+        torch.testing.assert_close(spec.logprobs, want.logprobs, rtol=0, atol=1e-9)
+        torch.testing.assert_close(spec.hidden, want.hidden, rtol=0, atol=1e-9)
     if name.startswith("oracle"):
         assert stepper.stats.accept_length > 2.0, f"{name}: an always-right drafter must be accepted"
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, plain64):
+    _assert_greedy_speculative_equals_plain(name, model64, plain64)
+
+
+@pytest.mark.parametrize("name", ["ngram-chain", "eagle-chain", "eagle-tree", "oracle-tree-second-branch", "mixed"])
+def test_greedy_speculative_equals_plain_decoding_on_qwen3(name: str, qwen3_64):
+    _assert_greedy_speculative_equals_plain(name, qwen3_64, _generate(qwen3_64, _requests(), None)[0])
 
 
 @pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain", "history-tree", "mixed"])
@@ -285,9 +301,12 @@ def _drafter_logits_along(model: PreTrainedModel, drafter: EagleDrafter, ids: to
 
 
 @torch.no_grad()
-def test_eagle_drafts_follow_the_drafters_own_full_forward(model64):
+@pytest.mark.parametrize("target", ["model64", "qwen3_64"])
+def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request):
     """The cached drafter (catch-up, scratch slots, tree masks, depth positions) drafts what the
-    drafter itself predicts along each drafted path: chain = argmax, tree children in the top-k."""
+    drafter itself predicts along each drafted path: chain = argmax, tree children in the top-k;
+    for a Qwen2 target and for a Qwen3 one (whose drafter layer has head_dim != hidden / heads)."""
+    model64 = request.getfixturevalue(target)
     engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
     batch = RunningBatch(
         [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()], engine.runner.cache,
