@@ -3,7 +3,8 @@
 - prompt selection is a pure function of (seed, step) and walks the training set in epochs;
 - a problem's samples depend only on (seed, step, problem index, member), not on its batch company;
 - tail time counts the decode steps that ran below their wave's full batch;
-- `tlt train` runs the loop, writes metrics, checkpoints and the final policy; a bad run file exits 2;
+- `tlt train` runs the loop on a Qwen2 and on a Qwen3 policy folder, writes metrics, checkpoints and the
+  final policy; a bad run file exits 2;
 - on the built-in task, GRPO steps raise the mean reward over the warm start.
 """
 
@@ -83,9 +84,9 @@ def test_group_advantages_are_prompt_major():
     assert batch.prompt_ids[0] == batch.prompt_ids[1] != batch.prompt_ids[2]
 
 
-def _tiny_run(root: Path, **algorithm) -> Path:
+def _tiny_run(root: Path, family: str = "qwen2", **algorithm) -> Path:
     tokenizer = build_task_tokenizer()
-    save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer,
+    save_policy(tiny_model(family, vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer,
                 root / "init")
     spec = {
         "metadata": {"name": "loop-test"},
@@ -102,8 +103,9 @@ def _tiny_run(root: Path, **algorithm) -> Path:
     return path
 
 
-def test_tlt_train_writes_metrics_checkpoint_and_policy(tmp_path: Path):
-    run_file = _tiny_run(tmp_path)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_tlt_train_writes_metrics_checkpoint_and_policy(tmp_path: Path, family: str):
+    run_file = _tiny_run(tmp_path, family)
     out = tmp_path / "out"
     assert cli.main(["train", str(run_file), "--out", str(out), "--local"]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -115,6 +117,7 @@ def test_tlt_train_writes_metrics_checkpoint_and_policy(tmp_path: Path):
     assert (out / "checkpoints" / "LATEST").read_text() == "step-00000002"
     policy, _ = load_policy(out / "policy", "float32")
     initial, _ = load_policy(tmp_path / "init", "float32")
+    assert policy.config.model_type == family
     assert any(not torch.equal(a, b) for a, b in zip(policy.state_dict().values(), initial.state_dict().values()))
 
 

@@ -1,6 +1,6 @@
 """After every policy update and weight sync, the rollout engine samples from exactly the policy:
 the engine's log-probs of its own samples equal the policy's recomputed ones (float32, 1e-5),
-with tied and with untied embeddings."""
+with tied and with untied embeddings, and for a Qwen3 policy (q/k norms)."""
 
 from __future__ import annotations
 
@@ -31,10 +31,13 @@ def _synthetic_rewards(completions, group_size: int) -> torch.Tensor:
     return torch.tensor(shares).view(-1, group_size)
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_engine_logprobs_equal_policy_after_every_update(tied: bool):
+@pytest.mark.parametrize(
+    ("family", "tied"), [("qwen2", False), ("qwen2", True), ("qwen3", False)], ids=["untied", "tied", "qwen3"]
+)
+def test_engine_logprobs_equal_policy_after_every_update(family: str, tied: bool):
+    """Qwen3 also checks that its q/k norm weights, which the update moves, reach the engine."""
     tokenizer = build_task_tokenizer()
-    policy = tiny_model("qwen2", vocab_size=len(tokenizer), tie_word_embeddings=tied, seed=3)
+    policy = tiny_model(family, vocab_size=len(tokenizer), tie_word_embeddings=tied, seed=3)
     if tied:
         assert policy.lm_head.weight is policy.model.embed_tokens.weight
     engine = Engine(copy.deepcopy(policy), max_batch_size=16, max_context=64, return_hidden=False)
