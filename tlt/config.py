@@ -65,7 +65,7 @@ class ModelSpec(Spec):
 
     path: PathStr | None = Field(
         None,
-        description="Local folder of a Hugging Face Qwen2/Qwen2.5/Llama causal LM (with its tokenizer). "
+        description="Local folder of a Hugging Face Qwen2/Qwen2.5/Qwen3 (dense)/Llama causal LM (with its tokenizer). "
         "Empty: the built-in task's warm-started policy.",
     )
     dtype: Literal["bfloat16", "float32", "float64"] = Field(

@@ -13,7 +13,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="folder with a Qwen2 / Llama causal LM and its tokenizer")
+    parser.add_argument(
+        "--model", required=True, help="folder with a Qwen2 / Qwen3 / Llama causal LM and its tokenizer"
+    )
     parser.add_argument(
         "--prompts", required=True, type=Path, help='.jsonl (a "prompt" field per line) or .txt (one per line)'
     )

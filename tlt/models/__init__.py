@@ -1,1 +1,1 @@
-"""Policy loading (Qwen2 / Qwen2.5 / Llama families), tiny models for tests, the EAGLE-style drafter."""
+"""Policy loading (Qwen2 / Qwen2.5 / Qwen3 dense / Llama families), tiny models for tests, the EAGLE-style drafter."""

@@ -23,7 +23,7 @@ WaveObserver = Callable[[list[Sequence]], None]
 
 
 class Engine:
-    """Generates completions for requests with a Qwen2 / Llama `*ForCausalLM`.
+    """Generates completions for requests with a Qwen2 / Qwen3 / Llama `*ForCausalLM`.
 
     Requests run in waves of up to max_batch_size rows; a wave's rows leave the batch as they
     finish (the long tail runs at a shrinking batch size). `stepper` may be replaced by any
