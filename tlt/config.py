@@ -404,7 +404,18 @@ PromLabel = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-zA-
 
 
 class MonitoringSpec(Spec):
-    """Where the operator reads per-pod GPU utilisation."""
+    """Where the run's metrics go (`loggers`, `metrics_port`) and where the operator reads per-pod GPU
+    utilisation (the rest)."""
+
+    loggers: list[Literal["jsonl", "tensorboard", "prometheus", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["jsonl"], max_length=5,
+        description="Metric backends of the coordinator (tlt.monitoring): jsonl (always on, <out>/metrics.jsonl), "
+        "tensorboard (<out>/tensorboard), prometheus (serves /metrics on metricsPort), wandb, mlflow (their "
+        "libraries' own environment variables: WANDB_PROJECT, MLFLOW_TRACKING_URI, ...).",
+    )
+    metrics_port: int = Field(9400, ge=1024, le=65535,
+                              description="Port of the coordinator's Prometheus /metrics (the policy pod's "
+                              "container port 'metrics').")
 
     prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
         None, description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "

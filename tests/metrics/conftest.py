@@ -12,7 +12,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,27 +64,26 @@ def _ready(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path, dcgm_exporter: FakeDcgmExporter) -> Iterator[str]:
-    """Base URL of a Prometheus that scrapes `dcgm_exporter` every 500 ms, as a DCGM job would:
-    the target carries the exporter's own `pod` / `namespace`, so the workload's are `exported_*`.
-    """
+@contextmanager
+def running_prometheus(tmp_path: Path, job: str, target: str, labels: str = "{}") -> Iterator[str]:
+    """Base URL of a Prometheus that scrapes `target` (host:port) as `job` every 500 ms, with the
+    extra target `labels` (a YAML flow mapping); skips the test when the binary is absent."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("the `prometheus` binary is not installed (Debian: apt-get install -y prometheus)")
-    config = tmp_path / "prometheus.yml"
+    config = tmp_path / f"prometheus-{job}.yml"
     config.write_text(
         f"global:\n  scrape_interval: {SCRAPE_INTERVAL}\n  evaluation_interval: {SCRAPE_INTERVAL}\n"
-        "scrape_configs:\n  - job_name: dcgm\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{dcgm_exporter.port}']\n"
-        "        labels: {pod: dcgm-exporter-x1, namespace: gpu-operator}\n"
+        f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
+        f"      - targets: ['{target}']\n"
+        f"        labels: {labels}\n"
     )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "prometheus.log"
+    log_path = tmp_path / f"prometheus-{job}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / f'data-{job}'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
@@ -101,3 +101,20 @@ def prometheus(tmp_path: Path, dcgm_exporter: FakeDcgmExporter) -> Iterator[str]
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, dcgm_exporter: FakeDcgmExporter) -> Iterator[str]:
+    """Base URL of a Prometheus that scrapes `dcgm_exporter` every 500 ms, as a DCGM job would:
+    the target carries the exporter's own `pod` / `namespace`, so the workload's are `exported_*`.
+    """
+    with running_prometheus(tmp_path, "dcgm", f"127.0.0.1:{dcgm_exporter.port}",
+                            "{pod: dcgm-exporter-x1, namespace: gpu-operator}") as url:
+        yield url
+
+
+@pytest.fixture
+def start_prometheus(tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
+    """`start(job, target)` -> base URL of a Prometheus scraping `target`; stopped after the test."""
+    with ExitStack() as stack:
+        yield lambda job, target: stack.enter_context(running_prometheus(tmp_path, job, target))

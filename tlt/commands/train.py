@@ -82,6 +82,7 @@ def train_local(spec: TLTTrainingRun, out: Path) -> int:
             progress.update(task, completed=metrics["step"])
 
         history = trainer.train(on_step=on_step)
+    trainer.loggers.close()
     last = history[-1] if history else None
     summary = f"done: {len(history)} steps" + (f", final reward {last['reward_mean']:.3f}" if last else "")
     console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}")

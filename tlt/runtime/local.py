@@ -36,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.config import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
+from tlt.monitoring import METRICS_FILE, build_loggers
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
@@ -49,7 +50,6 @@ from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 POLICY_DIR = "policy"
 # Spec sections a resumed run must share with the run that wrote the checkpoint
 # (algorithm.steps may grow: resuming with more steps extends a finished run).
@@ -154,6 +154,8 @@ class LocalTrainer:
         self.history: list[dict[str, Any]] = []
         self._resume()
         self.engine, self.speculative = build_engine(self.policy, self.spec)
+        self.loggers = build_loggers(self.spec.monitoring, self.out_dir, run_name=run.metadata.name,
+                                     config=self._spec_json())
 
     @property
     def metrics_path(self) -> Path:
@@ -218,8 +220,7 @@ class LocalTrainer:
             metrics["sd_steps"] = self.speculative.stats.steps
         self.step = step
         self.history.append(metrics)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+        self.loggers.log_step(metrics)
         return metrics
 
     def train(self, on_step: StepCallback | None = None) -> list[dict[str, Any]]:

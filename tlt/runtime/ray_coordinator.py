@@ -47,6 +47,7 @@ from tlt.adaptive.stepper import merge_arm_rates
 from tlt.config import RunSpec, TLTTrainingRun
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
+from tlt.monitoring import build_loggers
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
@@ -116,6 +117,8 @@ class RayTrainer:
         self.restarts = 0
         self._load_initial()
         self._resume()
+        self.loggers = build_loggers(self.spec.monitoring, self.out_dir, run_name=run.metadata.name,
+                                     config=self.spec.model_dump(mode="json", by_alias=True))
 
     @property
     def metrics_path(self) -> Path:
@@ -249,8 +252,7 @@ class RayTrainer:
             [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()]))}
         self.step = step
         self.history.append(metrics)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+        self.loggers.log_step(metrics)
         return metrics
 
     def _collect_rollouts(self, futures: dict[Any, Any], step: int) -> tuple[list[dict[str, Any]], dict[Any, float]]:

@@ -18,7 +18,7 @@ from tlt.runtime.checkpoint import CheckpointError
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.local import ResumeError
 from tlt.runtime.ray_coordinator import RayTrainer, RunFailed
-from tlt.runtime.report import write_report
+from tlt.runtime.report import PLOTS, write_report
 from tlt.tasks.warmstart import WarmstartConfig
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 1
     report = write_report(out, title=f"TLT run {run.metadata.name}")
+    trainer.loggers.log_figures([Path(out) / name for name in PLOTS], trainer.step)
+    trainer.loggers.close()
     console.print(f"done: {len(history)} steps; metrics {trainer.metrics_path}; report {report}; "
                   f"policy {out / 'policy'}; drafter snapshots {out / 'drafter'}")
     return 0

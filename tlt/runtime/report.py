@@ -134,6 +134,11 @@ def _plot_idle(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+# the report's figures, each drawn from the history into <out>/<name>
+PLOTS = {"step_time.png": _plot_steps, "reward_drafter.png": _plot_quality, "lengths.png": _plot_lengths,
+         "idle.png": _plot_idle}
+
+
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -146,9 +151,7 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
         raise ValueError(f"{out}: metrics.jsonl has no steps to report")
     events = read_jsonl(out / "events.jsonl")
     s = summarize(history, events)
-    plots = {"step_time.png": _plot_steps, "reward_drafter.png": _plot_quality, "lengths.png": _plot_lengths,
-             "idle.png": _plot_idle}
-    for name, draw in plots.items():
+    for name, draw in PLOTS.items():
         draw(history, out / name)
     sec, lat = s["seconds"], s["stop_latency"]
     lines = [
@@ -174,7 +177,7 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
                      f"| {m.get('harvested_seconds') or 0.0:.2f} |")
     lines += ["", "drafter: accept length where the speculative stepper reports it, else top-1 agreement of the "
               "step's drafter on the step's fresh rollouts (before training on them).", ""]
-    lines += [f"![{name}]({name})" for name in plots]
+    lines += [f"![{name}]({name})" for name in PLOTS]
     path = out / REPORT_FILE
     path.write_text("\n".join(lines) + "\n")
     return path
