@@ -413,9 +413,9 @@ class MonitoringSpec(Spec):
         "tensorboard (<out>/tensorboard), prometheus (serves /metrics on metricsPort), wandb, mlflow (their "
         "libraries' own environment variables: WANDB_PROJECT, MLFLOW_TRACKING_URI, ...).",
     )
-    metrics_port: int = Field(9400, ge=1024, le=65535,
-                              description="Port of the coordinator's Prometheus /metrics (the policy pod's "
-                              "container port 'metrics').")
+    metrics_port: int = Field(8080, ge=1024, le=65535,
+                              description="Port of the coordinator's Prometheus /metrics: the pods' container "
+                              "port 'metrics', the run Service's and NetworkPolicy's metrics port.")
 
     prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
         None, description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "

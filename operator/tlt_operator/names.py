@@ -21,7 +21,6 @@ SPEC_DIR = "/etc/tlt"
 SPEC_FILE = "run.yaml"
 GCS_PORT = 6379
 RAY_CLIENT_PORT = 10001
-METRICS_PORT = 8080
 RAY_TOKEN_KEY = "token"
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -67,7 +67,7 @@ def test_missing_library_fails_at_start_with_the_install_command(tmp_path: Path,
 
 
 def test_spec_names_the_allowed_loggers():
-    assert MonitoringSpec().loggers == ["jsonl"] and MonitoringSpec().metrics_port == 9400
+    assert MonitoringSpec().loggers == ["jsonl"] and MonitoringSpec().metrics_port == 8080
     with pytest.raises(ValidationError, match="tensorboard"):
         MonitoringSpec.model_validate({"loggers": ["statsd"]})
     with pytest.raises(ValidationError, match="metricsPort"):

@@ -169,8 +169,8 @@ def _volumes(run: RunRef, spec: RunSpec, role: names.Role) -> tuple[list[dict[st
     return volumes, mounts
 
 
-def _ports(role: names.Role) -> list[dict[str, Any]]:
-    ports = [{"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"}]
+def _ports(spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
+    ports = [{"name": "metrics", "containerPort": spec.monitoring.metrics_port, "protocol": "TCP"}]
     if role == "policy":
         ports += [{"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
                   {"name": "ray-client", "containerPort": names.RAY_CLIENT_PORT, "protocol": "TCP"}]
@@ -193,7 +193,7 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
     env, resources = _env(run, spec, role), _resources(rs, sidecar)
     worker = _container("worker", rs.image, ["tlt", "worker", "--role", role, "--spec", spec_file],
                         env, resources, mounts)
-    worker["ports"] = _ports(role)
+    worker["ports"] = _ports(spec, role)
     containers = [worker]
     labels = {**overrides.labels, names.ROLE_LABEL: role, names.RANK_LABEL: str(rank)}
     pod_spec: dict[str, Any] = {

@@ -56,7 +56,7 @@ def build_network_policy(run: RunRef, spec: RunSpec, operator_namespace: str) ->
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [own]},
-                {"from": [operator], "ports": [{"protocol": "TCP", "port": names.METRICS_PORT}]},
+                {"from": [operator], "ports": [{"protocol": "TCP", "port": spec.monitoring.metrics_port}]},
             ],
         },
     }

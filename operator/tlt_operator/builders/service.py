@@ -24,7 +24,8 @@ def build_service(run: RunRef, spec: RunSpec) -> dict[str, Any]:
                 {"name": "gcs", "port": names.GCS_PORT, "targetPort": names.GCS_PORT, "protocol": "TCP"},
                 {"name": "ray-client", "port": names.RAY_CLIENT_PORT, "targetPort": names.RAY_CLIENT_PORT,
                  "protocol": "TCP"},
-                {"name": "metrics", "port": names.METRICS_PORT, "targetPort": names.METRICS_PORT, "protocol": "TCP"},
+                {"name": "metrics", "port": spec.monitoring.metrics_port, "targetPort": spec.monitoring.metrics_port,
+                 "protocol": "TCP"},
             ],
         },
     }
