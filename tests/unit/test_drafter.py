@@ -208,12 +208,15 @@ def test_head_follows_in_place_updates_and_rebinding_uses_the_new_policy():
         assert torch.equal(drafter.logits(feats), new.lm_head(feats))
 
 
-def test_training_leaves_the_policy_untouched():
-    target = tiny_model("llama", tie_word_embeddings=True)
+@pytest.mark.parametrize(("family", "tied"), [("llama", True), ("qwen3", False)])
+def test_training_leaves_the_policy_untouched(family, tied):
+    target = tiny_model(family, tie_word_embeddings=tied)
     before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
     drafter = _bound_drafter(target)
+    start = {name: tensor.clone() for name, tensor in drafter.state_dict().items()}
     tokens = torch.randint(3, 64, (2, 10))
     train_drafter_steps(drafter, [drafter_inputs(tokens, target_features(target, tokens))], steps=3, lr=1e-3)
+    assert all(not torch.equal(start[name], tensor) for name, tensor in drafter.state_dict().items()), "drafter moves"
     assert all(torch.equal(before[name], tensor) for name, tensor in target.state_dict().items())
     assert all(p.grad is None for p in target.parameters())
 
