@@ -6,7 +6,7 @@ here: KFP reads the annotations as types.)
 """
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Metrics, Model, Output
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
 from tlt_components.common import COMPONENT_OPTIONS
 
@@ -29,6 +29,7 @@ def train(
     policy: Output[Model],
     drafter: Output[Model],
     metrics: Output[Metrics],
+    report: Output[Markdown],
     local_runtime: str = "ray",
     namespace: str = "default",
     run_name: str = "",
@@ -38,7 +39,10 @@ def train(
     checkpoint_claim: str = "",
 ):
     """Train the run: `mode` cluster (a TLTTrainingRun, followed to the end; its outputs stay on the
-    `checkpoint_claim` volume) or local (on this machine, `local_runtime` ray or single-process)."""
+    `checkpoint_claim` volume) or local (on this machine, `local_runtime` ray or single-process).
+    Metrics and a Markdown report show in the KFP UI."""
+    from pathlib import Path
+
     from tlt_components.common import setup_logging
     from tlt_components.train import run_train
 
@@ -48,6 +52,7 @@ def train(
                        timeout_seconds=timeout_seconds, work_dir=work_dir, checkpoint_claim=checkpoint_claim)
     for name, value in result.metrics.items():
         metrics.log_metric(name, value)
+    Path(report.path).write_text(result.report)
     policy.metadata.update(result.policy_metadata)
     drafter.metadata.update(result.drafter_metadata)
 
@@ -71,6 +76,7 @@ def evaluate_drafter(
     policy: Input[Model],
     data: Input[Dataset],
     metrics: Output[Metrics],
+    report: Output[Markdown],
     num_prompts: int = 16,
     draft_tokens: int = 4,
     max_new_tokens: int = 128,
@@ -78,9 +84,13 @@ def evaluate_drafter(
     temperature: float = 0.0,
     dtype: str = "float32",
 ):
-    """Accept length and speedup of the exported drafter against the policy on held-out prompts."""
+    """Accept length and speedup of the exported drafter against the policy on held-out prompts, as
+    Metrics and a Markdown report."""
+    from pathlib import Path
+
     from tlt_components.common import setup_logging
-    from tlt_components.evaluate import evaluate_export
+    from tlt_components.evaluate import HEADLINE_KEYS, evaluate_export
+    from tlt_components.report import metrics_report
 
     setup_logging()
     values = evaluate_export(eagle.path, policy.path, data.path, num_prompts=num_prompts, draft_tokens=draft_tokens,
@@ -88,3 +98,4 @@ def evaluate_drafter(
                              dtype=dtype, policy_metadata=policy.metadata)
     for name, value in values.items():
         metrics.log_metric(name, value)
+    Path(report.path).write_text(metrics_report("Drafter evaluation", values, HEADLINE_KEYS))

@@ -20,6 +20,9 @@ from tlt_components.prepare import read_problems
 from tlt_components.volume import CHECKPOINT_MOUNT, final_checkpoint, read_location, trained_policy
 
 DTYPES = ("float32", "bfloat16", "float64")
+# first rows of the evaluation's report (`tlt_components.report.metrics_report`)
+HEADLINE_KEYS = ("accept_length", "speedup", "outputs_equal", "speculative_tokens_per_second",
+                 "plain_tokens_per_second", "prompts", "draft_tokens")
 
 
 def evaluate_export(

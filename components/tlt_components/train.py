@@ -15,7 +15,8 @@
 The run spec is validated by `tlt.config_io.parse_run`; it must have the dataset section the
 prepared Dataset artifact was made from. Step metrics come back as data (`TrainResult.metrics`):
 every numeric metric of the last step under its own name, a per-step series of the main ones as
-`stepNNNN_<name>`, and `steps`.
+`stepNNNN_<name>`, and `steps`; `TrainResult.report` is a Markdown report for the KFP UI (a local
+run's end-of-run report with its plots, a cluster run's headline numbers; `tlt_components.report`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tlt.config import TLTTrainingRun
 from tlt.drafter.export import ExportResult, export_eagle, resolve_checkpoint, target_config
 from tlt_components.common import at_least, choice, object_name, parse_run_spec
 from tlt_components.prepare import read_info
+from tlt_components.report import metrics_report, run_report
 from tlt_components.volume import (CHECKPOINT_MOUNT, base_policy_folder, checkpoint_run, claim_of,
                                    cluster_location, final_checkpoint, read_location, write_drafter, write_location)
 
@@ -41,6 +43,8 @@ LOCAL_RUNTIMES = ("ray", "single-process")
 DRAFTER_DIR = "drafter"  # where the runtimes write drafter snapshots under their output folder
 SERIES_KEYS = ("reward_mean", "response_length_mean", "tokens_per_second", "step_seconds", "accept_length",
                "drafter_loss")
+HEADLINE_KEYS = ("steps", "restarts", "reward_mean", "accept_length", "tokens_per_second", "step_seconds",
+                 "drafter_loss")
 
 
 @dataclass
@@ -51,6 +55,7 @@ class TrainResult:
     policy_metadata: dict[str, Any]
     drafter_metadata: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
+    report: str = ""
 
 
 def check_prepared(run: TLTTrainingRun, info: dict[str, Any]) -> None:
@@ -108,6 +113,7 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
     else:
         trainer = LocalTrainer(run, work_dir)
     history = trainer.train(on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]))
+    trainer.loggers.close()
     _copy_folder(work_dir / POLICY_DIR, policy_dir)
     snapshots = work_dir / DRAFTER_DIR
     drafter_trained = snapshots.exists()
@@ -122,6 +128,7 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
         drafter_metadata={"location": "artifact", "trained": drafter_trained, "runtime": runtime,
                           "speculative_mode": run.spec.speculative.mode},
         history=history,
+        report=run_report(work_dir, title=f"TLT run {run.metadata.name}"),
     )
 
 
@@ -139,7 +146,10 @@ def train_cluster(run: TLTTrainingRun, *, namespace: str, name: str, poll_second
     metrics = {"steps": float(step.get("current") or 0), "restarts": float(status.get("restarts") or 0)}
     if _is_number(drafter.get("acceptLength")):
         metrics["accept_length"] = float(drafter["acceptLength"])
-    return TrainResult(metrics=metrics, policy_metadata=location, drafter_metadata=location)
+    note = (f"TLTTrainingRun {namespace}/{actual}, phase {status.get('phase')}; its metrics.jsonl and report "
+            "stay with its checkpoints on the claim.")
+    return TrainResult(metrics=metrics, policy_metadata=location, drafter_metadata=location,
+                       report=metrics_report(f"TLT run {actual}", metrics, HEADLINE_KEYS, note))
 
 
 def run_train(

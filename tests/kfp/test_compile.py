@@ -59,8 +59,11 @@ def test_inputs_are_typed():
     assert params["timeout_seconds"]["parameterType"] == "NUMBER_DOUBLE"
     assert not {"local_runtime", "work_dir"} & set(params), "a cluster run has no local runtime or work folder"
     train_io = cluster["components"]["comp-train"]
-    assert set(train_io["outputDefinitions"]["artifacts"]) == {"policy", "drafter", "metrics"}
+    assert set(train_io["outputDefinitions"]["artifacts"]) == {"policy", "drafter", "metrics", "report"}
     assert train_io["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+    evaluate_io = cluster["components"]["comp-evaluate-drafter"]["outputDefinitions"]["artifacts"]
+    for outputs in (train_io["outputDefinitions"]["artifacts"], evaluate_io):
+        assert outputs["report"]["artifactType"]["schemaTitle"] == "system.Markdown", "the KFP UI renders it"
     assert train_io["inputDefinitions"]["artifacts"]["data"]["artifactType"]["schemaTitle"] == "system.Dataset"
 
 

@@ -40,6 +40,8 @@ def test_pipeline_trains_single_process_then_refuses_to_export_without_a_drafter
     assert trained["drafter"] == {"location": "artifact", "trained": False, "runtime": "single-process",
                                   "speculative_mode": "off"}
     assert read_model_config(task_dir(root, "train") / "policy")["model_type"] == "qwen2"
+    report = (task_dir(root, "train") / "report").read_text()
+    assert report.startswith("# TLT run") and report.count("data:image/png;base64,") == 4, "the KFP UI's report"
     assert not (task_dir(root, "export-drafter") / "executor_output.json").exists()
 
 
@@ -70,3 +72,5 @@ def test_export_then_evaluate_a_drafter(tmp_path: Path):
     assert metrics["prompts"] == 2 and metrics["draft_tokens"] == 3
     assert metrics["outputs_equal"] == 1.0, "greedy speculative decoding is lossless (float32)"
     assert 1.0 <= metrics["accept_length"] <= 4.0 and metrics["speedup"] > 0
+    report = (task_dir(root, "evaluate-drafter") / "report").read_text()
+    assert report.startswith("# Drafter evaluation") and "| accept_length |" in report
