@@ -33,6 +33,11 @@ OWN_MOUNT = "^(" + "|".join(POD_OWN_MOUNTS) + r"|\.)/*$"
 MSG_CHECKPOINT_MOUNT = ("checkpoint.path is where checkpoint.claimName is mounted and must not be one of the pod's own "
                         f"mounts ({', '.join(POD_OWN_MOUNTS[:-1])}) nor the working directory "
                         f"{POD_OWN_MOUNTS[-1]} ('.')")
+# Ray's ports on the policy pod (GCS, Ray client; tlt_operator.names): the metrics port must be another.
+GCS_PORT = 6379
+RAY_CLIENT_PORT = 10001
+MSG_METRICS_PORT = (f"monitoring.metricsPort must differ from Ray's ports on the policy pod ({GCS_PORT} GCS, "
+                    f"{RAY_CLIENT_PORT} Ray client)")
 RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
 MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
                 "own keys: run, role, rank, spec hash, progress, worker state)")
@@ -416,6 +421,12 @@ class MonitoringSpec(Spec):
     metrics_port: int = Field(8080, ge=1024, le=65535,
                               description="Port of the coordinator's Prometheus /metrics: the pods' container "
                               "port 'metrics', the run Service's and NetworkPolicy's metrics port.")
+
+    @model_validator(mode="after")
+    def _metrics_port_free(self) -> MonitoringSpec:
+        if self.metrics_port in (GCS_PORT, RAY_CLIENT_PORT):
+            raise ValueError(MSG_METRICS_PORT)
+        return self
 
     prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
         None, description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "

@@ -7,6 +7,8 @@ import hashlib
 import re
 from typing import Literal
 
+from tlt.config import GCS_PORT, RAY_CLIENT_PORT  # noqa: F401 (re-exported: the pods' Ray ports)
+
 Role = Literal["policy", "rollout", "verifier"]
 ROLES: tuple[Role, ...] = ("policy", "rollout", "verifier")
 
@@ -19,8 +21,6 @@ PROGRESS_ANNOTATION = "tlt.dev/progress"
 WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
 SPEC_DIR = "/etc/tlt"
 SPEC_FILE = "run.yaml"
-GCS_PORT = 6379
-RAY_CLIENT_PORT = 10001
 RAY_TOKEN_KEY = "token"
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.config import API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_MOUNT, MSG_CHECKPOINT_PATH, MSG_RESERVED
+from tlt.config import (API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_MOUNT, MSG_CHECKPOINT_PATH, MSG_METRICS_PORT,
+                        MSG_RESERVED)
 from tlt.config_io import SpecError, parse_run
 from tlt.crd import (
     MSG_BUCKETS,
@@ -51,6 +52,8 @@ def dotted(k8s_path: str) -> str:
 # (case, spec, the field path both must name)
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("min trainers above max", {"drafter": {"minTrainers": 4, "maxTrainers": 2}}, "spec.drafter"),
+    ("metrics port on Ray's GCS port", {"monitoring": {"metricsPort": 6379}}, "spec.monitoring"),
+    ("unknown metrics logger", {"monitoring": {"loggers": ["statsd"]}}, "spec.monitoring.loggers[0]"),
     ("min trainers above defaulted max", {"drafter": {"minTrainers": 9}}, "spec.drafter"),
     ("sidecar without device class", {"drafter": {"placement": "sidecar"}}, "spec.drafter"),
     ("sidecar with empty device class", {"drafter": {"placement": "sidecar", "deviceClassName": ""}}, "spec.drafter"),
@@ -120,6 +123,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
 
 CEL_MESSAGES = {
     "min trainers above max": MSG_TRAINERS,
+    "metrics port on Ray's GCS port": MSG_METRICS_PORT,
     "min trainers above defaulted max": MSG_TRAINERS,
     "sidecar without device class": MSG_SIDECAR,
     "sidecar with empty device class": MSG_SIDECAR,
