@@ -118,3 +118,9 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
     """`start(job, target)` -> base URL of a Prometheus scraping `target`; stopped after the test."""
     with ExitStack() as stack:
         yield lambda job, target: stack.enter_context(running_prometheus(tmp_path, job, target))
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A loopback port nothing listens on (for a server the test starts)."""
+    return _free_port()

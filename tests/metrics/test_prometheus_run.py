@@ -4,7 +4,6 @@ PromQL query returns the run's series: the last step, its tokens per second, the
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.parse
 import urllib.request
@@ -17,12 +16,6 @@ from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.runtime.local import LocalTrainer
 from tlt.tasks.tokenizer import build_task_tokenizer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _query(url: str, promql: str) -> list[dict]:
@@ -59,8 +52,8 @@ def _tiny_run(root: Path, port: int) -> TLTTrainingRun:
     })
 
 
-def test_prometheus_scrapes_a_local_run(tmp_path: Path, start_prometheus):
-    port = _free_port()
+def test_prometheus_scrapes_a_local_run(tmp_path: Path, start_prometheus, free_port: int):
+    port = free_port
     trainer = LocalTrainer(_tiny_run(tmp_path, port), tmp_path / "out")
     try:
         history = trainer.train()
