@@ -417,3 +417,21 @@ def test_history_drafts_from_earlier_responses_are_accepted_and_exact(name: str,
         assert a.token_ids == p.token_ids and b.token_ids == p.token_ids
         torch.testing.assert_close(b.logprobs, p.logprobs, rtol=0, atol=1e-9)
     assert stepper.stats.accept_length > 3.0, f"{name}: history of identical responses must be accepted"
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9)])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_sampled_speculative_equals_plain_sampling_token_for_token(name: str, temperature: float, top_p: float,
+                                                                   model64):
+    """The coupled rule: each node's token is drawn with its generated position's uniform, so every drafter
+    reproduces plain sampling exactly (same seeds, float64), whatever it drafts and accepts."""
+    requests = [Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
+                for i, (p, n) in enumerate(zip(PROMPTS, (20, 9, 14)))]
+    plain = _generate(model64, requests, None)[0]
+    answers = {c.request_id: c.token_ids for c in plain}
+    out, stepper = _generate(model64, requests, DRAFTERS[name](model64, answers))
+    for p, s in zip(plain, out):
+        assert s.token_ids == p.token_ids, f"{name}: {s.request_id} differs from plain sampling"
+        torch.testing.assert_close(s.logprobs, p.logprobs, rtol=0, atol=1e-9)
+    if name.startswith("oracle"):
+        assert stepper.stats.accept_length > 2.0, f"{name}: drafts of the plain samples must be accepted"

@@ -25,7 +25,7 @@ def _seq(rid: str, prompt: list[int], tokens: list[int], finished: bool = False)
 def _batch(running: list[Sequence], done: list[Sequence] = ()) -> SimpleNamespace:
     return SimpleNamespace(sequences=running, all_sequences=[*running, *done], device=torch.device("cpu"),
                            last_token=torch.tensor([s.tokens[-1] if s.tokens else s.request.prompt_ids[-1]
-                                                    for s in running]), generators=None)
+                                                    for s in running]), uniform_buf=None)
 
 
 def _store(**kw) -> HistoryStore:
@@ -37,7 +37,7 @@ def test_a_row_drafts_what_its_finished_sibling_said_after_the_same_words():
     sibling = _seq("a", [1, 2], [10, 11, 12, 13, 14, 3], finished=True)
     row = _seq("b", [1, 2], [10, 11])
     draft = HistoryDrafter(store, k=3).propose(_batch([row], [sibling]))
-    assert draft.tree.tokens[0].tolist() == [11, 12, 13, 14] and draft.q is None
+    assert draft.tree.tokens[0].tolist() == [11, 12, 13, 14] and draft.chain
 
 
 def test_other_prompts_never_draft_and_rows_without_a_match_draft_nothing():
@@ -112,41 +112,36 @@ def test_row_gate_resets_after_an_accepted_draft():
 
 
 class _FakeEagle:
-    def __init__(self, k: int, vocab: int, sampled: bool) -> None:
-        self.k, self.vocab, self.sampled, self.calls = k, vocab, sampled, 0
+    def __init__(self, k: int) -> None:
+        self.k, self.calls = k, 0
 
     def propose(self, batch) -> Draft:
         self.calls += 1
-        B = len(batch.sequences)
-        drafts = torch.full((B, self.k), 9)
-        q = torch.full((B, self.k, self.vocab), 1.0 / self.vocab) if self.sampled else None
-        return Draft(chain_tree(batch.last_token, drafts), chain=True, q=q)
+        return Draft(chain_tree(batch.last_token, torch.full((len(batch.sequences), self.k), 9)), chain=True)
 
 
-def test_mixed_takes_history_where_it_matches_else_eagle_with_a_one_hot_q_for_history_rows():
+def test_mixed_takes_history_where_it_matches_else_eagle():
     store = _store()
     done = _seq("s", [1, 2], [10, 11, 12, 13], finished=True)
     rows = [_seq("a", [1, 2], [10, 11]), _seq("b", [1, 2], [30, 31])]
-    eagle = _FakeEagle(k=2, vocab=40, sampled=True)
+    eagle = _FakeEagle(k=2)
     draft = MixedDrafter(store, eagle, k=2).propose(_batch(rows, [done]))
-    assert draft.tree.tokens[:, 1:].tolist() == [[12, 13], [9, 9]]
-    assert draft.q[0, 0, 12] == 1.0 and draft.q[0, 0].sum() == 1.0  # history row: one-hot at its draft
-    torch.testing.assert_close(draft.q[1], torch.full((2, 40), 1 / 40))
+    assert draft.tree.tokens[:, 1:].tolist() == [[12, 13], [9, 9]] and eagle.calls == 1
 
 
 def test_mixed_skips_the_learned_drafter_when_every_row_has_history_or_is_paused():
     store = _store()
     done = _seq("s", [1, 2], [10, 11, 12, 13], finished=True)
-    eagle = _FakeEagle(k=2, vocab=40, sampled=False)
+    eagle = _FakeEagle(k=2)
     mixed = MixedDrafter(store, eagle, k=2)
-    draft = mixed.propose(_batch([_seq("a", [1, 2], [10, 11])], [done]))
-    assert eagle.calls == 0 and draft.q is None and mixed.sources == {"history": 1, "eagle": 0, "none": 0}
+    mixed.propose(_batch([_seq("a", [1, 2], [10, 11])], [done]))
+    assert eagle.calls == 0 and mixed.sources == {"history": 1, "eagle": 0, "none": 0}
 
 
 def test_mixed_prefers_the_learned_drafter_over_an_uncertain_history_match():
     store = _store()
     done = [_seq(f"s{i}", [1, 2], [10, 11, t, 5], finished=True) for i, t in enumerate([20, 21, 22, 23])]
-    eagle = _FakeEagle(k=2, vocab=40, sampled=False)
+    eagle = _FakeEagle(k=2)
     mixed = MixedDrafter(store, eagle, k=2)  # expects k / 2 = 1 token from EAGLE at first
     draft = mixed.propose(_batch([_seq("a", [1, 2], [10, 11])], done))  # history: 4 ways, 0.25 + 0.25
     assert eagle.calls == 1 and draft.tree.tokens[0, 1:].tolist() == [9, 9]

@@ -51,19 +51,20 @@ def test_seeded_generators_reproduce_and_rows_are_independent_of_company():
     def gens(seeds):
         return [torch.Generator().manual_seed(s) for s in seeds]
 
-    a, _ = sample_tokens(logits, t, None, gens([1, 2, 3]))
-    b, _ = sample_tokens(logits, t, None, gens([1, 2, 3]))
-    alone, _ = sample_tokens(logits[1:2], t[:1], None, gens([2]))
+    a, _ = sample_tokens(logits, t, None, uniforms(gens([1, 2, 3]), 1, "cpu")[:, 0])
+    b, _ = sample_tokens(logits, t, None, uniforms(gens([1, 2, 3]), 1, "cpu")[:, 0])
+    alone, _ = sample_tokens(logits[1:2], t[:1], None, uniforms(gens([2]), 1, "cpu")[:, 0])
     assert torch.equal(a, b)
     assert a[1] == alone[0]
     assert uniforms(gens([5]), 3, "cpu").shape == (1, 3)
+    # a row's stream is a prefix-stable sequence: drawing more uniforms never changes the earlier ones
+    assert torch.equal(uniforms(gens([5]), 3, "cpu")[0], uniforms(gens([5]), 8, "cpu")[0, :3])
 
 
 def test_logprobs_are_full_vocab_log_softmax_before_top_p():
     logits = torch.randn(2, 30)
     t = torch.tensor([0.7, 1.0])
-    gens = [torch.Generator().manual_seed(s) for s in (0, 1)]
-    tokens, logprobs = sample_tokens(logits, t, torch.tensor([0.9, 0.9]), gens)
+    tokens, logprobs = sample_tokens(logits, t, torch.tensor([0.9, 0.9]), torch.tensor([0.3, 0.8], dtype=torch.float64))
     expected = torch.log_softmax(logits / t[:, None], -1).gather(1, tokens[:, None])[:, 0]
     torch.testing.assert_close(logprobs, expected)
 

@@ -83,6 +83,9 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                       for bucket, arms in sorted(rates.items(), key=lambda kv: int(kv[0]))},
         "repeats": len(runs),
         "rollout_seconds": spread(rollout),
+        "generate_seconds": spread([sum(s.get("generate_seconds") or 0.0 for s in r["steps"]) for r in runs]),
+        "rollout_overhead_seconds": spread([sum(s.get("rollout_overhead_seconds") or 0.0 for s in r["steps"])
+                                            for r in runs]),
         "step_seconds": spread(step),
         "rollout_share": spread([a / b for a, b in zip(rollout, step)]),
         "generated_tokens": spread([float(t) for t in tokens]),

@@ -27,9 +27,12 @@ class RunningBatch:
     """Sequences in flight and their sampling state; buffers hold what each row produced.
 
     last_token [B] long: each running row's newest token, sampled but not yet fed.
-    temperature [B] float64; top_p [B] float64, or None when every row has 1.0; generators: one per
-    row, or None when every row is greedy. hidden_buf [W, P_max + T_max, H] (or None), logprob_buf
-    [W, T_max], indexed by wave row.
+    temperature [B] float64; top_p [B] float64, or None when every row has 1.0. uniform_buf [W, T_max]
+    float64 (None when every row is greedy): row w's uniforms, drawn once from its own seeded generator,
+    one per generated position: the token at generated position t is drawn with uniform_buf[w, t]
+    whatever step produces it (a plain step, or the verification of a draft), so speculative decoding
+    reproduces plain sampling token for token (`uniforms_at`). hidden_buf [W, P_max + T_max, H] (or None),
+    logprob_buf [W, T_max], indexed by wave row.
     """
 
     def __init__(
@@ -54,9 +57,11 @@ class RunningBatch:
             if all(p.top_p == 1.0 for p in params)
             else torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device)
         )
-        self.generators = None if all(p.greedy for p in params) else [_generator(p.seed, device) for p in params]
         self.last_token = torch.zeros(len(sequences), dtype=torch.long, device=device)
         width = max(s.limit for s in sequences)
+        self.uniform_buf = None if all(p.greedy for p in params) else torch.stack(
+            [torch.rand(width, generator=_generator(p.seed, device), dtype=torch.float64, device=device) for p in params]
+        )
         self.logprob_buf = torch.zeros(len(sequences), width, dtype=torch.float32, device=device)
         positions = max(s.prompt_len for s in sequences) + width
         self.hidden_buf = (
@@ -66,6 +71,20 @@ class RunningBatch:
     @property
     def num_rows(self) -> int:
         return len(self.sequences)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether some row samples (else every row is greedy and no uniform is ever read)."""
+        return self.uniform_buf is not None
+
+    def uniforms_at(self, offsets: torch.Tensor) -> torch.Tensor:
+        """[B, N] uniforms of the tokens at generated positions len(tokens) + offsets[b, n] of each running
+        row (offsets [B, N] >= 0; positions past the row's limit, whose tokens are never kept, read its last)."""
+        if self.uniform_buf is None:
+            raise ValueError("every row of this batch is greedy: it draws no uniforms")
+        generated = torch.tensor([len(s.tokens) for s in self.sequences], device=self.device)
+        cols = (generated[:, None] + offsets).clamp(max=self.uniform_buf.shape[1] - 1)
+        return self.uniform_buf[self.wave_rows[:, None], cols]
 
     def lengths(self) -> torch.Tensor:
         """[B] long: committed cache slots (= tokens fed) per running row."""
@@ -106,11 +125,7 @@ class RunningBatch:
         n = self.cache.num_rows
         for src, dst in moves:
             self.sequences[dst] = self.sequences[src]
-            if self.generators is not None:
-                self.generators[dst] = self.generators[src]
         del self.sequences[n:]
-        if self.generators is not None:
-            del self.generators[n:]
         self.wave_rows = _move(self.wave_rows, moves, n)
         self.last_token = _move(self.last_token, moves, n)
         self.temperature = _move(self.temperature, moves, n)

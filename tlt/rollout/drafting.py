@@ -1,9 +1,9 @@
 """Drafters for the speculative stepper: n-gram chains and EAGLE chains / trees.
 
 A drafter proposes, for every running row, a tree rooted at the row's newest (unfed) token. Chains
-are trees with one child per node. Drafts sampled from a drafter distribution carry it as q (chains
-only); drafts that were chosen (n-gram, top-k tree children) carry no q and are verified with the
-one-hot rule.
+are trees with one child per node. Drafts are chosen, never sampled (n-gram continuations, the EAGLE
+drafter's argmax, its top-k tree children): the engine verifies them by exact match against the
+target's own token at each node (argmax, or its coupled sample; `tlt.rollout.verify`).
 
 The EAGLE drafter keeps its own one-layer KV cache, driven by the engine's `run_layers`. Its entry
 at position t is computed from (x[t+1], f[t]): the token and the target's final-norm state that
@@ -28,22 +28,18 @@ from tlt.rollout.compiled import CompiledStep
 from tlt.rollout.kv_cache import KVCache
 from tlt.rollout.ngram import ngram_draft_batch
 from tlt.rollout.runner import causal_mask, run_layers
-from tlt.rollout.sampling import process_logits
 from tlt.rollout.tree import DraftTree, build_tree, chain_tree
-from tlt.rollout.verify import sample_from
 
 
 @dataclass(frozen=True)
 class Draft:
     """A proposal for every running row.
 
-    tree: node 0 of row b is the row's newest token; chain: the tree is a chain (node i at depth i);
-    q: [B, K, V] drafter distributions the chain's drafts were sampled from, None for chosen drafts.
+    tree: node 0 of row b is the row's newest token; chain: the tree is a chain (node i at depth i).
     """
 
     tree: DraftTree
     chain: bool
-    q: Tensor | None = None
 
 
 class Drafter(Protocol):
@@ -199,7 +195,7 @@ class EagleCache:
 
 
 class EagleChainDrafter:
-    """Chains of k drafts from the EAGLE drafter: sampled from q when the batch samples, else argmax."""
+    """Chains of k drafts from the EAGLE drafter, each its argmax token (chosen, verified by exact match)."""
 
     def __init__(
         self,
@@ -220,15 +216,11 @@ class EagleChainDrafter:
         state = self.state
         feature = state.catch_up(batch)  # [B, H]
         L = batch.lengths()
-        drafts, qs = [], []
+        drafts = []
         for i in range(self.k):
-            logits = state.drafter.logits(feature)  # [B, V]
-            if batch.generators is None:
-                token = logits.argmax(dim=-1)
-            else:
-                q = process_logits(logits, batch.temperature, batch.top_p)
-                token = sample_from(q, batch.generators)
-                qs.append(q)
+            # The drafter's most likely token: the coupled verification accepts a draft x with probability
+            # p(x) (the target's), so the best guess of the target's token is the one to draft.
+            token = state.drafter.logits(feature).argmax(dim=-1)  # [B]
             drafts.append(token)
             if i + 1 < self.k:
                 # Draft i+1 sits at position L + i; its k/v go to scratch slot L + i.
@@ -236,9 +228,7 @@ class EagleChainDrafter:
                 pos = (L + i)[:, None]
                 mask = causal_mask(L + i, 1, int(L.max()) + i + 1)
                 feature = state.forward(token[:, None], feature[:, None], pos, pos, mask)[:, 0]
-        tree = chain_tree(batch.last_token, torch.stack(drafts, dim=1))
-        q = torch.stack(qs, dim=1) if qs else None
-        return Draft(tree, chain=True, q=q)
+        return Draft(chain_tree(batch.last_token, torch.stack(drafts, dim=1)), chain=True)
 
 
 class EagleTreeDrafter:

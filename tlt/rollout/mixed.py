@@ -8,11 +8,9 @@ frequencies (the sum over i of the product of the first i drafts' shares of thei
 accepted (per row-step, all rows pooled, starting at k / 2). History drafts cost nothing; the EAGLE
 drafter costs a pass per draft token for the whole batch, so it runs only when some row chose it.
 
-Rows are independent in verification, so one step can mix sources: a history chain carries no q
-(it is chosen), an EAGLE chain sampled from q carries q; in a sampling batch the history rows get a
-one-hot q at their drafted tokens, for which rejection sampling (accept x with probability
-min(1, p(x)/q(x)) = p(x); residual max(0, p - q) = p without x) is exactly the one-hot rule the
-deterministic drafters are verified with. Lossless either way.
+Rows are independent in verification, so one step can mix sources: every draft is chosen (a history
+continuation or the EAGLE drafter's argmax) and verified by exact match against the target's own
+token at each position (argmax, or the coupled sample), whichever source it came from. Lossless.
 
 `RowGate` is the per-row cost rule: a row that drafted and had nothing accepted `patience` steps in
 a row stops drafting for `backoff` steps, doubling (up to `max_backoff`) each time it fails again
@@ -25,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.drafting import Draft, EagleChainDrafter
@@ -119,19 +116,15 @@ class MixedDrafter:
         history = [h if h and e >= bar else [] for h, e in scored]
         want_eagle = [ok and not h for ok, h in zip(allow, history)] if self.eagle is not None else [False] * len(seqs)
         draft, n_draft = pad_drafts(history, self.k, batch.device)
-        q = None
         if self.eagle is not None and any(want_eagle):
             learned = self.eagle.propose(batch)
             use = torch.tensor(want_eagle, device=batch.device)
             draft = torch.where(use[:, None], learned.tree.tokens[:, 1:], draft)
             n_draft = torch.where(use, self.k, n_draft)
-            if learned.q is not None:
-                one_hot = F.one_hot(draft, learned.q.shape[-1]).to(learned.q.dtype)
-                q = torch.where(use[:, None, None], learned.q, one_hot)
         self._last = {}
         for seq, n, h, e in zip(seqs, n_draft.tolist(), history, want_eagle):
             self.gate.drafted(seq, n)
             source = "history" if h else "eagle" if e else "none"
             self.sources[source] += 1
             self._last[id(seq)] = source
-        return Draft(chain_tree(batch.last_token, draft, n_draft), chain=True, q=q)
+        return Draft(chain_tree(batch.last_token, draft, n_draft), chain=True)

@@ -2,8 +2,9 @@
 
 Shapes: logits [B, V] or [B, Q, V]; per-row settings (temperature, top_p) are [B] tensors and
 broadcast over Q. Temperature 0 means greedy: its probabilities are one-hot at the argmax.
-Sampling uses one uniform per row and token drawn from the row's own `torch.Generator`, so a
-request's tokens depend only on its seed, never on which other rows share the batch.
+Sampling is inverse-CDF with one uniform per row and token, drawn from the row's own seeded
+`torch.Generator` per generated position (`RunningBatch.uniforms_at`), so a request's tokens depend
+only on its seed, never on which other rows share the batch or on how many tokens a step produced.
 """
 
 from __future__ import annotations
@@ -98,19 +99,18 @@ def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor | None,
-    generators: Sequence[torch.Generator] | None,
+    u: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row and its log-prob. logits [B, V] -> (tokens [B] long, logprobs [B] float32).
 
-    generators None means every row is greedy (argmax, no randomness drawn); otherwise one per row,
-    and each row draws one uniform (greedy rows too, so a row's stream never depends on the batch).
+    u [B]: each row's uniform for this token (greedy rows ignore it); None means every row is greedy.
     """
     scaled = scale_logits(logits, temperature)
     log_norm = scaled.logsumexp(dim=-1, keepdim=True)
-    if generators is None:
+    if u is None:
         tokens = logits.argmax(dim=-1)
     else:
         probs = _finish_probs(logits, (scaled - log_norm).exp_(), temperature, top_p)
-        tokens = sample_from(probs, uniforms(generators, 1, logits.device)[:, 0])
+        tokens = sample_from(probs, u)
     picked = scaled.gather(-1, tokens.unsqueeze(-1)) - log_norm
     return tokens, picked.squeeze(-1).float()

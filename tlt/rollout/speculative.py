@@ -4,8 +4,9 @@ Per step and row b with L[b] committed cache slots and newest (unfed) token r[b]
   1. the drafter proposes a tree rooted at r[b] (a chain is a tree with one child per node);
   2. the target runs once over all N nodes: node j at slot L[b] + j, RoPE position L[b] + depth[j],
      seeing the cached prefix, its ancestors and itself;
-  3. verification (verify.py) picks the accepted path and the next token, per row, in one batch:
-     greedy rows by exact match, sampling rows by the lossless rules;
+  3. verification (verify.py) picks the accepted path and the next token, per row, in one batch: by exact
+     match against the target's own token at each node (its argmax, or its sample with the uniform of
+     that generated position: the coupled rule, so sampled rows reproduce plain sampling exactly);
   4. the k/v of the accepted path move next to the root (cache compaction), and the root plus the
      accepted nodes are committed: L[b] grows by 1 + accepted[b]; the new tokens are the accepted
      drafts plus the next token, each with the target's log-prob at the node that produced it.
@@ -23,16 +24,10 @@ from torch import Tensor
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.drafting import Draft, Drafter
 from tlt.rollout.runner import ModelRunner
-from tlt.rollout.sampling import process_logits, token_logprobs
+from tlt.rollout.sampling import process_logits, sample_from, token_logprobs
 from tlt.rollout.stepper import PlainStepper
 from tlt.rollout.tree import chain_attention_mask, compaction_slots, tree_attention_mask, tree_positions
-from tlt.rollout.verify import (
-    TreeVerdict,
-    verify_deterministic_chain,
-    verify_greedy,
-    verify_sampled,
-    verify_tree,
-)
+from tlt.rollout.verify import TreeVerdict, verify_chain_tokens, verify_tree_tokens
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +60,23 @@ class AcceptanceStats:
 
 
 def _verify(draft: Draft, logits: Tensor, batch: RunningBatch) -> TreeVerdict:
-    """Pick the accepted path per row. logits: [B, N, V] target logits at the draft's nodes."""
+    """Pick the accepted path per row. logits: [B, N, V] target logits at the draft's nodes.
+
+    Greedy batches take the argmax at every node; sampling batches draw each node's token from the
+    processed target distribution with the uniform of its generated position (the coupled rule,
+    `tlt.rollout.verify`): the accepted tokens are the ones plain sampling would draw.
+    """
     tree = draft.tree
-    if batch.generators is None and draft.chain:
-        drafts, n_draft = tree.tokens[:, 1:], tree.valid[:, 1:].sum(dim=1)
-        n_acc, next_token = verify_greedy(logits, drafts, n_draft)
-        return _chain_verdict(n_acc, next_token, tree.num_nodes)
-    if batch.generators is None:
-        return verify_tree(logits, tree.tokens, tree.parents, None, greedy=True)
-    p = process_logits(logits, batch.temperature, batch.top_p)  # [B, N, V], as plain sampling processes
-    if draft.q is not None:
-        drafts, n_draft = tree.tokens[:, 1:], tree.valid[:, 1:].sum(dim=1)
-        n_acc, next_token = verify_sampled(p, draft.q.to(p.dtype), drafts, batch.generators, n_draft)
-        return _chain_verdict(n_acc, next_token, tree.num_nodes)
+    if batch.sampled:
+        p = process_logits(logits, batch.temperature, batch.top_p)  # [B, N, V], as plain sampling processes
+        target = sample_from(p, batch.uniforms_at(tree.depth))  # [B, N]: node j's token at position g + depth
+    else:
+        target = logits.argmax(dim=-1)
     if draft.chain:
         drafts, n_draft = tree.tokens[:, 1:], tree.valid[:, 1:].sum(dim=1)
-        n_acc, next_token = verify_deterministic_chain(p, drafts, batch.generators, n_draft)
+        n_acc, next_token = verify_chain_tokens(target, drafts, n_draft)
         return _chain_verdict(n_acc, next_token, tree.num_nodes)
-    return verify_tree(p, tree.tokens, tree.parents, batch.generators)
+    return verify_tree_tokens(target, tree.tokens, tree.parents)
 
 
 def _chain_verdict(n_accepted: Tensor, next_token: Tensor, num_nodes: int) -> TreeVerdict:

@@ -39,7 +39,7 @@ def prefill(runner: ModelRunner, batch: RunningBatch) -> int:
     mask = causal_mask(torch.zeros(b, dtype=torch.long, device=device), span, span)  # [B, P, P]
     hidden = runner.forward(token_ids, positions, positions, mask)  # [B, P, H]
     last = hidden[torch.arange(b, device=device), torch.tensor(lens, device=device) - 1]  # [B, H]
-    tokens, logprobs = sample_tokens(runner.logits(last), batch.temperature, batch.top_p, batch.generators)
+    tokens, logprobs = sample_tokens(runner.logits(last), batch.temperature, batch.top_p, _next_uniform(batch))
     batch.commit([[t] for t in tokens.tolist()], tokens, logprobs[:, None], hidden, fed=lens)
     return sum(lens)
 
@@ -56,7 +56,14 @@ class PlainStepper:
         mask = causal_mask(lengths, 1, max(batch.cache.lengths) + 1)  # [B, 1, S]
         hidden = self.runner.forward(batch.last_token[:, None], slots, slots, mask)  # [B, 1, H]
         tokens, logprobs = sample_tokens(
-            self.runner.logits(hidden[:, 0]), batch.temperature, batch.top_p, batch.generators
+            self.runner.logits(hidden[:, 0]), batch.temperature, batch.top_p, _next_uniform(batch)
         )
         batch.commit([[t] for t in tokens.tolist()], tokens, logprobs[:, None], hidden)
         return batch.num_rows
+
+
+def _next_uniform(batch: RunningBatch) -> torch.Tensor | None:
+    """[B] the uniform of each row's next token, None when every row is greedy."""
+    if not batch.sampled:
+        return None
+    return batch.uniforms_at(torch.zeros(batch.num_rows, 1, dtype=torch.long, device=batch.device))[:, 0]

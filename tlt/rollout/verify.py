@@ -17,11 +17,18 @@ The rules (DESIGN.md section 1, "Lossless"):
   deterministic  drafts with no q (n-gram, top-k tree children) are treated as one-hot q: accept x with
                  probability p(x); on rejection set p(x) = 0, renormalise and try the next sibling; when no
                  sibling is left, sample from what remains.
+  coupled        (what the engine's sampling rows use) every node j draws its target token x_j from p_j
+                 with the uniform of its generated position (inverse CDF), exactly as a plain step at
+                 that position would; a draft is accepted while it equals x at its parent, and the next
+                 token is x at the last accepted node. The output is the plain sampler's, token for token:
+                 lossless by construction, and for deterministic drafts the acceptance probability is
+                 p(x), as under the one-hot rule. `verify_chain_tokens` / `verify_tree_tokens` take x
+                 (greedy: x is the argmax, which is the greedy rule).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -92,13 +99,44 @@ def verify_greedy(target: Tensor, draft: Tensor, n_draft: Tensor | None = None) 
     target: [B, K+1, V] logits or probabilities; draft: [B, K] int64; n_draft: [B] real drafts per row.
     """
     _check_chain_shapes(target, draft)
+    return verify_chain_tokens(target.argmax(dim=-1), draft, n_draft)
+
+
+def verify_chain_tokens(target_tokens: Tensor, draft: Tensor, n_draft: Tensor | None = None) -> ChainVerdict:
+    """Exact match against the target's own token at every position (the greedy and coupled rules).
+
+    target_tokens: [B, K+1] int64, the token the target emits after input position i (its argmax, or
+    its sample with that position's uniform); draft: [B, K] int64; n_draft: [B] real drafts per row.
+    """
+    if target_tokens.dim() != 2 or draft.dim() != 2 or target_tokens.shape != (draft.shape[0], draft.shape[1] + 1):
+        raise ValueError(f"target_tokens must be [B, K+1] and draft [B, K]; got {tuple(target_tokens.shape)} and "
+                         f"{tuple(draft.shape)}")
     mask, _ = _draft_mask(draft, n_draft)
-    best = target.argmax(dim=-1)  # [B, K+1]
-    # Accept draft i while it equals the target's argmax at its position; stop at the first mismatch.
-    n_accepted = _accepted_prefix((best[:, :-1] == draft) & mask)
-    # The next token is the target's own argmax right after the accepted drafts.
-    next_token = best.gather(1, n_accepted[:, None]).squeeze(1)
+    # Accept draft i while it equals the target's token at its position; stop at the first mismatch.
+    n_accepted = _accepted_prefix((target_tokens[:, :-1] == draft) & mask)
+    # The next token is the target's own token right after the accepted drafts.
+    next_token = target_tokens.gather(1, n_accepted[:, None]).squeeze(1)
     return ChainVerdict(n_accepted, next_token)
+
+
+def verify_tree_tokens(target_tokens: Tensor, tokens: Tensor, parents: Tensor) -> TreeVerdict:
+    """Walk each row's tree from the root, descending into the first child whose token equals the target's
+    own token at the current node (the greedy and coupled rules).
+
+    target_tokens: [B, N] int64, the token the target emits after node j's path; tokens, parents: [B, N]
+    as in `verify_tree`.
+    """
+    if target_tokens.shape != tokens.shape or parents.shape != tokens.shape or tokens.dim() != 2:
+        raise ValueError(f"target_tokens, tokens and parents must all be [B, N]; got {tuple(target_tokens.shape)}, "
+                         f"{tuple(tokens.shape)}, {tuple(parents.shape)}")
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+
+    def descend(current: Tensor, children: Tensor) -> tuple[Tensor, Tensor]:
+        hit = children & (tokens == target_tokens[rows, current][:, None])
+        return hit.any(dim=1), hit.int().argmax(dim=1)
+
+    path, n_accepted, current = _walk_tree(tokens, parents, descend)
+    return TreeVerdict(path, n_accepted, target_tokens[rows, current], current)
 
 
 def _residual(p: Tensor, q: Tensor) -> Tensor:
@@ -201,37 +239,46 @@ def verify_tree(
     from a q).
     """
     _check_tree_shapes(p, tokens, parents)
-    B, N, _ = p.shape
-    device = p.device
+    if greedy:
+        return verify_tree_tokens(p.argmax(dim=-1), tokens, parents)
+    rows = torch.arange(p.shape[0], device=p.device)
+    dist = p[:, 0].clone()  # [B, V] what remains of the distribution at the current node
+
+    def descend(current: Tensor, children: Tensor) -> tuple[Tensor, Tensor]:
+        nonlocal dist
+        moved, chosen, dist = _try_siblings(dist, tokens, children, rng)
+        # A row that descended starts afresh from the target distribution at its new node.
+        dist = torch.where(moved[:, None], p[rows, chosen], dist)
+        return moved, chosen
+
+    path, n_accepted, current = _walk_tree(tokens, parents, descend)
+    return TreeVerdict(path, n_accepted, sample_from(dist, rng), current)
+
+
+def _walk_tree(
+    tokens: Tensor, parents: Tensor, descend: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Walk each row's tree [B, N] from the root, one level per round: `descend(current [B], children
+    [B, N] bool)` says which rows move (bool [B]) and into which child ([B]). Returns (path [B, N - 1]
+    accepted nodes in depth order, -1 padded; n_accepted [B]; the node each row stopped on [B])."""
+    B, N = tokens.shape
+    device = tokens.device
     rows = torch.arange(B, device=device)
     current = torch.zeros(B, dtype=torch.long, device=device)  # node we stand on
     active = torch.ones(B, dtype=torch.bool, device=device)  # still descending
-    dist = p[:, 0].clone()  # [B, V] what remains of the distribution at `current`
     path = torch.full((B, max(N - 1, 0)), -1, dtype=torch.long, device=device)
     n_accepted = torch.zeros(B, dtype=torch.long, device=device)
     not_root = torch.arange(N, device=device)[None, :] > 0
-    for _ in range(N - 1):  # one level per iteration
+    for _ in range(N - 1):
         children = (parents == current[:, None]) & not_root & active[:, None]  # [B, N]
         if not children.any():
             break
-        if greedy:
-            # Exact match: descend into the first child whose token is the target's argmax.
-            hit = children & (tokens == dist.argmax(dim=-1)[:, None])
-            moved = hit.any(dim=1)
-            chosen = hit.int().argmax(dim=1)
-        else:
-            moved, chosen, dist = _try_siblings(dist, tokens, children, rng)
+        moved, chosen = descend(current, children)
         path[rows[moved], n_accepted[moved]] = chosen[moved]
         n_accepted = n_accepted + moved.long()
         current = torch.where(moved, chosen, current)
-        # A row that descended starts afresh from the target distribution at its new node.
-        dist = torch.where(moved[:, None], p[rows, current], dist)
         active = active & moved
-    if greedy:
-        next_token = dist.argmax(dim=-1)
-    else:
-        next_token = sample_from(dist, rng)
-    return TreeVerdict(path, n_accepted, next_token, current)
+    return path, n_accepted, current
 
 
 def _try_siblings(

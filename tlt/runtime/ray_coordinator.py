@@ -304,6 +304,10 @@ class RayTrainer:
         trace = steps.RolloutTrace(steps=list(slowest["trace"]))
         out = steps.rollout_metrics(completions, rewards, trace, rollout_end - started)
         out["idle_seconds"] = sum(rollout_end - r["finished_at"] for r in results)
+        # The engines' own time (the slowest worker's generate call) and what the step added around it:
+        # dispatch, weight and drafter loading, the stepper's set-up, and the work before results return.
+        out["generate_seconds"] = max(r.get("generate_seconds", 0.0) for r in results)
+        out["rollout_overhead_seconds"] = (rollout_end - started) - out["generate_seconds"]
         row_steps = sum(r["sd_row_steps"] for r in results)
         out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
         out["sd_row_steps"] = row_steps

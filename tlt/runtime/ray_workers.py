@@ -215,6 +215,7 @@ class RolloutWorker:
             stepper.bandit.load_state_dict(self._bandit_state)
             self._bandit_state = None
         self.engine.stepper = FinishWatcher(stepper, send)
+        generate_started = time.time()
         try:
             completions = self.engine.generate(requests, on_step=on_step)
         finally:
@@ -231,6 +232,7 @@ class RolloutWorker:
                     self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
                     references[completion.request_id])
         finished = time.time()
+        generate_seconds = finished - generate_started
         release_kv_cache(self.engine)
         agreement = self._agreement_and_buffer(completions, step, drafter)
         self._set_state(IDLE)
@@ -239,6 +241,7 @@ class RolloutWorker:
         return {"worker": self.name, "completions": completions,
                 "rewards": [rewards[c.request_id] for c in completions], "streamed": streamed,
                 "trace": trace.steps, "started_at": started, "finished_at": finished,
+                "generate_seconds": generate_seconds,
                 "first_response_at": first_done[0] if first_done else finished,
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
