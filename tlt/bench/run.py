@@ -127,18 +127,22 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
 
 
 def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None]:
-    """The drafter every learned-drafter variant starts from (`drafterWarmstart`): an EAGLE drafter
-    trained for a fixed budget on the starting policy's own samples at T=1 on task prompts (the
-    step-0 distribution), cached beside the warm start. static freezes it, tlt keeps training it.
+    """The drafter every learned-drafter variant starts from (`drafterWarmstart`, see `drafter_warm_start`).
     (None, None) when the workload has no `drafterWarmstart` (drafters then start untrained)."""
-    cfg = workload.drafter_warmstart
-    if not cfg:
+    if not workload.drafter_warmstart:
         return None, None
+    return drafter_warm_start(workload.warmstart, workload.drafter_warmstart)
+
+
+def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """An EAGLE drafter trained for a fixed budget (`cfg`: prompts, steps, batch, learningRate,
+    maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
+    distribution), cached beside the warm start: (its folder, its training info). static freezes it,
+    tlt keeps training it."""
     from tlt.bench.engine_sd import SdBenchConfig, trained_drafter
-    folder = warm_start(workload.warmstart)
+    folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
-    sd_cfg = SdBenchConfig(
-                           max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
+    sd_cfg = SdBenchConfig(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
                            drafter_steps=int(cfg["steps"]), drafter_batch=int(cfg["batch"]),
                            drafter_lr=float(cfg["learningRate"]), seed=int(cfg["seed"]))
     _, info = trained_drafter(sd_cfg, folder, policy.eval(), tokenizer)

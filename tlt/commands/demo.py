@@ -3,8 +3,10 @@
 `examples/demo.yaml` (built-in task, the deep warm-started policy) runs with `speculative.mode: off`
 into OUT/vanilla and with the file's mode (tlt) into OUT/tlt, same prompts, seeds and steps, each
 with its live display and own report; then OUT/report.md compares them (`tlt.runtime.demo_report`).
-The warm start is trained and cached on first use (minutes on 2 CPU cores). A run folder that
-already holds a finished run is resumed, not overwritten: its steps are reused.
+The warm start is trained and cached on first use (minutes on 2 CPU cores), and so is the drafter
+TLT starts from (unless the file sets `speculative.drafterPath`): an EAGLE drafter trained briefly on
+the warm start's own samples, as the bench's `drafterWarmstart`, which TLT then keeps training in idle
+time. A run folder that already holds a finished run is resumed, not overwritten: its steps are reused.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 WARMSTARTS = ("deep", "reduced", "default")
+# The drafter TLT starts from: trained on the warm start's own T=1 samples (bench/workload-deep-v2.yaml's).
+DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tlt.bench.run import WARMSTARTS as CONFIGS
+    from tlt.bench.run import drafter_warm_start
     from tlt.config_io import SpecError, load_run
     from tlt.runtime.demo_report import write_demo_report
     from tlt.runtime.ray_train import train_ray
@@ -50,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.file}: speculative.mode is 'off'; the demo compares it with a speculative mode", file=sys.stderr)
         return 2
     warmstart = CONFIGS[args.warmstart]()
+    if spec.spec.model.path is None and spec.spec.speculative.drafter_path is None:
+        budget = DRAFTER_WARMSTART if args.warmstart != "reduced" else {**DRAFTER_WARMSTART, "prompts": 16, "steps": 10,
+                                                                        "maxNewTokens": 64}
+        spec.spec.speculative.drafter_path = str(drafter_warm_start(warmstart, budget)[0])
     vanilla = spec.model_copy(deep=True)
     vanilla.spec.speculative.mode = "off"
     for name, run_ in (("vanilla", vanilla), ("tlt", spec)):
