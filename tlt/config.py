@@ -102,11 +102,31 @@ class DatasetSpec(Spec):
         "or GSM8K (`#### N` in the reference).",
     )
     builtin: BuiltinTaskSpec = Field(default_factory=BuiltinTaskSpec, description="Built-in task settings.")
+    eval_path: PathStr | None = Field(
+        None, description="Held-out JSONL or Parquet file for evaluation (source `file`); without it, "
+        "`evalFraction` of `path`'s records are held out."
+    )
+    eval_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Without `evalPath`: the fraction of `path`'s records held out for "
+        "evaluation (chosen by `splitSeed`, never trained on); 0 disables held-out evaluation."
+    )
+    split_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the train / held-out split of `path`.")
+    prompt: Annotated[str, Field(min_length=1, max_length=8192)] | None = Field(
+        None, description="Prompt template over record fields (Python format syntax, e.g. "
+        "`{question}\\nThink step by step.`); without it the `promptKey` field is the prompt."
+    )
+    chat: bool = Field(False, description="Wrap the prompt in the tokenizer's chat template (a user message, "
+                       "after `system` when set, with the generation prompt).")
+    system: Annotated[str, Field(min_length=1, max_length=8192)] | None = Field(
+        None, description="System message when `chat` is true."
+    )
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DatasetSpec:
         if self.source == "file" and not self.path:
             raise ValueError("dataset.path is required when dataset.source is 'file'")
+        if self.system is not None and not self.chat:
+            raise ValueError("dataset.system needs dataset.chat: true (a system message exists only in a chat)")
         return self
 
 
@@ -232,6 +252,15 @@ class RoleSpec(Spec):
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 
 
+class VerifierSpec(RoleSpec):
+    """The reward verifier pods and the reward they compute."""
+
+    reward: Annotated[str, Field(max_length=253, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")] | None = Field(
+        None, description="Reward plug-in `module:function`, called as function(prompt, response, record) -> float "
+        "(importable where verifiers run); without it `dataset.answerFormat` decides the reward."
+    )
+
+
 class PolicySpec(RoleSpec):
     """The policy pods: rank 0 runs the Ray head and the coordinator, so there is at least one."""
 
@@ -245,6 +274,11 @@ class RolloutSpec(RoleSpec):
         "auto",
         description="Compiled decode/verify steps (torch.compile): on, off, or auto (on for policies of "
         ">= 16 decoder layers, where it was measured to pay back its compile cost; off otherwise).",
+    )
+    engine: Literal["tlt", "vllm"] = Field(
+        "tlt",
+        description="Rollout engine: tlt (this project's engine, adaptive SD) or vllm (the optional extra "
+        "`pip install 'tlt[vllm]'`; EAGLE SD with the run's drafter, see docs/vllm.md).",
     )
 
 
@@ -446,7 +480,7 @@ class RunSpec(Spec):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec, description="GRPO update pods; rank 0 runs the coordinator.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine pods (drafter-trainer slots).")
-    verifier: RoleSpec = Field(default_factory=RoleSpec, description="Reward verifier pods (CPU).")
+    verifier: VerifierSpec = Field(default_factory=VerifierSpec, description="Reward verifier pods (CPU).")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     drafter: DrafterSpec = Field(default_factory=DrafterSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)

@@ -1,16 +1,18 @@
 """Data preparation (the `prepare_data` component): the run's prompts and answers, validated, as a Dataset.
 
 The source is the run spec's `dataset` section: the built-in task, or a JSONL / Parquet file read
-with its `promptKey` / `answerKey`. A missing file, a record without one of the keys, an empty
+with its `prompt` template or `promptKey`, and its `answerKey`. A missing file, a record without one of the keys, an empty
 prompt or answer, or no records at all fails the component with the file, record and field named.
 The artifact is a folder:
 
-    train.jsonl     {"prompt": ..., "answer": ...} per line, the training problems
-    eval.jsonl      the held-out problems (a file source has one split: the same problems)
+    train.jsonl     {"prompt", "answer", "chat", "system"} per line, the training problems (template applied;
+                    the chat template is the tokenizer's, applied by `encode_prompt` where the ids are made)
+    eval.jsonl      the held-out problems: `evalPath`, else the `evalFraction` of the file held out
+                    (no record in both; empty when a file run disables held-out evaluation)
     dataset.json    the dataset section it was made from and the statistics below
 
 Artifact metadata: counts, prompt / answer length statistics in characters (p50 / p90 / p99 /
-max / mean), whether eval equals train, and the sha256 of train.jsonl.
+max / mean), whether eval shares records with train (never), and the sha256 of train.jsonl.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tlt.tasks.datasets import DatasetError, load_problems
-from tlt.tasks.datasets import read_problems as read_file
+from tlt.tasks.datasets import DatasetError, load_problems, read_records
 from tlt.tasks.evaluate import length_stats
 from tlt.tasks.problem import Problem
 from tlt_components.common import parse_run_spec
@@ -37,7 +38,8 @@ INFO_FILE = "dataset.json"
 def _write_jsonl(path: Path, problems: list[Problem]) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for problem in problems:
-            handle.write(json.dumps({"prompt": problem.prompt, "answer": problem.answer}, ensure_ascii=False) + "\n")
+            row = {"prompt": problem.prompt, "answer": problem.answer, "chat": problem.chat, "system": problem.system}
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def check_problems(problems: list[Problem], where: str) -> None:
@@ -54,9 +56,12 @@ def prepare_dataset(run_spec: dict[str, Any], out_dir: str | Path) -> dict[str, 
     """Validate the run spec's dataset, write the artifact folder, return its metadata."""
     dataset = parse_run_spec(run_spec).spec.dataset
     where = "built-in task" if dataset.source == "builtin" else f"dataset file {dataset.path}"
-    train, held_out = load_problems(dataset, "train"), load_problems(dataset, "eval")
+    eval_disabled = dataset.source == "file" and dataset.eval_path is None and dataset.eval_fraction == 0
+    train = load_problems(dataset, "train")
     check_problems(train, where)
-    check_problems(held_out, where)
+    held_out = [] if eval_disabled else load_problems(dataset, "eval")
+    if not eval_disabled:
+        check_problems(held_out, where)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +71,7 @@ def prepare_dataset(run_spec: dict[str, Any], out_dir: str | Path) -> dict[str, 
         "source": dataset.source,
         "num_train": len(train),
         "num_eval": len(held_out),
-        "eval_is_train": dataset.source == "file",
+        "eval_is_train": False,
         "prompt_chars": length_stats([len(p.prompt) for p in train]),
         "answer_chars": length_stats([len(p.answer) for p in train]),
         "sha256": hashlib.sha256((out / TRAIN_FILE).read_bytes()).hexdigest(),
@@ -82,7 +87,8 @@ def read_problems(data_dir: str | Path, split: str) -> list[Problem]:
     files = {"train": TRAIN_FILE, "eval": EVAL_FILE}
     if split not in files:
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    return read_file(Path(data_dir) / files[split], "prompt", "answer")
+    records = read_records(Path(data_dir) / files[split])
+    return [Problem(r["prompt"], r["answer"], chat=bool(r.get("chat")), system=r.get("system")) for r in records]
 
 
 def read_info(data_dir: str | Path) -> dict[str, Any]:

@@ -40,7 +40,9 @@ def test_numbers_arrive_as_doubles_from_kfp(tmp_path: Path):
 def test_gsm8k_jsonl_file(tmp_path: Path):
     spec = {"dataset": {"source": "file", "path": str(GSM8K), "answerFormat": "gsm8k"}}
     meta = prepare_dataset(spec, tmp_path / "data")
-    assert meta["num_train"] == 1319 and meta["eval_is_train"] is True
+    assert (meta["num_train"], meta["num_eval"], meta["eval_is_train"]) == (1187, 132, False)
+    held_out = {p.prompt for p in read_problems(tmp_path / "data", "eval")}
+    assert len(held_out) == 132 and not held_out & {p.prompt for p in read_problems(tmp_path / "data", "train")}
     first = read_problems(tmp_path / "data", "train")[0]
     assert first.prompt.startswith("Janet") and "####" in first.answer
 
@@ -48,7 +50,8 @@ def test_gsm8k_jsonl_file(tmp_path: Path):
 def test_parquet_file_with_custom_keys(tmp_path: Path):
     table = pa.table({"q": ["1+1=", "2+3="], "a": ["2", "5"], "other": [1, 2]})
     pq.write_table(table, tmp_path / "d.parquet")
-    spec = {"dataset": {"source": "file", "path": str(tmp_path / "d.parquet"), "promptKey": "q", "answerKey": "a"}}
+    spec = {"dataset": {"source": "file", "path": str(tmp_path / "d.parquet"), "promptKey": "q", "answerKey": "a",
+                        "evalFraction": 0}}
     meta = prepare_dataset(spec, tmp_path / "data")
     assert meta["num_train"] == 2
     assert [(p.prompt, p.answer) for p in read_problems(tmp_path / "data", "train")] == [("1+1=", "2"), ("2+3=", "5")]
@@ -74,3 +77,15 @@ def test_a_bad_spec_lists_its_field(tmp_path: Path):
         prepare_dataset({"dataset": {"source": "hub"}}, tmp_path / "data")
     with pytest.raises(SpecError, match="dataset.path is required"):
         prepare_dataset({"dataset": {"source": "file"}}, tmp_path / "data")
+
+
+def test_eval_file_template_and_chat_flag_survive_the_artifact(tmp_path: Path):
+    rows = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(3)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "e.jsonl").write_text(json.dumps({"question": "9+1", "answer": "10"}) + "\n")
+    spec = {"dataset": {"source": "file", "path": str(tmp_path / "t.jsonl"), "evalPath": str(tmp_path / "e.jsonl"),
+                        "prompt": "Q: {question}=", "chat": True, "system": "Be brief."}}
+    meta = prepare_dataset(spec, tmp_path / "data")
+    assert (meta["num_train"], meta["num_eval"]) == (3, 1)
+    (held_out,) = read_problems(tmp_path / "data", "eval")
+    assert (held_out.prompt, held_out.answer, held_out.chat, held_out.system) == ("Q: 9+1=", "10", True, "Be brief.")

@@ -1,25 +1,69 @@
-"""`tlt validate run.yaml`: every error with its field path and what is allowed."""
+"""`tlt validate run.yaml`: every error with its field path and what is allowed.
+
+Beyond the spec itself: a `verifier.reward` plug-in must import here (as it must where verifiers run), and
+`--show-prompt N` prints the text and token ids of the first N training prompts exactly as the policy
+gets them (template, chat template and special tokens applied, by `tlt.tasks.prompt_format`), with the
+tokenizer of `model.path` (or the built-in task's).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from tlt.config import RunSpec
 from tlt.config_io import SpecError, load_run
+from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.spec_warnings import spec_warnings
+from tlt.tasks.datasets import DatasetError, load_problems
+from tlt.tasks.prompt_format import PromptError, encode_prompt
+from tlt.tasks.tokenizer import build_task_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", help="run.yaml files: TLTTrainingRun manifests or bare specs")
+    parser.add_argument("--show-prompt", type=int, default=0, metavar="N",
+                        help="print the text and token ids of the first N training prompts as the model gets them "
+                        "(reads the dataset and model.path's tokenizer)")
+
+
+def run_tokenizer(spec: RunSpec) -> PreTrainedTokenizerBase:
+    """The tokenizer of `model.path`, else the built-in task's."""
+    if spec.model.path is None:
+        return build_task_tokenizer()
+    return AutoTokenizer.from_pretrained(spec.model.path, local_files_only=True)
+
+
+def show_prompts(spec: RunSpec, count: int) -> None:
+    tokenizer = run_tokenizer(spec)
+    for index, problem in enumerate(load_problems(spec.dataset, "train")[:count]):
+        ids = encode_prompt(tokenizer, problem)
+        print(f"--- prompt {index} ({len(ids)} tokens)")
+        print(tokenizer.decode(ids, skip_special_tokens=False))
+        print(f"ids: {ids}")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.show_prompt < 0:
+        print(f"--show-prompt must be >= 0, got {args.show_prompt}", file=sys.stderr)
+        return 2
     failed = 0
     for path in args.files:
         try:
             run_ = load_run(path)
         except SpecError as exc:
             print(exc, file=sys.stderr)
+            failed += 1
+            continue
+        try:
+            if run_.spec.verifier.reward is not None:
+                load_reward(run_.spec.verifier.reward)
+            if args.show_prompt:
+                show_prompts(run_.spec, args.show_prompt)
+        except (RewardPluginError, DatasetError, PromptError, OSError) as exc:
+            print(f"{path}: {exc}", file=sys.stderr)
             failed += 1
             continue
         print(f"{path}: ok ({run_.kind} {run_.metadata.name})")

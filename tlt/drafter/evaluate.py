@@ -24,6 +24,7 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Completion, Request, SamplingParams
 from tlt.tasks.problem import Problem
+from tlt.tasks.prompt_format import encode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +63,13 @@ def speculative_engine(
 def make_requests(
     tokenizer: PreTrainedTokenizerBase, problems: list[Problem], *, max_new_tokens: int, temperature: float, seed: int
 ) -> list[Request]:
-    """One request per problem, tokenized as the RL loop does (`tokenizer(prompt)`), stopping at eos,
+    """One request per problem, tokenized as the RL loop does (`encode_prompt`), stopping at eos,
     with a seed per request."""
     stop = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     return [
         Request(
             f"eval-{i}",
-            tokenizer(p.prompt).input_ids,
+            encode_prompt(tokenizer, p),
             SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stop, seed=seed + i),
         )
         for i, p in enumerate(problems)

@@ -45,6 +45,7 @@ from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.stepper import PlainStepper, Stepper
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
+from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
@@ -146,6 +147,7 @@ class LocalTrainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
         self.problems = load_problems(self.spec.dataset, "train")
+        self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
         self.policy, self.tokenizer = build_policy(self.spec, warmstart)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.compute_dtype = resolve_dtype(self.spec.model.dtype)
@@ -207,7 +209,10 @@ class LocalTrainer:
         completions = steps.rollout(self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids,
                                     trace=trace)
         rollout_seconds = time.perf_counter() - started
-        rewards = steps.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format)
+        reward_errors: list[RewardError] = []
+        rewards = steps.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format,
+                                          reward=self.reward, errors=reward_errors)
+        record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.perf_counter()
         update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
                              compute_dtype=self.compute_dtype)
@@ -215,6 +220,8 @@ class LocalTrainer:
         metrics = {"step": step, **steps.rollout_metrics(completions, rewards, trace, rollout_seconds), **update,
                    "update_seconds": time.perf_counter() - update_started,
                    "step_seconds": time.perf_counter() - started}
+        if self.reward is not None:
+            metrics["reward_errors"] = len(reward_errors)
         if self.speculative is not None:
             metrics["accept_length"] = self.speculative.stats.accept_length
             metrics["sd_steps"] = self.speculative.stats.steps

@@ -26,6 +26,7 @@ from tlt.config import AlgorithmSpec
 from tlt.rl.grpo import group_advantages
 from tlt.rl.packing import micro_batches
 from tlt.rl.rewards import score
+from tlt.rl.reward_plugin import RewardError, RewardFn, call_reward
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 from tlt.adaptive.switch import sd_enabled
 from tlt.rollout.batch import RunningBatch
@@ -34,6 +35,7 @@ from tlt.rollout.stepper import Stepper
 from tlt.rollout.types import Completion, Request, SamplingParams, StepMetrics
 from tlt.tasks.evaluate import length_stats
 from tlt.tasks.problem import Problem
+from tlt.tasks.prompt_format import encode_prompt
 
 
 def derive_seed(*parts: str | int) -> int:
@@ -79,7 +81,7 @@ def make_requests(
     stop = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
     requests = []
     for problem, index in zip(problems, problem_ids):
-        prompt_ids = tokenizer(problem.prompt).input_ids
+        prompt_ids = encode_prompt(tokenizer, problem)
         for member in range(algo.group_size):
             params = SamplingParams(
                 temperature=algo.temperature,
@@ -162,8 +164,12 @@ def score_completions(
     problems: Sequence[Problem],
     tokenizer: PreTrainedTokenizerBase,
     answer_format: str,
+    reward: RewardFn | None = None,
+    errors: list[RewardError] | None = None,
 ) -> torch.Tensor:
-    """Rewards [P, G] float32 in {0, 1}: each response's final answer against its problem's reference."""
+    """Rewards [P, G] float32: each response's final answer against its problem's reference (in {0, 1}),
+    or with `reward` the plug-in's value (`tlt.rl.reward_plugin`); a sample whose plug-in fails scores
+    0.0 and its `RewardError` (sample named by its request id) is appended to `errors`."""
     if len(completions) % len(problems):
         raise ValueError(f"{len(completions)} completions do not split into groups of {len(problems)} problems")
     group = len(completions) // len(problems)
@@ -171,7 +177,13 @@ def score_completions(
     for b, completion in enumerate(completions):
         p, g = divmod(b, group)
         text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-        rewards[p, g] = score(text, problems[p].answer, answer_format)
+        if reward is None:
+            rewards[p, g] = score(text, problems[p].answer, answer_format)
+            continue
+        rewards[p, g], error = call_reward(reward, problems[p].prompt, text, problems[p].record,
+                                           completion.request_id)
+        if error is not None and errors is not None:
+            errors.append(error)
     return rewards
 
 

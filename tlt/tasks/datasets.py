@@ -3,19 +3,30 @@
 `load_problems(spec, split)` returns `Problem(prompt, answer)` records for a `DatasetSpec`:
 - `source: builtin` generates the countdown task (train and eval from different seeds);
 - `source: file` reads `spec.path` (`.jsonl` / `.json` lines, or `.parquet`) and takes each
-  record's `prompt_key` / `answer_key` fields; a GSM8K file (`question`, `answer` ending in
-  `#### N`) works with the defaults. A file has one split: both splits read all of it.
+  record's `answer_key` field and its prompt: the `prompt` template filled in from the record
+  (`tlt.tasks.prompt_format.render_prompt`), else its `prompt_key` field; a GSM8K file (`question`,
+  `answer` ending in `#### N`) works with the defaults. Every problem carries `chat` / `system`
+  and its record (for reward plug-ins).
+
+Splits of a file dataset: training and held-out evaluation never share a record.
+- with `eval_path`: train reads all of `path`, eval all of `eval_path`;
+- without it: `held_out_indices` holds out round(eval_fraction * N) records of `path` (at least one
+  when the fraction is > 0 and N >= 2), chosen by `split_seed` alone; train reads the rest, eval those;
+- `eval_fraction: 0` and no `eval_path`: train reads all of `path` and the eval split is an error
+  (held-out evaluation is disabled; nothing silently evaluates on training records).
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any, Literal
 
 from tlt.config import DatasetSpec
 from tlt.tasks.countdown import CountdownTask, generate
 from tlt.tasks.problem import Problem
+from tlt.tasks.prompt_format import PromptError, render_prompt
 
 Split = Literal["train", "eval"]
 EVAL_SEED_OFFSET = 1_000_003
@@ -35,7 +46,25 @@ def load_problems(spec: DatasetSpec, split: Split = "train") -> list[Problem]:
         return generate(spec.builtin.num_eval, spec.builtin.seed + EVAL_SEED_OFFSET, task)
     if spec.path is None:
         raise DatasetError("dataset.path is required when dataset.source is 'file'")
-    return read_problems(Path(spec.path), spec.prompt_key, spec.answer_key)
+    if spec.eval_path is not None:
+        return read_problems(Path(spec.path if split == "train" else spec.eval_path), spec)
+    problems = read_problems(Path(spec.path), spec)
+    held_out = set(held_out_indices(len(problems), spec.eval_fraction, spec.split_seed))
+    if split == "eval" and not held_out:
+        raise DatasetError(f"no held-out evaluation for {spec.path}: set dataset.evalPath, or dataset.evalFraction "
+                           f"> 0 with at least 2 records (training records are never evaluated on)")
+    return [p for i, p in enumerate(problems) if (i in held_out) == (split == "eval")]
+
+
+def held_out_indices(num_records: int, fraction: float, seed: int) -> list[int]:
+    """Sorted indices of the records held out for evaluation: round(fraction * N), at least 1 when
+    fraction > 0 and N >= 2, at most N - 1 (training keeps one); a function of (N, fraction, seed) alone."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    if fraction == 0 or num_records < 2:
+        return []
+    count = min(max(round(fraction * num_records), 1), num_records - 1)
+    return sorted(random.Random(f"tlt-split-{seed}").sample(range(num_records), count))
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -72,19 +101,29 @@ def _text(value: Any, key: str, where: str) -> str:
     raise DatasetError(f"{where}: field {key!r} must be a string or number, got {type(value).__name__}")
 
 
-def read_problems(path: Path, prompt_key: str, answer_key: str) -> list[Problem]:
-    """Problems from a file's `prompt_key` / `answer_key` fields; every record must have both."""
+def read_problems(path: Path, spec: DatasetSpec) -> list[Problem]:
+    """Problems from a file: the prompt (`spec.prompt` template, else the `prompt_key` field) and the
+    `answer_key` field of every record, each with `spec.chat` / `spec.system` and its record."""
     records = read_records(path)
     if not records:
         raise DatasetError(f"dataset file {path} has no records")
+    keys = (spec.answer_key,) if spec.prompt else (spec.prompt_key, spec.answer_key)
     problems = []
     for index, record in enumerate(records):
         where = f"{path} record {index}"
-        for key in (prompt_key, answer_key):
+        for key in keys:
             if key not in record:
                 raise DatasetError(
                     f"{where}: missing key {key!r}; keys present: {sorted(record)} "
                     f"(set dataset.promptKey / dataset.answerKey)"
                 )
-        problems.append(Problem(_text(record[prompt_key], prompt_key, where), _text(record[answer_key], answer_key, where)))
+        if spec.prompt:
+            try:
+                prompt = render_prompt(spec.prompt, record, where)
+            except PromptError as exc:
+                raise DatasetError(str(exc)) from None
+        else:
+            prompt = _text(record[spec.prompt_key], spec.prompt_key, where)
+        answer = _text(record[spec.answer_key], spec.answer_key, where)
+        problems.append(Problem(prompt, answer, chat=spec.chat, system=spec.system, record=record))
     return problems

@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from tlt.tasks.problem import Problem
+from tlt.tasks.prompt_format import encode_prompt
 
 Verifier = Callable[[str, str], float]
 
@@ -23,7 +24,7 @@ def _same_length_batches(
     """(indices into `problems`, prompt ids [B, L]) for groups of equal prompt length."""
     groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
     for index, problem in enumerate(problems):
-        ids = tokenizer(problem.prompt).input_ids
+        ids = encode_prompt(tokenizer, problem)
         groups[len(ids)].append((index, ids))
     for _, members in sorted(groups.items()):
         for start in range(0, len(members), batch_size):

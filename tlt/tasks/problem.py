@@ -1,11 +1,22 @@
-"""One problem of any task or dataset: the prompt shown to the policy and the reference answer."""
+"""One problem of any task or dataset: the prompt shown to the policy and the reference answer.
+
+`prompt` is the user's text (a dataset's template already applied); with `chat` the tokenizer's chat
+template wraps it (after `system` when set) when it is encoded (`tlt.tasks.prompt_format.encode_prompt`).
+`record` is the dataset record the problem came from (empty for the built-in task), handed to reward
+plug-ins; it takes no part in equality.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Problem:
     prompt: str
     answer: str
+    chat: bool = False
+    system: str | None = None
+    record: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
