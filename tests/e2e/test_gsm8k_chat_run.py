@@ -100,3 +100,12 @@ def test_validate_refuses_a_reward_that_does_not_import(tmp_path: Path, capsys):
     run_file.write_text(yaml.safe_dump({"spec": {"verifier": {"reward": "no_such_reward_module:score"}}}))
     assert cli.main(["validate", str(run_file)]) == 1
     assert "cannot import module 'no_such_reward_module'" in capsys.readouterr().err
+
+
+def test_the_ray_runtime_refuses_a_reward_plugin_before_starting_anything():
+    from tlt.config import RunSpec
+    from tlt.runtime.ray_cluster import create_actors
+
+    spec = RunSpec.model_validate({"verifier": {"reward": "reward_plugin:graded"}})
+    with pytest.raises(ValueError, match=r"reward plug-ins run in the single-process loop"):
+        create_actors(spec, "unused", None, {}, None)

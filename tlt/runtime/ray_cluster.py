@@ -127,6 +127,9 @@ def create_actors(
     `drafter.placement: sidecar` one sidecar trainer per rollout worker; wait until ready. Raises
     SidecarPlacementError before starting anything when the sidecars' nodes are missing (on rollout pods
     after waiting up to TRAINER_REJOIN_SECONDS for them)."""
+    if spec.verifier.reward is not None:
+        raise ValueError(f"verifier.reward {spec.verifier.reward!r}: reward plug-ins run in the single-process loop "
+                         "(tlt train --local) only so far; the Ray verifiers score with dataset.answerFormat")
     plan = placement(spec, resources)
     sidecar = spec.speculative.mode in ("static", "tlt") and spec.drafter.placement == "sidecar"
     # on rollout pods a missing sidecar is one the kubelet restarts; anywhere else it never comes
