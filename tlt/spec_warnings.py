@@ -42,9 +42,29 @@ def spec_warnings(spec: RunSpec) -> list[str]:
     if spec.algorithm.max_new_tokens >= spec.model.max_context:
         out.append(f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
                    f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing")
+    out.extend(dataset_warnings(spec))
     for role in ("policy", "rollout", "verifier"):
         memory = getattr(spec, role).resources.memory
         if quantity_bytes(memory) % 1:
             out.append(f"spec.{role}.resources.memory: {memory!r} is a fraction of a byte; Kubernetes rounds it up "
                        "(write a whole number of bytes, e.g. 4Gi)")
+    return out
+
+
+def dataset_warnings(spec: RunSpec) -> list[str]:
+    """Dataset settings that validate but do nothing: file-only fields on the built-in task, the
+    prompt key beside a template, a held-out fraction beside an eval file."""
+    data, out = spec.dataset, []
+    defaults = type(data)()
+    if data.source == "builtin":
+        for field, alias in (("path", "path"), ("eval_path", "evalPath"), ("prompt", "prompt"), ("chat", "chat")):
+            if getattr(data, field) != getattr(defaults, field):
+                out.append(f"spec.dataset.{alias}: the built-in task (dataset.source builtin) has its own prompts "
+                           "and splits, so it does nothing")
+        return out
+    if data.prompt is not None and data.prompt_key != defaults.prompt_key:
+        out.append(f"spec.dataset.promptKey: {data.prompt_key!r} is not read when dataset.prompt (a template) is set")
+    if data.eval_path is not None and data.eval_fraction != defaults.eval_fraction:
+        out.append(f"spec.dataset.evalFraction: {data.eval_fraction} does nothing beside dataset.evalPath, "
+                   "which is the whole held-out set")
     return out

@@ -23,6 +23,11 @@ def test_the_default_spec_has_no_warnings():
     ({"model": {"maxContext": 256}, "algorithm": {"maxNewTokens": 256}}, "spec.algorithm.maxNewTokens"),
     ({"verifier": {"resources": {"memory": "100m"}}}, "spec.verifier.resources.memory"),
     ({"rollout": {"resources": {"memory": "1.0001Ki"}}}, "spec.rollout.resources.memory"),
+    ({"dataset": {"chat": True}}, "spec.dataset.chat"),
+    ({"dataset": {"evalPath": "e.jsonl"}}, "spec.dataset.evalPath"),
+    ({"dataset": {"source": "file", "path": "d.jsonl", "prompt": "{q}", "promptKey": "q"}}, "spec.dataset.promptKey"),
+    ({"dataset": {"source": "file", "path": "d.jsonl", "evalPath": "e.jsonl", "evalFraction": 0.2}},
+     "spec.dataset.evalFraction"),
 ])
 def test_each_setting_that_does_nothing_is_named(spec, field):
     (warning,) = spec_warnings(RunSpec.model_validate(spec))
