@@ -8,6 +8,7 @@ their samples score 0, the run goes on, and every failure is in reward_errors.js
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -102,10 +103,34 @@ def test_validate_refuses_a_reward_that_does_not_import(tmp_path: Path, capsys):
     assert "cannot import module 'no_such_reward_module'" in capsys.readouterr().err
 
 
-def test_the_ray_runtime_refuses_a_reward_plugin_before_starting_anything():
-    from tlt.config import RunSpec
-    from tlt.runtime.ray_cluster import create_actors
+def test_ray_verifiers_score_with_the_plugin_and_return_its_failures(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    from tlt.runtime.ray_workers import VerifierWorker
 
-    spec = RunSpec.model_validate({"verifier": {"reward": "reward_plugin:graded"}})
-    with pytest.raises(ValueError, match=r"reward plug-ins run in the single-process loop"):
-        create_actors(spec, "unused", None, {}, None)
+    plugin = VerifierWorker("gsm8k", reward="reward_plugin:graded")
+    record = {"question": "q", "answer": "#### 18"}
+    assert plugin.score("so 18", "#### 18", "p", record, "s1-p0-g0") == (1.0, None)
+    value, error = plugin.score("so 18", "#### 18", "p", {**record, "crash": True}, "s1-p0-g1")
+    assert value == 0.0 and error.sample == "s1-p0-g1" and "RuntimeError: boom" in error.error
+    assert VerifierWorker("gsm8k").score("so 18", "#### 18") == (0.0, None), "gsm8k wants ####"
+
+
+@pytest.mark.slow
+def test_ray_runtime_scores_with_the_plugin_and_records_its_failures(tmp_path: Path, monkeypatch):
+    import ray
+
+    from tlt.config import TLTTrainingRun
+    from tlt.runtime.ray_coordinator import RayTrainer
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setenv("PYTHONPATH", f"{FIXTURES}:{os.environ.get('PYTHONPATH', '')}")  # for the Ray actors
+    run = TLTTrainingRun.model_validate(yaml.safe_load(_run_file(tmp_path).read_text()))
+    out = tmp_path / "out"
+    try:
+        history = RayTrainer(run, out, num_cpus=2).train()
+    finally:
+        ray.shutdown()
+    assert [r["step"] for r in history] == [1, 2]
+    assert sum(r["reward_errors"] for r in history) == 2 * GROUP
+    errors = [json.loads(line) for line in (out / "reward_errors.jsonl").read_text().splitlines()]
+    assert len(errors) == 2 * GROUP and all("RuntimeError: boom on" in e["error"] for e in errors)

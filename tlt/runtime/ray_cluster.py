@@ -127,9 +127,6 @@ def create_actors(
     `drafter.placement: sidecar` one sidecar trainer per rollout worker; wait until ready. Raises
     SidecarPlacementError before starting anything when the sidecars' nodes are missing (on rollout pods
     after waiting up to TRAINER_REJOIN_SECONDS for them)."""
-    if spec.verifier.reward is not None:
-        raise ValueError(f"verifier.reward {spec.verifier.reward!r}: reward plug-ins run in the single-process loop "
-                         "(tlt train --local) only so far; the Ray verifiers score with dataset.answerFormat")
     plan = placement(spec, resources)
     sidecar = spec.speculative.mode in ("static", "tlt") and spec.drafter.placement == "sidecar"
     # on rollout pods a missing sidecar is one the kubelet restarts; anywhere else it never comes
@@ -139,7 +136,7 @@ def create_actors(
     verifier_cls = ray.remote(VerifierWorker)
     verifiers = [
         verifier_cls.options(name=None, **_role_options("verifier", resources, plan.verifier_cpus)).remote(
-            spec.dataset.answer_format)
+            spec.dataset.answer_format, reward=spec.verifier.reward)
         for _ in range(max(spec.verifier.replicas, 1))
     ]
     hub = None

@@ -48,6 +48,7 @@ from tlt.config import RunSpec, TLTTrainingRun
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
+from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
@@ -108,6 +109,8 @@ class RayTrainer:
         self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
         self.on_event = on_event
         self.problems = load_problems(self.spec.dataset, "train")
+        if self.spec.verifier.reward is not None:  # a clear error here, before any actor starts
+            load_reward(self.spec.verifier.reward)
         self.policy_path = policy_path(run, warmstart)
         self.warmstart = warmstart
         self.resources = connect(address, num_cpus)
@@ -236,8 +239,10 @@ class RayTrainer:
             acks, self._running_trainers = carried, trainers
         self._emit("phase", phase="update")
         completions = [c for r in results for c in r["completions"]]
-        rewards = torch.tensor(ray.get([ref for r in results for ref in r["rewards"]]), dtype=torch.float32)
-        rewards = rewards.view(len(ids), self.algo.group_size)
+        scored = ray.get([ref for r in results for ref in r["rewards"]])
+        rewards = torch.tensor([value for value, _ in scored], dtype=torch.float32).view(len(ids), self.algo.group_size)
+        reward_errors = [error for _, error in scored if error is not None]
+        record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
         update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
                              compute_dtype=self.compute_dtype)
@@ -246,6 +251,8 @@ class RayTrainer:
                    **update, "update_seconds": update_seconds, "update_started_at": update_started,
                    "rollout_dispatched_at": dispatched,
                    **self._drafter_metrics(results, acks, rollout_end), "step_seconds": time.time() - started}
+        if self.spec.verifier.reward is not None:
+            metrics["reward_errors"] = len(reward_errors)
         if actors.hub is not None:
             actors.hub.snapshot.remote(step)
         metrics["worker_states"] = {name: states for name, states in zip(

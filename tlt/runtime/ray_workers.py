@@ -38,6 +38,7 @@ from tlt.drafter.hub import DrafterHub
 from tlt.drafter.trainer import SpotTrainer, packed_agreement
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
+from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
 from tlt.rl.rewards import score
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.compiled import resolve_compile
@@ -78,16 +79,22 @@ def release_kv_cache(engine: Engine) -> None:
 
 
 class VerifierWorker:
-    """Scores responses (`tlt.rl.rewards.score`)."""
+    """Scores responses: `tlt.rl.rewards.score` under `answer_format`, or the `verifier.reward` plug-in
+    (imported here; `tlt.rl.reward_plugin`), whose failure fails only its sample (0.0 and the error)."""
 
-    def __init__(self, answer_format: str, threads: int = 1) -> None:
+    def __init__(self, answer_format: str, reward: str | None = None, threads: int = 1) -> None:
         torch.set_num_threads(threads)
         self.answer_format = answer_format
+        self.reward = None if reward is None else load_reward(reward)
         self.scored = 0
 
-    def score(self, response: str, reference: str) -> float:
+    def score(self, response: str, reference: str, prompt: str = "", record: dict[str, Any] | None = None,
+              sample: str = "") -> tuple[float, RewardError | None]:
+        """(reward, None), or with the plug-in failing on this sample (0.0, its RewardError)."""
         self.scored += 1
-        return score(response, reference, self.answer_format)
+        if self.reward is None:
+            return score(response, reference, self.answer_format), None
+        return call_reward(self.reward, prompt, response, record or {}, sample)
 
 
 class HubWorker(DrafterHub):
@@ -189,17 +196,21 @@ class RolloutWorker:
             self.trainer.load(*drafter)
         elif drafter is not None and self.drafter is not None:
             self.drafter.load_state_dict(drafter[1])
-        references = {}
+        by_request: dict[str, Problem] = {}
         requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
-            references[request.request_id] = problem.answer
+            by_request[request.request_id] = problem
+
+        def verify(verifier: Any, request_id: str, text: str) -> Any:
+            problem = by_request[request_id]
+            return verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record), request_id)
         rewards: dict[str, Any] = {}
         first_done: list[float] = []
 
         def send(seq: Sequence) -> None:
             text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
             verifier = self.verifiers[len(rewards) % len(self.verifiers)]
-            rewards[seq.request.request_id] = verifier.score.remote(text, references[seq.request.request_id])
+            rewards[seq.request.request_id] = verify(verifier, seq.request.request_id, text)
             first_done.append(time.time())
 
         trace = steps.RolloutTrace()
@@ -228,9 +239,9 @@ class RolloutWorker:
         streamed = len(rewards)
         for completion in completions:
             if completion.request_id not in rewards:
-                rewards[completion.request_id] = self.verifiers[0].score.remote(
-                    self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
-                    references[completion.request_id])
+                rewards[completion.request_id] = verify(
+                    self.verifiers[0], completion.request_id,
+                    self.tokenizer.decode(completion.token_ids, skip_special_tokens=True))
         finished = time.time()
         generate_seconds = finished - generate_started
         release_kv_cache(self.engine)
