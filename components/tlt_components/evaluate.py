@@ -46,12 +46,15 @@ def evaluate_export(
         at_least(name, value, 1)
     at_least("temperature", temperature, 0.0)
     choice("dtype", dtype, DTYPES)
+    problems = read_problems(data_dir, "eval")[:num_prompts]
+    if not problems:
+        raise ValueError("the prepared dataset has no held-out problems (dataset.evalFraction 0 and no dataset.evalPath); "
+                         "set one of them to evaluate the drafter on records it was not trained on")
     if (policy_metadata or {}).get("location") == "cluster":
         policy, tokenizer = trained_policy(final_checkpoint(read_location(policy_dir), mount), dtype)
     else:
         policy, tokenizer = load_policy(policy_dir, dtype)
     drafter = load_eagle(eagle_dir, policy)
-    problems = read_problems(data_dir, "eval")[:num_prompts]
     result = evaluate_drafter(policy, tokenizer, drafter, problems, draft_tokens=draft_tokens,
                               max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
                               seed=seed)

@@ -89,3 +89,16 @@ def test_eval_file_template_and_chat_flag_survive_the_artifact(tmp_path: Path):
     assert (meta["num_train"], meta["num_eval"]) == (3, 1)
     (held_out,) = read_problems(tmp_path / "data", "eval")
     assert (held_out.prompt, held_out.answer, held_out.chat, held_out.system) == ("Q: 9+1=", "10", True, "Be brief.")
+
+
+def test_eval_fraction_zero_prepares_no_held_out_set_and_evaluation_refuses_it(tmp_path: Path):
+    from tlt_components.evaluate import evaluate_export
+
+    rows = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(4)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = prepare_dataset({"dataset": {"source": "file", "path": str(tmp_path / "t.jsonl"), "evalFraction": 0}},
+                           tmp_path / "data")
+    assert (meta["num_train"], meta["num_eval"]) == (4, 0)
+    with pytest.raises(ValueError, match="no held-out problems"):
+        evaluate_export(tmp_path / "eagle", tmp_path / "policy", tmp_path / "data", num_prompts=4, draft_tokens=2,
+                        max_new_tokens=4, batch_size=1, temperature=0.0, dtype="float32")
