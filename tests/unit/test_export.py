@@ -1,10 +1,10 @@
 """Drafter export: a Hugging Face EAGLE folder named as vLLM's EAGLE loader expects, loaded back
 strictly, usable by this engine (greedy speculative decoding equals plain decoding), and the
-`tlt export-drafter` command. The vLLM greedy-equality test runs only where vLLM is installed."""
+`tlt export-drafter` command. vLLM running the export as its EAGLE drafter is tested in the vLLM tier
+(tests/vllm_tier)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -175,31 +175,3 @@ def test_cli_export_drafter(tmp_path: Path, capsys):
     assert tlt_main(["export-drafter", str(tmp_path / "nothing"), "--target", str(tmp_path / "policy"),
                      "--out", str(tmp_path / "x")]) == 1
     assert "no drafter checkpoint" in capsys.readouterr().err
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (optional engine)")
-def test_vllm_eagle_greedy_equals_plain(tmp_path: Path):
-    """vLLM loads the export as an EAGLE drafter, and its greedy output equals its plain greedy output."""
-    from vllm import LLM, SamplingParams as VllmSampling
-
-    tokenizer = char_tokenizer()
-    policy = tiny_model("llama", seed=4, vocab_size=len(tokenizer), tie_word_embeddings=False)
-    save_policy(policy, tokenizer, tmp_path / "policy")
-    save_drafter(make_drafter(policy), tmp_path / "ckpt")
-    export_eagle(tmp_path / "ckpt", tmp_path / "policy", tmp_path / "eagle")
-    prompts = [{"prompt_token_ids": [1] + tokenizer(f"{i}+{i + 3}=", add_special_tokens=False).input_ids}
-               for i in range(4)]
-    params = VllmSampling(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-    def greedy(**extra) -> list[list[int]]:
-        llm = LLM(model=str(tmp_path / "policy"), dtype="float32", max_model_len=128, enforce_eager=True, **extra)
-        out = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-        del llm
-        return out
-
-    plain = greedy()
-    speculative = greedy(speculative_config={"method": "eagle", "model": str(tmp_path / "eagle"),
-                                             "num_speculative_tokens": 3})
-    assert speculative == plain

@@ -5,7 +5,7 @@ an end-of-run report (`tlt.runtime.ray_train`); --local: one process, no Ray.
 
 Rerunning the same command on the same output folder resumes from its newest checkpoint.
 Exit status: 0 done, 1 the run stopped on an error (unusable checkpoint, bad model or data),
-2 the run file does not validate.
+2 the run file does not validate or asks for what cannot run here (rollout.engine vllm).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tlt.config import TLTTrainingRun
 from tlt.config_io import SpecError, load_run
+from tlt.rollout.vllm.availability import rollout_engine_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
         spec = load_run(args.file)
     except SpecError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    problem = rollout_engine_problem(spec.spec.rollout.engine)
+    if problem is not None:
+        print(f"{args.file}: {problem}", file=sys.stderr)
         return 2
     out = args.out if args.out is not None else Path("runs") / spec.metadata.name
     if args.local:
