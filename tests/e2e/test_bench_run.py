@@ -120,3 +120,9 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path):
     assert len(report["runs"]) == len(workload.variants) * workload.repeats
     for run in report["runs"]:
         assert len(run["steps"]) == steps
+        # drift after every step: KL to the step-0 policy in every variant, the frozen drafter in vanilla
+        assert len(run["heldout_kl"]) == steps and all(k >= 0 for k in run["heldout_kl"])
+        frozen = run["frozen_accept_length"]
+        assert all((a is not None and a >= 1.0) if run["variant"] in workload.frozen_in else a is None for a in frozen)
+        assert all(s["generate_seconds"] > 0 and s["generate_seconds"] <= s["rollout_seconds"] for s in run["steps"])
+    assert report["frozen_accept_drop"] is not None

@@ -56,6 +56,16 @@ def print_report(report: dict[str, Any]) -> None:
         f"of it; accept length TLT/static {_fmt(report['accept_length_ratio'])}; interference "
         f"{report['interference_fraction']:+.3f} (95% CI {'n/a' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}); "
         f"reward delta {report['reward_delta']:+.3f}")
+    van = report["variants"]["vanilla"]
+    kl = [k for k in van.get("heldout_kl") or [] if k is not None]
+    frozen = [a for a in van.get("frozen_accept_length") or [] if a is not None]
+    if kl or frozen:
+        console.print(f"drift (vanilla): held-out KL(step 0 || last) {_fmt(kl[-1] if kl else None)} nats/token; frozen "
+                      f"drafter accept {_fmt(frozen[0] if frozen else None)} -> {_fmt(frozen[-1] if frozen else None)} "
+                      f"(drop {_fmt(report.get('frozen_accept_drop'))})")
+    console.print("engine vs step overhead (sum over steps, median): " + ", ".join(
+        f"{n} generate {v['generate_seconds']['median']:.1f} s + overhead {v['rollout_overhead_seconds']['median']:.1f} s"
+        for n, v in report["variants"].items() if "generate_seconds" in v))
     by_running = report["variants"]["vanilla"]["seconds_by_running"]
     console.print("vanilla decode seconds by running batch: "
                   + ", ".join(f"{k}: {s:.2f}" for k, s in by_running.items()))

@@ -29,9 +29,18 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
         accept = variants[n]["heldout_accept_length"]
         if any(a is not None for a in accept):
             ax_accept.plot(range(1, len(accept) + 1), [float("nan") if a is None else a for a in accept], "o-", label=n)
+    frozen = variants["vanilla"].get("frozen_accept_length") or []
+    if any(a is not None for a in frozen):
+        ax_accept.plot(range(1, len(frozen) + 1), [float("nan") if a is None else a for a in frozen], "k--",
+                       label="frozen drafter, vanilla's policy")
     ax_accept.set_xlabel("RL step")
     ax_accept.set_ylabel("held-out accept length (fixed arm)")
     ax_accept.legend()
+    kl = variants["vanilla"].get("heldout_kl") or []
+    if any(k is not None for k in kl):
+        right = ax_accept.twinx()
+        right.plot(range(1, len(kl) + 1), [float("nan") if k is None else k for k in kl], ":", color="grey")
+        right.set_ylabel("vanilla held-out KL(step 0 || step t), dotted")
     by_running = variants["vanilla"]["seconds_by_running"]
     ax_batch.bar([int(k) for k in by_running], list(by_running.values()))
     ax_batch.set_xlabel("running batch size")
