@@ -140,3 +140,7 @@ def test_weight_and_drafter_updates_keep_eagle_lossless_without_memory_growth(wo
         rss.append(process.memory_info().rss)
     growth = rss[-1] - rss[1]
     assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 7 updates: {rss}"
+    misnamed = drafter_state(policy, seed=30)
+    misnamed["model.fc.weight"] = misnamed.pop("fc.weight")
+    with pytest.raises(ValueError, match=r"model\.fc\.weight"):
+        sd.load_drafter(misnamed)

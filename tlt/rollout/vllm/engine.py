@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from tlt.drafter.export import check_eagle_keys
 from tlt.rollout.types import Completion, Request
 from tlt.rollout.vllm.availability import require_vllm
 
@@ -106,6 +107,7 @@ class VllmEngine:
         """New EAGLE drafter weights (the drafter's state dict: EAGLE names) in place."""
         if self.eagle is None:
             raise RuntimeError("load_drafter: this engine was built without an EAGLE drafter (eagle=None)")
+        check_eagle_keys(list(state), "load_drafter")  # vLLM would skip a misnamed tensor silently
         self.wake()
         self.llm.collective_rpc("tlt_update_drafter", args=(_named(state),))
 
