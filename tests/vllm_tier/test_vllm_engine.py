@@ -1,6 +1,7 @@
 """vLLM as a rollout engine (`tlt.rollout.vllm`), on a tiny tied-head policy in float32: greedy output
 equals this engine's before and after an in-place weight update; the exported EAGLE drafter gives the
-same greedy output as plain decoding, also after drafter and policy updates; N updates grow no memory.
+same greedy output as plain decoding, also after drafter and policy updates; N updates grow no memory;
+a drafter loaded in place is the one that drafts (its acceptance shows it).
 Two engine starts for the whole module (each takes tens of seconds on 2 cores)."""
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def plain(world):
     del engine
 
 
+@pytest.fixture(scope="module")
+def sd(world):
+    """vLLM with the exported drafter as its EAGLE drafter, 3 draft tokens per step."""
+    eagle = EagleSetup(str(world["root"] / "eagle"), draft_tokens=3)
+    engine = VllmEngine(world["root"] / "policy", **MEMORY, eagle=eagle)
+    yield engine
+    del engine
+
+
 def tlt_greedy(policy, requests) -> list[list[int]]:
     engine = Engine(policy, max_batch_size=8, max_context=128, return_hidden=False)
     return [c.token_ids for c in engine.generate(requests)]
@@ -122,12 +132,10 @@ def test_release_and_wake_keep_the_output(world, plain):
     assert [c.token_ids for c in plain.generate(world["requests"])] == before
 
 
-def test_weight_and_drafter_updates_keep_eagle_lossless_without_memory_growth(world):
+def test_weight_and_drafter_updates_keep_eagle_lossless_without_memory_growth(world, sd):
     """Greedy EAGLE on vLLM equals this engine's plain greedy decoding after every policy and drafter
     update; 8 updates without a restart; RSS grows less than a quarter of the first update's level."""
     policy, requests = world["policy"], world["requests"]
-    sd = VllmEngine(world["root"] / "policy", **MEMORY,
-                    eagle=EagleSetup(str(world["root"] / "eagle"), draft_tokens=3))
     assert [c.token_ids for c in sd.generate(requests)] == tlt_greedy(policy, requests)
     process = psutil.Process()
     rss: list[int] = []
@@ -144,3 +152,30 @@ def test_weight_and_drafter_updates_keep_eagle_lossless_without_memory_growth(wo
     misnamed["model.fc.weight"] = misnamed.pop("fc.weight")
     with pytest.raises(ValueError, match=r"model\.fc\.weight"):
         sd.load_drafter(misnamed)
+
+
+def test_a_reloaded_drafter_is_the_one_that_drafts(world, sd):
+    """A policy whose layers write nothing (o_proj, down_proj zero) predicts from its last token alone,
+    and a drafter that passes the token's embedding through predicts it exactly: loaded in place, it
+    gets every draft accepted; a random drafter loaded after it gets fewer; reloading it restores all."""
+    policy, requests = world["policy"], world["requests"]
+    silent = {k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v
+              for k, v in policy.state_dict().items()}
+    hidden = policy.config.hidden_size
+    exact = drafter_state(policy, seed=40)
+    exact["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
+        exact[name] = torch.zeros_like(exact[name])
+    sd.load_weights(silent)
+
+    def accepted_share(drafter: dict[str, torch.Tensor]) -> float:
+        sd.load_drafter(drafter)
+        drafts, accepted = sd.speculative_counts()
+        sd.generate(requests)
+        drafts2, accepted2 = sd.speculative_counts()
+        assert drafts2 > drafts
+        return (accepted2 - accepted) / (drafts2 - drafts)
+
+    assert accepted_share(exact) == 1.0
+    assert accepted_share(drafter_state(policy, seed=41)) < 0.5
+    assert accepted_share(exact) == 1.0

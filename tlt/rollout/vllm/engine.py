@@ -81,7 +81,7 @@ class VllmEngine:
                        max_num_seqs=max_batch_size, enforce_eager=True, seed=seed,
                        worker_extension_cls=EXTENSION, logprobs_mode="raw_logprobs",
                        enable_sleep_mode=self.releases_memory, gpu_memory_utilization=memory_fraction,
-                       kv_cache_memory_bytes=kv_cache_bytes, **extra)
+                       kv_cache_memory_bytes=kv_cache_bytes, disable_log_stats=False, **extra)
         self.asleep = False
 
     def generate(self, requests: list[Request]) -> list[Completion]:
@@ -110,6 +110,13 @@ class VllmEngine:
         check_eagle_keys(list(state), "load_drafter")  # vLLM would skip a misnamed tensor silently
         self.wake()
         self.llm.collective_rpc("tlt_update_drafter", args=(_named(state),))
+
+    def speculative_counts(self) -> tuple[int, int]:
+        """(draft tokens proposed, draft tokens accepted) by vLLM's EAGLE since start; (0, 0) without SD.
+        Accept length over a span = 1 + accepted / drafts, from differences of these counters."""
+        values = {m.name: getattr(m, "value", None) for m in self.llm.get_metrics()}
+        return (int(values.get("vllm:spec_decode_num_draft_tokens") or 0),
+                int(values.get("vllm:spec_decode_num_accepted_tokens") or 0))
 
     def release(self) -> None:
         """Give back the KV cache memory while idle (vLLM sleep level 1); nothing where sleep is unsupported."""
