@@ -8,7 +8,6 @@ their samples score 0, the run goes on, and every failure is in reward_errors.js
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -123,7 +122,8 @@ def test_ray_runtime_scores_with_the_plugin_and_records_its_failures(tmp_path: P
     from tlt.runtime.ray_coordinator import RayTrainer
 
     monkeypatch.syspath_prepend(str(FIXTURES))
-    monkeypatch.setenv("PYTHONPATH", f"{FIXTURES}:{os.environ.get('PYTHONPATH', '')}")  # for the Ray actors
+    # no PYTHONPATH for the actors: the runtime passes the folder the driver imports the plug-in from
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     run = TLTTrainingRun.model_validate(yaml.safe_load(_run_file(tmp_path).read_text()))
     out = tmp_path / "out"
     try:

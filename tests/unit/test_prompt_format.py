@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from chat_tokenizer import CHAT_TEMPLATE, GSM8K, chat_tokenizer, gsm8k_records  # noqa: E402
 
-from tlt.rl.reward_plugin import RewardPluginError, call_reward, load_reward  # noqa: E402
+from tlt.rl.reward_plugin import RewardPluginError, call_reward, load_reward, plugin_search_path  # noqa: E402
 from tlt.tasks.problem import Problem  # noqa: E402
 from tlt.tasks.prompt_format import PromptError, encode_prompt, render_prompt, template_fields  # noqa: E402
 from tlt.tasks.tokenizer import build_task_tokenizer  # noqa: E402
@@ -64,6 +64,23 @@ def test_chat_without_a_chat_template_is_a_clear_error():
 @pytest.fixture()
 def plugins_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "fixtures"))
+
+
+def test_plugin_search_path_is_the_folder_the_driver_imports_from(plugins_on_path, tmp_path, monkeypatch):
+    """The folder to put on the verifier actors' PYTHONPATH: for a module and for a package's module."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    assert plugin_search_path("reward_plugin:graded") == str(fixtures)
+    package = tmp_path / "myrewards" / "sub"
+    package.mkdir(parents=True)
+    (tmp_path / "myrewards" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "score.py").write_text("def f(p, r, rec):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert plugin_search_path("myrewards.sub.score:f") == str(tmp_path.resolve())
+    assert plugin_search_path("myrewards.sub:f") == str(tmp_path.resolve())
+    assert plugin_search_path("no_such_module_anywhere:f") is None, "not importable here: nothing to add"
+    assert plugin_search_path("yaml:safe_load") is None, "installed packages are on every worker's path already"
+    assert plugin_search_path(":f") is None
 
 
 def test_reward_plugin_is_called_with_prompt_response_and_record(plugins_on_path):

@@ -12,6 +12,7 @@ records in the run's events (`reward_errors.jsonl`) and counts in its metrics (`
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -56,6 +57,31 @@ def load_reward(target: str) -> RewardFn:
     if not callable(fn):
         raise RewardPluginError(f"verifier.reward {target!r}: {attr!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def plugin_search_path(target: str) -> str | None:
+    """The sys.path entry from which this process imports `target`'s module, or None where it does not
+    import here (a plug-in installed only on the verifier pods) or it lives in site-packages.
+
+    Ray actors start with the cluster's PYTHONPATH, not the driver's sys.path: a plug-in beside the
+    run file (the driver's working directory, or a folder a test prepended) would not import in the
+    verifiers. The runtime passes this entry to the verifier actors' PYTHONPATH."""
+    module_name = target.partition(":")[0]
+    if not module_name:
+        return None
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or found.origin in ("built-in", "frozen"):
+        return None
+    origin = Path(found.origin).resolve()
+    root = origin.parent.parent if found.submodule_search_locations is not None else origin.parent
+    for _ in module_name.split(".")[1:]:
+        root = root.parent
+    if "site-packages" in root.parts or "dist-packages" in root.parts:
+        return None
+    return str(root)
 
 
 def call_reward(fn: RewardFn, prompt: str, response: str, record: Mapping[str, Any],

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from tlt.config import RunSpec
+from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_workers import HubWorker, RolloutWorker, VerifierWorker
 
@@ -105,6 +106,16 @@ def _role_options(role: str, resources: dict[str, float], cpus: float) -> dict[s
     return options
 
 
+def _plugin_runtime_env(target: str) -> dict[str, Any]:
+    """Actor options that put the folder the driver imports `target` from on the verifiers' PYTHONPATH
+    (Ray merges these env_vars into the job's); none where the driver cannot locate it."""
+    root = plugin_search_path(target)
+    if root is None:
+        return {}
+    inherited = os.environ.get("PYTHONPATH", "")
+    return {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (root, inherited) if p)}}}
+
+
 @dataclass
 class Actors:
     rollout: list[Any]
@@ -134,8 +145,11 @@ def create_actors(
     if sidecar:
         resources = dict(await_trainer_nodes(spec, resources, timeout=rejoin))
     verifier_cls = ray.remote(VerifierWorker)
+    verifier_options = _role_options("verifier", resources, plan.verifier_cpus)
+    if spec.verifier.reward is not None:
+        verifier_options.update(_plugin_runtime_env(spec.verifier.reward))
     verifiers = [
-        verifier_cls.options(name=None, **_role_options("verifier", resources, plan.verifier_cpus)).remote(
+        verifier_cls.options(name=None, **verifier_options).remote(
             spec.dataset.answer_format, reward=spec.verifier.reward)
         for _ in range(max(spec.verifier.replicas, 1))
     ]
