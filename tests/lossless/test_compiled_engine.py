@@ -83,6 +83,23 @@ def test_compiled_greedy_equals_eager(model, drafter_name):
     _assert_same(_generate(model, _requests(), drafter_name, compiled=True), eager, atol)
 
 
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_compiled_eagle_chain_drafts_what_eager_drafts(k: int):
+    """The fused catch-up + chain graph (one drafter call per step) drafts the eager function's tokens:
+    every row accepts the same number of drafts at every step (same drafts, same verdicts), float64."""
+    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
+    accepted = {}
+    for compiled in (False, True):
+        engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=compiled)
+        chain = EagleChainDrafter(_eagle(model), model.get_input_embeddings(), k=k, max_batch_size=4,
+                                  max_context=CONTEXT, compile=compiled)
+        engine.stepper = SpeculativeStepper(engine.runner, chain)
+        engine.generate(_requests())
+        accepted[compiled] = dict(engine.stepper.stats.per_request)
+        assert engine.stepper.stats.drafted > 0
+    assert accepted[True] == accepted[False]
+
+
 @pytest.mark.slow  # ~60 s on 2 CPU cores: three compiled engines on a fresh model shape
 def test_compiled_greedy_equals_eager_on_qwen3():
     """Qwen3's q/k norms (before RoPE) and head_dim != hidden / heads through the compiled target and
@@ -170,7 +187,7 @@ def test_warm_up_compiles_every_shape_class_before_the_first_generate():
     model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=5, num_layers=1, hidden_size=48)
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
     drafter = _eagle(model)
-    assert warm_up(engine, drafter) > 0
+    assert warm_up(engine, drafter, chain_depths=[3]) > 0
     assert warm_up(Engine(model, max_batch_size=4, max_context=CONTEXT), drafter) == 0.0  # eager: nothing to do
     compiled_before = engine.runner.compiled.compiles
     chain = EagleChainDrafter(drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
@@ -178,4 +195,5 @@ def test_warm_up_compiles_every_shape_class_before_the_first_generate():
     engine.stepper = SpeculativeStepper(engine.runner, chain)
     engine.generate(_requests())
     assert engine.runner.compiled.compiles == compiled_before
-    assert chain.state.compiled.compiles == 0
+    assert chain.state.compiles == 0, "the fused catch-up + chain graph of depth 3 was warmed up"
+    assert set(chain.state._chains) == {3}

@@ -85,6 +85,12 @@ def arm_indices(spec: SpeculativeSpec) -> list[int]:
     return usable
 
 
+def chain_depths(spec: SpeculativeSpec) -> list[int]:
+    """Draft lengths of the EAGLE chains usable in `spec.mode` (chain and mixed arms), sorted, each once:
+    the drafter's fused chain graphs a compiled engine warms up."""
+    return sorted({spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind in ("chain", "mixed")})
+
+
 def uses_history(spec: SpeculativeSpec) -> bool:
     """Whether some arm usable in `spec.mode` reads the rollout-history store."""
     return any(spec.arms[i].kind in HISTORY_KINDS for i in arm_indices(spec))

@@ -14,6 +14,7 @@ re-runs the target over the prompt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -147,8 +148,15 @@ class EagleCache:
             device=weight.device,
             static=compile,
         )
+        self._chains: dict[int, Callable[..., Tensor]] = {}  # k -> the compiled fused catch-up + chain step
         self._wave: list | None = None
         self._rows: list = []
+
+    @property
+    def compiles(self) -> int:
+        """Graphs compiled by this cache's calls (its step and its fused chains); 0 when eager."""
+        steps = ([self.compiled] if self.compiled is not None else []) + list(self._chains.values())
+        return sum(getattr(step, "compiles", 0) for step in steps)
 
     def sync(self, batch: RunningBatch) -> None:
         """Follow the batch: a new wave starts empty; rows that left are dropped, moved rows follow."""
@@ -168,10 +176,15 @@ class EagleCache:
         step = eagle_forward if self.compiled is None else self.compiled
         return step(self.step, tokens, positions, slots, mask, self.cache.k, self.cache.v, features)
 
-    @torch.no_grad()
-    def catch_up(self, batch: RunningBatch) -> Tensor:
-        """Feed the drafter every committed position it has not seen; return f-hat at each row's next
-        position [B, H] (the prediction of the newest token's target state)."""
+    def _catch_up_inputs(self, batch: RunningBatch, extra_span: int = 0) -> tuple[Tensor, ...]:
+        """The catch-up pass's inputs: every committed position the drafter has not seen, per row.
+
+        Returns tokens [B, Q] (x[t+1]), features [B, Q, H] (f[t]), positions t [B, Q], slots [B, Q], mask
+        [B, Q, max(L) + extra_span], todo [B] (real entries per row, >= 1) and L [B] (committed target
+        slots). Padding entries repeat the row's last real (token, feature, position, slot), so they
+        compute the same k/v as it: they rewrite its slot, never one past the row's committed region.
+        A compiled cache pads Q to >= 2: one graph for every catch-up width.
+        """
         if batch.hidden_buf is None:
             raise ValueError("EAGLE drafting reads the target's hidden states: build the Engine with return_hidden=True")
         self.sync(batch)
@@ -180,18 +193,83 @@ class EagleCache:
         # Re-feed at least the newest position: its output is the f-hat the first draft comes from.
         seen = torch.minimum(seen, target_len - 1)
         todo = target_len - seen  # [B] >= 1
-        q = int(todo.max())
+        q = max(int(todo.max()), 2 if self.compiled is not None else 1)
         offs = torch.arange(q, device=target_len.device)[None, :]
         t = (seen[:, None] + offs).clamp_max(target_len[:, None] - 1)  # [B, Q] positions (padding repeats the last)
         tokens = tokens_at(batch, t + 1)  # x[t+1]
         features = batch.hidden_buf[batch.wave_rows[:, None], t]  # f[t]: [B, Q, H]
-        # Padding entries repeat the row's last real (token, feature, position), so they compute the same
-        # k/v as it: they rewrite its slot, never one past the row's committed region (or the cache).
         slots = seen[:, None] + torch.minimum(offs, (todo - 1)[:, None])
-        mask = causal_mask(seen, q, int(target_len.max()))
+        mask = causal_mask(seen, q, int(target_len.max()) + extra_span)
+        return tokens, features, t, slots, mask, todo, target_len
+
+    @torch.no_grad()
+    def catch_up(self, batch: RunningBatch) -> Tensor:
+        """Feed the drafter every committed position it has not seen; return f-hat at each row's next
+        position [B, H] (the prediction of the newest token's target state)."""
+        tokens, features, t, slots, mask, todo, target_len = self._catch_up_inputs(batch)
         out = self.forward(tokens, features, t, slots, mask)  # [B, Q, H]
         self.cache.lengths = target_len.tolist()
         return out[torch.arange(out.shape[0], device=out.device), todo - 1]
+
+    @torch.no_grad()
+    def chain(self, batch: RunningBatch, k: int) -> Tensor:
+        """Catch up and draft a chain of k argmax tokens per row in ONE drafter call (one compiled graph
+        per k: the catch-up pass, the head's argmax and the k - 1 chain passes). Returns drafts [B, k].
+        The chain's k/v go to the scratch slots L .. L + k - 2 past each row's committed ones."""
+        tokens, features, t, slots, mask, _, target_len = self._catch_up_inputs(batch, extra_span=k - 1)
+        self.cache.ensure_capacity(max(mask.shape[-1], int(slots.max()) + 1))
+        drafts = self._chain_step(k)(self.step, tokens, t, slots, mask, self.cache.k, self.cache.v, features)
+        self.cache.lengths = target_len.tolist()
+        return drafts
+
+    def _chain_step(self, k: int) -> Callable[..., Tensor]:
+        fn = eagle_chain_fn(k)
+        if self.compiled is None:
+            return fn
+        if k not in self._chains:
+            self._chains[k] = CompiledStep(fn, name=f"drafter chain {k}")
+        return self._chains[k]
+
+
+_CHAIN_FNS: dict[int, Callable[..., Tensor]] = {}
+
+
+def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
+    """The function drafting a chain of k (one object per k, so every cache shares its compiled graphs):
+    fn(step, tokens, positions, slots, mask, ks, vs, features) -> drafts [B, k] long.
+
+    Its inputs are the catch-up pass's (`EagleCache._catch_up_inputs`, mask wide enough for the chain:
+    max(L) + k - 1 slots). Each row's newest position is its last entry (padding repeats it), so L =
+    positions[:, -1] + 1 and the f-hat the first draft comes from is the output at the first entry with
+    that position. Draft i + 1 sits at position L + i, its k/v at scratch slot L + i; it sees the
+    committed slots and the chain's earlier ones: [0, L + i]. Eager and compiled run this same code.
+    """
+    if k < 1:
+        raise ValueError(f"k (draft length) must be >= 1, got {k}")
+    if k not in _CHAIN_FNS:
+
+        def eagle_chain(step: EagleStep, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+                        ks: list[Tensor], vs: list[Tensor], features: Tensor) -> Tensor:
+            out = eagle_forward(step, tokens, positions, slots, mask, ks, vs, features)  # [B, Q, H]
+            newest = positions[:, -1:]  # [B, 1]
+            first = (positions == newest).to(torch.int64).argmax(dim=1)  # [B]
+            feature = out[torch.arange(out.shape[0], device=out.device), first]  # [B, H]
+            length = newest[:, 0] + 1  # [B] committed slots L
+            span = torch.arange(mask.shape[-1], device=mask.device)
+            drafts = []
+            for i in range(k):
+                # The drafter's most likely token: the coupled verification accepts a draft x with
+                # probability p(x) (the target's), so the best guess of the target's token is the one to draft.
+                token = step.drafter.logits(feature).argmax(dim=-1)  # [B]
+                drafts.append(token)
+                if i + 1 < k:
+                    pos = (length + i)[:, None]  # [B, 1]
+                    seen = span[None, None, :] <= pos[:, :, None]  # [B, 1, S]
+                    feature = eagle_forward(step, token[:, None], pos, pos, seen, ks, vs, feature[:, None])[:, 0]
+            return torch.stack(drafts, dim=1)
+
+        _CHAIN_FNS[k] = eagle_chain
+    return _CHAIN_FNS[k]
 
 
 class EagleChainDrafter:
@@ -213,22 +291,7 @@ class EagleChainDrafter:
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
-        state = self.state
-        feature = state.catch_up(batch)  # [B, H]
-        L = batch.lengths()
-        drafts = []
-        for i in range(self.k):
-            # The drafter's most likely token: the coupled verification accepts a draft x with probability
-            # p(x) (the target's), so the best guess of the target's token is the one to draft.
-            token = state.drafter.logits(feature).argmax(dim=-1)  # [B]
-            drafts.append(token)
-            if i + 1 < self.k:
-                # Draft i+1 sits at position L + i; its k/v go to scratch slot L + i.
-                # It sees the drafter's committed entries and the earlier chain steps: slots [0, L + i].
-                pos = (L + i)[:, None]
-                mask = causal_mask(L + i, 1, int(L.max()) + i + 1)
-                feature = state.forward(token[:, None], feature[:, None], pos, pos, mask)[:, 0]
-        return Draft(chain_tree(batch.last_token, torch.stack(drafts, dim=1)), chain=True)
+        return Draft(chain_tree(batch.last_token, self.state.chain(batch, self.k)), chain=True)
 
 
 class EagleTreeDrafter:

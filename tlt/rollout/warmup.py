@@ -1,7 +1,8 @@
 """Compile a compiled engine's graphs before its first timed rollout.
 
 A compiled step builds its graphs on first use: four for the target (batch 1 or more, width 1 or
-more) and four for the EAGLE drafter's step. Left to the first rollout, that compile time (seconds
+more), four for the EAGLE drafter's step (trees) and two per chain depth for the drafter's fused
+catch-up + chain call (batch 1 or more; its width is padded to >= 2). Left to the first rollout, that compile time (seconds
 warm, minutes cold) would land in step 0's rollout time, and more of it in variants that draft.
 `warm_up` runs each shape class once on scratch cache entries (a new wave starts the cache afresh)
 and returns the seconds it took.
@@ -10,6 +11,7 @@ and returns the seconds it took.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import torch
 
@@ -28,8 +30,10 @@ def _inputs(rows: int, width: int, context: int, device: torch.device) -> tuple[
 
 
 @torch.no_grad()
-def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int = 4, width: int = 3) -> float:
-    """Run every shape class of the engine's compiled target step (and of `drafter`'s, when given) once.
+def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int = 4, width: int = 3,
+            chain_depths: Iterable[int] = ()) -> float:
+    """Run every shape class of the engine's compiled target step (and of `drafter`'s, when given) once;
+    with `chain_depths`, also the drafter's fused catch-up + chain graphs of those depths (the chain arms').
 
     No-op (0.0) for an eager engine. The drafter's graphs are shared by every EagleCache built later
     for a drafter of the same shapes (dynamo keys graphs on code and input shapes, not on objects).
@@ -52,4 +56,13 @@ def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int
                 features = torch.zeros(b, w, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype,
                                        device=runner.device)
                 state.forward(tokens, features, slots, slots, mask)
+        for k in sorted(set(chain_depths)):
+            for b in rows:
+                tokens, slots, _ = _inputs(b, 2, context, runner.device)
+                mask = causal_mask(slots[:, 0], 2, context + 2 + k - 1)
+                features = torch.zeros(b, 2, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype,
+                                       device=runner.device)
+                state.cache.ensure_capacity(mask.shape[-1])
+                state._chain_step(k)(state.step, tokens, slots, slots.clone(), mask, state.cache.k, state.cache.v,
+                                     features)
     return time.perf_counter() - started

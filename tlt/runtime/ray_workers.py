@@ -29,7 +29,7 @@ from typing import Any
 import ray
 import torch
 
-from tlt.adaptive.arms import new_history_store, uses_history
+from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
 from tlt.config import RunSpec
@@ -142,7 +142,8 @@ class RolloutWorker:
         self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
         if self.history is not None:  # kept across steps: a prompt's earlier responses draft its next ones
             self.engine.wave_observers.append(self.history.observe)
-        self.warmup_seconds = warm_up(self.engine, self.drafter)  # compile now, not in step 0's rollout
+        # compile now, not in step 0's rollout
+        self.warmup_seconds = warm_up(self.engine, self.drafter, chain_depths=chain_depths(spec.speculative))
         if self.uses_drafter and spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
             push = hub_push(hub) if hub is not None else _no_hub
