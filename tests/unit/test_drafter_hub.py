@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 
+import pytest
 import torch
 
 from tlt.drafter.async_ckpt import AsyncCheckpointer
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.objective import drafter_loss
-from tlt.drafter.trainer import SpotTrainer
+from tlt.drafter.trainer import TRAINER_NICE, SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.types import Completion
@@ -60,6 +64,27 @@ def test_stop_is_acknowledged_with_both_timestamps_and_the_thread_ends():
     assert started <= ack["stop_received_at"] <= ack["stopped_at"]
     assert ack["iterations"] >= 2 and ack["error"] is None
     assert hub.version == ack["iterations"] == ack["version_last"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_trainer_thread_runs_at_the_lowest_priority_and_the_caller_keeps_its_own():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    seen: list[int] = []
+
+    def push(*args):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return hub.push(*args)
+
+    trainer = trainer_for("w0", model, hub, seed=0)
+    trainer.push = push
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    trainer.start(step=1)
+    wait_for(lambda: len(seen) >= 2)
+    ack = trainer.stop()
+    assert ack["nice"] == TRAINER_NICE == 19
+    assert set(seen) == {TRAINER_NICE}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
 def test_two_active_trainers_update_one_drafter():

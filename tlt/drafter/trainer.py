@@ -9,11 +9,16 @@ Each iteration: take the next packed row of the worker's buffer, forward the loc
 (bound to the worker's policy embedding and head), compute the EAGLE loss, push the gradient to
 the hub (`HubClient`) and load the parameters it returns. The trainer never steps an optimizer
 itself: the hub owns the one optimizer of the one drafter.
+
+The thread runs at the lowest CPU priority (`TRAINER_NICE`): it harvests idle capacity, so where it
+shares host cores with a worker that still generates (CPU rollouts, or a GPU host's launch threads)
+the scheduler gives the generating process the core first. Linux applies a nice value per thread.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +35,27 @@ log = logging.getLogger(__name__)
 
 # (trainer id, gradients, version they were computed on, tokens, loss) -> (new version, new params)
 PushFn = Callable[[str, dict[str, torch.Tensor], int, int, float], tuple[int, dict[str, torch.Tensor]]]
+
+# The trainer thread's nice value: the lowest priority, below every rollout and serving thread.
+TRAINER_NICE = 19
+
+
+def lower_thread_priority(nice: int = TRAINER_NICE) -> int | None:
+    """Raise the calling thread's nice value to `nice` (never lowers it: that needs privileges).
+
+    Returns the thread's nice value afterwards, or None where the OS has no per-thread priority
+    (not Linux) or refuses; the trainer then runs at its inherited priority.
+    """
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return None
+    tid = threading.get_native_id()
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        if current < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:
+        return None
 
 
 def packed_gradients(drafter: EagleDrafter, packed: PackedBatch) -> tuple[dict[str, torch.Tensor], float]:
@@ -71,6 +97,7 @@ class TrainerRun:
     losses: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     error: str | None = None
+    nice: int | None = None  # the thread's nice value while it trained; None: priority not lowered
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -79,6 +106,7 @@ class TrainerRun:
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
             "version_last": self.versions[-1] if self.versions else None, "error": self.error,
+            "nice": self.nice,
         }
 
 
@@ -152,6 +180,7 @@ class SpotTrainer:
         return run.summary()
 
     def _loop(self, run: TrainerRun) -> None:
+        run.nice = lower_thread_priority()
         self.drafter.train()
         try:
             while not self._stop.is_set():
