@@ -366,6 +366,11 @@ class DrafterSpec(Spec):
     learning_rate: float = Field(3e-4, gt=0, le=1.0, description="Drafter AdamW learning rate.")
     batch_tokens: int = Field(2048, ge=16, le=1_048_576, description="Packed tokens per drafter batch.")
     buffer_steps: int = Field(2, ge=1, le=16, description="RL steps of rollouts kept (one-step offset).")
+    publish: Literal["validated", "latest"] = Field(
+        "validated", description="validated: rollouts draft with the trained drafter only once it agrees with the "
+        "policy at least as often as the drafter in use, on a step's fresh rollouts (neither trained on them); "
+        "latest: every step drafts with the newest parameters."
+    )
     enabled_slots: Literal["auto", "all", "none"] = Field(
         "auto", description="auto: the operator enables slots of idle pods; all / none: fixed."
     )

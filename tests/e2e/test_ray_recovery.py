@@ -111,3 +111,26 @@ def test_the_checkpoint_holds_the_drafter_optimizer_and_every_workers_buffer(rec
     assert len(buffers) == 2
     for state in buffers:
         assert state["buffer"]["tokens"] and state["buffer"]["current_step"] == 1
+
+
+def test_rollouts_draft_with_the_validated_drafter_and_it_survives_the_restart(recovered_run):
+    """`drafter.publish: validated` (the default): a step drafts with the served drafter; the hub's newer
+    parameters are scored beside it and served from the next step on only when promoted; the served
+    drafter is in the checkpoint, and the step that failed resumes with it."""
+    trainer, history, _, holder = recovered_run
+    assert history[0]["drafter_served_version"] == 0 and history[0]["drafter_candidate_version"] is None
+    assert holder["checkpoint_1"].state["served_drafter_version"] == history[1]["drafter_served_version"]
+    assert any(m["drafter_candidate_version"] is not None for m in history), "no step had a newer drafter to score"
+    for m, following in zip(history, history[1:] + [None]):
+        if m["drafter_candidate_version"] is None:
+            assert m["drafter_promoted"] is None
+            expected = m["drafter_served_version"]
+        else:
+            assert m["drafter_candidate_version"] > m["drafter_served_version"]
+            assert 0 <= m["drafter_candidate_agreement"] <= 1 and m["drafter_promoted"] in (True, False)
+            expected = m["drafter_candidate_version"] if m["drafter_promoted"] else m["drafter_served_version"]
+        if following is not None:
+            assert following["drafter_served_version"] == expected
+    assert trainer.served[0] == expected
+    final = load_checkpoint(trainer.checkpoint_root / "step-00000003")
+    assert final.state["served_drafter_version"] == expected

@@ -25,8 +25,14 @@ def policy():
 
 
 def filled_buffer(model, seed: int) -> OnlineBuffer:
-    g = torch.Generator().manual_seed(seed)
     buffer = OnlineBuffer(buffer_steps=1, row_tokens=32, seed=seed)
+    buffer.add(sample_completions(model, seed), step=1)
+    return buffer
+
+
+def sample_completions(model, seed: int) -> list[Completion]:
+    """Six finished completions of random tokens with the model's own hidden states."""
+    g = torch.Generator().manual_seed(seed)
     completions = []
     for i in range(6):
         n = 4 + 3 * i
@@ -34,8 +40,7 @@ def filled_buffer(model, seed: int) -> OnlineBuffer:
         with torch.no_grad():
             hidden = model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0, :-1]
         completions.append(Completion(f"r{i}", tokens[:3], tokens[3:], torch.zeros(n), hidden, "stop"))
-    buffer.add(completions, step=1)
-    return buffer
+    return completions
 
 
 def trainer_for(name: str, model, hub: DrafterHub, seed: int) -> SpotTrainer:

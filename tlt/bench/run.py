@@ -54,6 +54,8 @@ DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yam
 WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {
     "reduced": reduced_config, "default": WarmstartConfig, "deep": deep_config,
 }
+# The drafter warm start of bench/workload-deep-v2.yaml, also what `tlt demo` starts TLT from.
+DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
 DRAFTER_WARMSTART_KEYS = ("prompts", "steps", "batch", "learningRate", "maxNewTokens", "seed")
 Progress = Callable[[str], None]
 
@@ -189,11 +191,15 @@ def accept_length(policy: PreTrainedModel, params: dict[str, torch.Tensor], requ
 
 
 def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | None:
-    """Accept length of the run's current drafter (from its hub) with the current policy, at one
-    fixed EAGLE chain arm, on held-out prompts; None for a run without a drafter."""
+    """Accept length of the run's current drafter (the one its next step drafts with: `drafter.publish`)
+    with the current policy, at one fixed EAGLE chain arm, on held-out prompts; None for a run without
+    a drafter."""
     if trainer.actors is None or trainer.actors.hub is None:
         return None
-    _, params = ray.get(trainer.actors.hub.pull.remote())
+    if trainer.spec.drafter.publish == "validated" and trainer.served is not None:
+        params = trainer.served[1]
+    else:
+        _, params = ray.get(trainer.actors.hub.pull.remote())
     policy = copy.deepcopy(trainer.policy).to(resolve_dtype(trainer.spec.model.dtype)).eval()
     return accept_length(policy, params, heldout_requests(trainer, workload), workload.heldout["depth"])
 

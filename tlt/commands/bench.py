@@ -127,9 +127,50 @@ def _engine_tables(result: dict) -> list:
 
 
 # name -> (help, add_arguments, run)
+def _drafter_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="the reduced policy and two tiny steps (seconds): checks the bench, measures little")
+    parser.add_argument("--warmstart", choices=("full", "reduced", "deep"), default=None,
+                        help="policy (default deep: 16 layers, the bench workloads' policy)")
+
+
+def _drafter_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tlt.bench.online_drafter import OnlineDrafterBenchConfig, run_online_drafter_bench
+
+    cfg = OnlineDrafterBenchConfig.quick() if args.quick else OnlineDrafterBenchConfig()
+    if args.warmstart is not None:
+        cfg = replace(cfg, warmstart=args.warmstart)
+    console = Console()
+    with console.status("benchmarking") as status:
+        result = run_online_drafter_bench(cfg, on_row=lambda text: status.update(text))
+    rows = result["online_drafter"]["rows"]
+    table = Table(title=f"online drafter training from the warm drafter, policy fixed (shape: prompts x samples "
+                        f"per step): held-out top-1 agreement after each step "
+                        f"({result['online_drafter']['heldout_positions']} positions, {cfg.updates_per_step} "
+                        f"updates per step)")
+    table.add_column("step shape", no_wrap=True)
+    table.add_column("lr", justify="right")
+    for point in rows[0]["curve"]:
+        table.add_column(f"step {point['step']}", justify="right")
+    table.add_column("final / warm", justify="right")
+    for row in rows:
+        table.add_row(row["shape"], f"{row['learning_rate']:g}", *(f"{p['agreement']:.3f}" for p in row["curve"]),
+                      f"{row['final_over_warm']:.3f}")
+    console.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "engine": ("tokens/s of the rollout engine vs transformers generate", _engine_arguments, _engine_run),
     "run": ("the pinned RL workload under each SD variant, side by side", add_run_arguments, run_run),
+    "drafter": ("online drafter training on GRPO-shaped vs distinct-prompt steps: held-out agreement",
+                _drafter_arguments, _drafter_run),
 }
 
 

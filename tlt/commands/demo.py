@@ -17,8 +17,6 @@ from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 WARMSTARTS = ("deep", "reduced", "default")
-# The drafter TLT starts from: trained on the warm start's own T=1 samples (bench/workload-deep-v2.yaml's).
-DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tlt.bench.run import WARMSTARTS as CONFIGS
-    from tlt.bench.run import drafter_warm_start
+    from tlt.bench.run import DRAFTER_WARMSTART, drafter_warm_start
     from tlt.config_io import SpecError, load_run
     from tlt.runtime.demo_report import write_demo_report
     from tlt.runtime.ray_train import train_ray

@@ -59,11 +59,15 @@ def add_drafter(ckpt: Checkpoint, hub_state: dict[str, Any] | None,
     """Put the drafter into `ckpt`: the hub's parameters (tensors "drafter"), its AdamW state
     (objects "drafter_optimizer") and version (state "drafter_version"), and every rollout
     worker's online buffer + shuffle epoch in worker order (objects "drafter_buffers",
-    `SpotTrainer.state_dict`; None for a worker without one)."""
+    `SpotTrainer.state_dict`; None for a worker without one); with `hub_state["served"]`, the drafter
+    the rollouts draft with (tensors "served_drafter", state "served_drafter_version")."""
     if hub_state is not None:
         ckpt.tensors["drafter"] = hub_state["params"]
         ckpt.objects["drafter_optimizer"] = hub_state["optimizer"]
         ckpt.state["drafter_version"] = int(hub_state["version"])
+        if hub_state.get("served") is not None:  # the drafter the rollouts draft with (`drafter.publish`)
+            ckpt.tensors["served_drafter"] = hub_state["served"]["params"]
+            ckpt.state["served_drafter_version"] = int(hub_state["served"]["version"])
     if trainer_states is not None:
         ckpt.objects["drafter_buffers"] = trainer_states
 
@@ -74,6 +78,9 @@ def drafter_of(ckpt: Checkpoint) -> tuple[dict[str, Any] | None, list[dict[str, 
     if "drafter" in ckpt.tensors:
         hub = {"params": ckpt.tensors["drafter"], "optimizer": ckpt.objects["drafter_optimizer"],
                "version": int(ckpt.state["drafter_version"])}
+        if "served_drafter" in ckpt.tensors:
+            hub["served"] = {"params": ckpt.tensors["served_drafter"],
+                             "version": int(ckpt.state["served_drafter_version"])}
     return hub, ckpt.objects.get("drafter_buffers")
 
 

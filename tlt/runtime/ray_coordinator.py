@@ -45,6 +45,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerC
 
 from tlt.adaptive.stepper import merge_arm_rates
 from tlt.config import RunSpec, TLTTrainingRun
+from tlt.drafter.publish import promote
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
@@ -135,6 +136,9 @@ class RayTrainer:
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.drafter_state: dict[str, Any] | None = None
+        # (version, parameters) the rollouts draft with (`drafter.publish`); None: the hub's newest
+        self.served: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._candidate: tuple[int, dict[str, torch.Tensor]] | None = None
         self.bandit_states: list[dict[str, Any] | None] | None = None
         self.trainer_states: list[dict[str, Any] | None] | None = None
 
@@ -161,6 +165,8 @@ class RayTrainer:
             self.restarts = int(ckpt.state.get("restarts", 0))
             self.bandit_states = ckpt.state.get("bandits")
             self.drafter_state, self.trainer_states = drafter_of(ckpt)
+            served = (self.drafter_state or {}).get("served")
+            self.served = (int(served["version"]), served["params"]) if served else None
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
         tmp = self.metrics_path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
         tmp.write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in self.history))
@@ -208,6 +214,8 @@ class RayTrainer:
             state["bandits"] = self.bandit_states
         if self.actors is not None and self.actors.hub is not None:
             self.drafter_state = ray.get(self.actors.hub.state.remote())
+            if self.served is not None:
+                self.drafter_state["served"] = {"version": self.served[0], "params": self.served[1]}
             self.trainer_states = ray.get([w.trainer_state.remote() for w in self.actors.rollout])
         ckpt = Checkpoint(step=self.step, tensors=tensors, objects=objects, state=state)
         add_drafter(ckpt, self.drafter_state, self.trainer_states)
@@ -223,12 +231,13 @@ class RayTrainer:
         weights = ray.put({k: v.detach().to(engine_dtype) for k, v in self.policy.state_dict().items()})
         carried = self._stop_trainers(self._running_trainers)
         self._running_trainers = {}
-        drafter = actors.hub.pull.remote() if actors.hub is not None else None
+        drafter, candidate = self._drafters(actors)
         dispatched = time.time()
         futures = {}
         for worker, shard in zip(actors.rollout, shards(ids, len(actors.rollout))):
             if shard:
-                ref = worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter)
+                ref = worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter,
+                                            candidate)
                 futures[ref] = worker
         self._emit("phase", phase="rollout", workers=len(futures))
         results, trainers = self._collect_rollouts(futures, step)
@@ -333,6 +342,38 @@ class RayTrainer:
         out["response_lengths"] = [len(c.token_ids) for c in completions]
         return out
 
+    def _drafters(self, actors: Actors) -> tuple[Any, Any]:
+        """Object refs of the step's (served drafter, candidate): the drafter the rollouts draft with and,
+        under `drafter.publish: validated`, the hub's newer parameters to score beside it (None when the
+        hub has nothing newer). Without a hub: (None, None)."""
+        self._candidate = None
+        if actors.hub is None:
+            return None, None
+        newest = ray.get(actors.hub.pull.remote())
+        if self.spec.drafter.publish == "latest" or self.served is None:
+            self.served = newest
+        elif newest[0] != self.served[0]:
+            self._candidate = newest
+        return ray.put(self.served), (ray.put(self._candidate) if self._candidate is not None else None)
+
+    def _publish(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """Serve the candidate from the next step on if it agreed at least as often (`promote`)."""
+        served_version = self.served[0] if self.served is not None else None
+        out: dict[str, Any] = {"drafter_served_version": served_version, "drafter_candidate_version": None,
+                               "drafter_candidate_agreement": None, "drafter_promoted": None}
+        if self._candidate is None:
+            return out
+        served = (sum(r["agree"] for r in results), sum(r["agree_total"] for r in results))
+        candidate = (sum(r.get("candidate_agree", 0) for r in results),
+                     sum(r.get("candidate_total", 0) for r in results))
+        promoted = promote(served, candidate)
+        out.update(drafter_candidate_version=self._candidate[0], drafter_promoted=promoted,
+                   drafter_candidate_agreement=candidate[0] / candidate[1] if candidate[1] else None)
+        if promoted:
+            self.served = self._candidate
+        self._candidate = None
+        return out
+
     def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]],
                          rollout_end: float) -> dict[str, Any]:
         if self.actors is None or self.actors.hub is None:
@@ -352,6 +393,7 @@ class RayTrainer:
             "stop_latency_max": max(latencies) if latencies else None,
             "trainer_acks": trained,
             "hub_pushes": pushes,
+            **self._publish(results),
         }
 
     def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:

@@ -123,16 +123,17 @@ class SidecarTrainer:
         return self.node
 
     def take_rollouts(self, step: int, completions: list[Any], head: dict[str, torch.Tensor],
-                      drafter: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+                      drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                      candidate: tuple[int, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
         """Bind the drafter to this step's policy head, take the step's drafter (if given), buffer the
-        completions; returns the agreement dict of an in-container worker."""
+        completions; returns the agreement dict of an in-container worker (the candidate's too)."""
         if self.trainer.active:
             raise RuntimeError(f"sidecar of {self.worker}: rollouts of step {step} handed in while it trains")
         self.trainer.drafter.bind(*bound_head(head))
         if drafter is not None:
             self.trainer.load(*drafter)
-        return buffer_and_agreement(self.buffer, self.trainer.drafter, completions, step,
-                                    self.spec.drafter.batch_tokens)
+        return buffer_and_agreement(self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens,
+                                    candidate)
 
     def start_training(self, step: int) -> float:
         if not self.trainer.drafter.is_bound:

@@ -182,10 +182,13 @@ class RolloutWorker:
             return out
 
     def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
-                drafter: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+                drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                candidate: tuple[int, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
         """Generate this shard (group_size samples of each problem) and stream each finished response to
         a verifier. Returns completions (without hidden states), reward refs in completion order, the
-        engine trace, and the drafter's top-1 agreement on these fresh rollouts."""
+        engine trace, and the drafter's top-1 agreement on these fresh rollouts; with a `candidate`
+        (the hub's newer parameters, `drafter.publish: validated`), its agreement on the same rollouts
+        too, and the trainer continues from the candidate."""
         if self.trainer is not None and self.trainer.active:
             raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
         if self.drafter is not None and self.trainer is None and self.sidecar is None:
@@ -246,7 +249,7 @@ class RolloutWorker:
         finished = time.time()
         generate_seconds = finished - generate_started
         release_kv_cache(self.engine)
-        agreement = self._agreement_and_buffer(completions, step, drafter)
+        agreement = self._agreement_and_buffer(completions, step, drafter, candidate)
         self._set_state(IDLE)
         for c in completions:
             c.hidden = None
@@ -262,14 +265,15 @@ class RolloutWorker:
                 **agreement}
 
     def _agreement_and_buffer(self, completions: list[Any], step: int,
-                              drafter: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+                              drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                              candidate: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
         if self.sidecar is not None:
             head = policy_head(self.engine.model)
-            return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter))
+            return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter, candidate))
         if self.trainer is None:
             return {"agree": 0, "agree_total": 0}
-        return buffer_and_agreement(self.buffer, self.trainer.drafter, completions, step,
-                                    self.spec.drafter.batch_tokens)
+        return buffer_and_agreement(self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens,
+                                    candidate)
 
     def bandit_state(self) -> dict[str, Any] | None:
         """The bandit's state (what it learned about the arms), for whole-run checkpoints; None before
@@ -325,13 +329,21 @@ class RolloutWorker:
         return {"worker": self.name, "was_training": True, **ack}
 
 
-def buffer_and_agreement(buffer: OnlineBuffer, drafter: EagleDrafter, completions: list[Any], step: int,
-                         row_tokens: int) -> dict[str, Any]:
-    """Add `step`'s completions to `buffer`; the drafter's top-1 agreement on those fresh samples."""
+def buffer_and_agreement(buffer: OnlineBuffer, trainer: SpotTrainer, completions: list[Any], step: int,
+                         row_tokens: int, candidate: tuple[int, dict[str, torch.Tensor]] | None = None
+                         ) -> dict[str, Any]:
+    """Add `step`'s completions to `buffer`; the top-1 agreement on those fresh samples of the trainer's
+    drafter (the one the rollout drafted with) and, given a `candidate` (version, parameters), of the
+    candidate, which the trainer then holds (it trains on from there)."""
     buffer.add(completions, step)
-    fresh = [s for s in buffer.samples if s.step == step]
-    agree, total = packed_agreement(drafter, pack(fresh, row_tokens))
-    return {"agree": agree, "agree_total": total, "buffer_positions": buffer.num_trainable}
+    packs = pack([s for s in buffer.samples if s.step == step], row_tokens)
+    agree, total = packed_agreement(trainer.drafter, packs)
+    out = {"agree": agree, "agree_total": total, "buffer_positions": buffer.num_trainable}
+    if candidate is not None:
+        trainer.load(*candidate)
+        out["candidate_agree"], out["candidate_total"] = packed_agreement(trainer.drafter, packs)
+        out["candidate_version"] = candidate[0]
+    return out
 
 
 def policy_head(model: Any) -> dict[str, torch.Tensor]:
