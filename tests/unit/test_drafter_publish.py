@@ -8,7 +8,7 @@ import torch
 
 from tlt.drafter.buffer import OnlineBuffer, pack
 from tlt.drafter.hub import DrafterHub
-from tlt.drafter.publish import promote
+from tlt.drafter.publish import promote, step_drafters
 from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
@@ -27,6 +27,16 @@ from test_drafter_hub import policy, sample_completions, trainer_for
 ])
 def test_promote_compares_agreement_rates(served, candidate, expected):
     assert promote(served, candidate) is expected
+
+
+def test_step_drafters_serve_the_validated_one_and_score_the_newest():
+    warm, newer = (0, "warm"), (12, "newer")
+    assert step_drafters("validated", None, warm) == (warm, None)        # first step: nothing served yet
+    assert step_drafters("validated", warm, newer) == (warm, newer)      # the served one drafts
+    assert step_drafters("validated", newer, newer) == (newer, None)     # nothing newer to score
+    assert step_drafters("latest", warm, newer) == (newer, None)         # the newest drafts, unscored
+    with pytest.raises(ValueError, match="drafter.publish"):
+        step_drafters("best", warm, newer)
 
 
 def test_promote_refuses_impossible_counts():

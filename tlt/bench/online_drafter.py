@@ -34,7 +34,6 @@ from tlt.tasks.countdown import CountdownTask, generate
 from tlt.tasks.warmstart import load_metadata, load_policy, warm_start
 
 
-
 @dataclass(frozen=True)
 class OnlineDrafterBenchConfig:
     """shapes: name -> (prompts per step, samples per prompt), equal totals keep the data size fixed."""
@@ -93,17 +92,17 @@ def train_curve(policy: Any, warm: dict[str, torch.Tensor], steps_data: list[lis
     buffer = OnlineBuffer(cfg.buffer_steps, cfg.batch_tokens, seed=cfg.seed)
     curve = [{"step": 0, "updates": 0, "agreement": _agreement(drafter, hub, heldout)}]
     updates = 0
+    version, params = hub.pull()
     for step, completions in enumerate(steps_data, start=1):
         buffer.add(completions, step)
         done, epoch = 0, 0
         while done < cfg.updates_per_step:
             for packed in buffer.batches(epoch):
-                version, params = hub.pull()
                 drafter.load_state_dict(params)
                 drafter.train()
                 grads, loss = packed_gradients(drafter, packed)
                 drafter.eval()
-                hub.push("bench", grads, version, packed.num_trained, loss)
+                version, params = hub.push("bench", grads, version, packed.num_trained, loss)
                 done += 1
                 if done == cfg.updates_per_step:
                     break

@@ -126,7 +126,6 @@ def _engine_tables(result: dict) -> list:
     return tables
 
 
-# name -> (help, add_arguments, run)
 def _drafter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="the reduced policy and two tiny steps (seconds): checks the bench, measures little")
@@ -166,6 +165,7 @@ def _drafter_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# name -> (help, add_arguments, run)
 BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "engine": ("tokens/s of the rollout engine vs transformers generate", _engine_arguments, _engine_run),
     "run": ("the pinned RL workload under each SD variant, side by side", add_run_arguments, run_run),

@@ -3,8 +3,8 @@
 The online trainer only sees recent rollouts. Where a step holds few prompts (GRPO: a handful of
 prompts x a group of samples) the drafter can fit those prompts and draft worse for the next step's,
 measured: `tlt bench drafter` (held-out top-1 agreement of the warm drafter 0.915 -> 0.80-0.88 over 16
-steps of 4 prompts x 8 samples at lr 1e-3, 0.90-0.94 over steps of 32 distinct prompts). So with `drafter.publish: validated` a step's rollouts draft with the *served* drafter,
-and the hub's newer parameters (the *candidate*) are scored beside it on the step's fresh rollouts,
+steps of 4 prompts x 8 samples at lr 1e-3, 0.90-0.94 over steps of 32 distinct prompts). So with
+`drafter.publish: validated` a step's rollouts draft with the *served* drafter, and the hub's newer parameters (the *candidate*) are scored beside it on the step's fresh rollouts,
 which neither has trained on; the candidate is served from the next step on only if it agrees with
 the policy at least as often. Training goes on from the candidate either way (the hub keeps its own
 trajectory and AdamW state), so a drafter that first loses and then overtakes gets through. The price
@@ -12,6 +12,23 @@ is one step of lag and one extra drafter pass over each step's rollouts.
 """
 
 from __future__ import annotations
+
+from typing import Any, TypeVar
+
+Drafter = TypeVar("Drafter", bound=tuple[int, Any])  # (version, parameters)
+
+
+def step_drafters(publish: str, served: Drafter | None, newest: Drafter) -> tuple[Drafter, Drafter | None]:
+    """(drafter the step drafts with, candidate to score beside it) from the hub's `newest`.
+
+    latest, or nothing served yet: the newest drafts, no candidate. validated: the served one drafts,
+    and the newest is the candidate when its version differs.
+    """
+    if publish not in ("validated", "latest"):
+        raise ValueError(f"drafter.publish must be 'validated' or 'latest', got {publish!r}")
+    if publish == "latest" or served is None:
+        return newest, None
+    return served, (newest if newest[0] != served[0] else None)
 
 
 def promote(served: tuple[int, int], candidate: tuple[int, int]) -> bool:

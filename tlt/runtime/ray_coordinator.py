@@ -45,7 +45,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerC
 
 from tlt.adaptive.stepper import merge_arm_rates
 from tlt.config import RunSpec, TLTTrainingRun
-from tlt.drafter.publish import promote
+from tlt.drafter.publish import promote, step_drafters
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
@@ -349,11 +349,8 @@ class RayTrainer:
         self._candidate = None
         if actors.hub is None:
             return None, None
-        newest = ray.get(actors.hub.pull.remote())
-        if self.spec.drafter.publish == "latest" or self.served is None:
-            self.served = newest
-        elif newest[0] != self.served[0]:
-            self._candidate = newest
+        self.served, self._candidate = step_drafters(self.spec.drafter.publish, self.served,
+                                                     ray.get(actors.hub.pull.remote()))
         return ray.put(self.served), (ray.put(self._candidate) if self._candidate is not None else None)
 
     def _publish(self, results: list[dict[str, Any]]) -> dict[str, Any]:
