@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=None, help="GPUs per rollout engine (default: the run's rollout GPUs, "
                         "at least 1)")
     parser.add_argument("--steps", type=int, default=10, help="RL steps simulated (default 10)")
-    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request (default 128; the "
+                        "built-in countdown task's prompts are 6-7 tokens: give --prompt-len 6 for its runs)")
     parser.add_argument("--reward-seconds", type=float, default=0.0, help="reward verification per response, on the "
                         "run's verifier pods (default 0)")
     parser.add_argument("--decision-tokens", type=int, default=64, help="tokens per row between two engine decisions "
@@ -34,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default="vanilla,static,tlt", help="comma-separated (default all three)")
     parser.add_argument("--accept", default="", help="accept curve, e.g. alpha0=0.5,alpha_max=0.8,tau=600,ngram=0.3 "
                         "(tau in drafter-training GPU-seconds)")
-    parser.add_argument("--calibrate-run", type=Path, default=None, help="a `tlt train` output: its update seconds per "
-                        "token set the update cost of a bench-JSON profile")
+    parser.add_argument("--calibrate-run", type=Path, default=None, help="a `tlt train` output: its update seconds "
+                        "(fixed + per padded token) set the update cost of a bench-JSON profile")
     parser.add_argument("--seed", type=int, default=0, help="seed of parametric traces and bandits")
     parser.add_argument("--timeline-step", type=int, default=None, help="step drawn in the PNG (default the last)")
     parser.add_argument("--png", type=Path, default=Path("simulate.png"), help="timeline PNG (default simulate.png)")
@@ -110,9 +111,10 @@ def _validate(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
 def _simulate(args: argparse.Namespace, spec: Any, console: Any) -> dict[str, Any]:
     from rich.progress import Progress
 
-    from tlt.sim.calibrate import update_cost
+    from tlt.sim.calibrate import fit_update
     from tlt.sim.profiles import load_cost_model
     from tlt.sim.simulator import build_variants, simulate
+    from tlt.sim.step import update_tokens
     from tlt.sim.timeline import plot_timelines
     from tlt.sim.trace import load_trace
 
@@ -123,7 +125,14 @@ def _simulate(args: argparse.Namespace, spec: Any, console: Any) -> dict[str, An
     measured_update = None
     if args.calibrate_run is not None:
         history = [m for m in _history(args.calibrate_run) if "response_lengths" in m]
-        measured_update = (update_cost(history, cluster.prompt_len), 0.0)
+        if not history:
+            raise ValueError(f"{args.calibrate_run} has no steps with response_lengths (the Ray runtime records them)")
+        layout = (cluster.prompt_len, cluster.micro_batch_size, cluster.update_layout)
+        fixed, per_token = fit_update([update_tokens(m["response_lengths"], *layout) for m in history],
+                                      [float(m["update_seconds"]) for m in history])
+        # the run's seconds per token (on its one CPU device; the cost model divides by the update GPUs),
+        # the fixed part as the per-step sync
+        measured_update = (per_token, fixed)
     cost = load_cost_model(args.hardware, model=args.model, tp=cluster.gpus_per_replica, update_cost=measured_update)
     variants = build_variants(spec.speculative, tuple(args.variants.split(",")), spec.drafter.training)
     with Progress(console=console, transient=True) as progress:

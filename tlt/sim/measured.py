@@ -6,8 +6,13 @@ per token from a `tlt train` run.
 Between measured batches the plain-step time is linear; past the largest it grows along the last
 segment's slope. Width ratios come from `tlt.adaptive.costs.cost_ratio`, the function the adaptive
 engine's calibration uses; widths past the largest measured one (a prefill) scale linearly from it.
-The context is fixed at the measured one: on this machine's small models and short responses the
-attention over the cache is a small part of a forward.
+
+Context: a file with a `contexts` section ({context: {verify, drafter}}, `python -m tlt.sim.measure`)
+gives the plain-step and drafter costs at several cached-token counts; between them the cost is
+linear in the context (the attention over the cache grows with it), past the outer ones it follows
+the outer segment. Without one the costs are those of the single measured context (the bench's 128),
+whatever the context: on the deep bench policy a batch-16 plain step costs 15 ms at context 128 and
+20 ms at 320, so that over- or under-estimates long and short responses.
 """
 
 from __future__ import annotations
@@ -27,6 +32,30 @@ def _linear(x: float, xs: list[int], ys: list[float]) -> float:
     return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
 
 
+def _points(rows: list[dict[str, Any]], width_one: bool) -> tuple[tuple[int, float], ...]:
+    return tuple(sorted((int(r["batch"]), float(r["seconds"])) for r in rows
+                        if not width_one or int(r.get("width", 1)) == 1))
+
+
+def context_points(costs: dict[str, Any]) -> tuple[tuple[int, tuple[tuple[int, float], ...],
+                                                           tuple[tuple[int, float], ...]], ...]:
+    """A costs file's `contexts` section as (context, plain points, drafter points), by context; () when absent."""
+    section = costs.get("contexts") or {}
+    out = []
+    for context, part in section.items():
+        plain, drafter = _points(part["verify"], True), _points(part.get("drafter", part.get("drafter_step", [])), False)
+        if not plain or not drafter:
+            raise ValueError(f"costs.contexts[{context}] needs width-1 verify points and drafter points")
+        out.append((int(context), plain, drafter))
+    return tuple(sorted(out))
+
+
+def _by_context(batch: int, context: int, curves: list[tuple[int, tuple[tuple[int, float], ...]]]) -> float:
+    """Seconds at (batch, context): piecewise-linear in batch on each measured context's curve, then in context."""
+    at = [_linear(batch, [b for b, _ in pts], [s for _, s in pts]) for _, pts in curves]
+    return _linear(context, [c for c, _ in curves], at) if len(curves) > 1 else at[0]
+
+
 @dataclass(frozen=True)
 class MeasuredCost:
     """`CostModel` from measured points. verify: CostPoints (batch, width, seconds, ratio) with width 1
@@ -37,6 +66,9 @@ class MeasuredCost:
     update_seconds_per_token: float
     sync_cost_seconds: float
     name: str = "measured"
+    # Optional: (context, plain (batch, seconds) points, drafter (batch, seconds) points) per measured
+    # context, sorted by context; when given, plain steps and drafter steps depend on the context.
+    contexts: tuple[tuple[int, tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         batches = {p.batch for p in self.verify}
@@ -62,18 +94,22 @@ class MeasuredCost:
         fields = ("batch", "width", "seconds", "ratio", "ratio_min", "ratio_max")
         verify = tuple(CostPoint(**{k: p[k] for k in fields}) for p in costs["verify"])
         drafter = tuple(sorted((int(d["batch"]), float(d["seconds"])) for d in costs[drafter_key]))
-        return cls(verify, drafter, update_seconds_per_token, sync_seconds, name)
+        return cls(verify, drafter, update_seconds_per_token, sync_seconds, name, context_points(costs))
 
-    def _plain(self, batch: int) -> float:
+    def _plain(self, batch: int, context: int | None = None) -> float:
+        if self.contexts and context is not None:
+            return _by_context(batch, context, [(c, plain) for c, plain, _ in self.contexts])
         points = sorted((p.batch, p.seconds) for p in self.verify if p.width == 1)
         return _linear(batch, [b for b, _ in points], [s for _, s in points])
 
     def target_seconds(self, batch: int, width: int, context: int) -> float:
         widest = max(p.width for p in self.verify)
         ratio = cost_ratio(list(self.verify), batch, min(width, widest))
-        return self._plain(batch) * ratio * max(1.0, width / widest)
+        return self._plain(batch, context) * ratio * max(1.0, width / widest)
 
     def drafter_seconds(self, batch: int, context: int) -> float:
+        if self.contexts:
+            return _by_context(batch, context, [(c, d) for c, _, d in self.contexts])
         return _linear(batch, [b for b, _ in self.drafter], [s for _, s in self.drafter])
 
     def update_seconds(self, tokens: int, gpus: int) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tlt.config import ArmSpec, RunSpec
+from tlt.rl.packing import LAYOUTS, micro_batches
 from tlt.sim.cost import CostModel
 from tlt.sim.replica import Drafting, ReplicaRollout, Segment, decode_shard
 
@@ -24,7 +25,9 @@ class ClusterConfig:
 
     replicas: rollout engines (each `gpus_per_replica` GPUs, tensor-parallel); update_gpus: GPUs of the
     policy update; prompt_len: prompt tokens per request; verifiers: reward workers, each taking
-    `reward_seconds` per response; decision_tokens: tokens per row between two engine decisions.
+    `reward_seconds` per response; decision_tokens: tokens per row between two engine decisions;
+    micro_batch_size / update_layout: the update's micro-batches (`algorithm.microBatchSize` /
+    `updateLayout`): its forwards compute padded tokens (`update_tokens`); 0: prompt + response tokens.
     """
 
     replicas: int = 1
@@ -34,6 +37,8 @@ class ClusterConfig:
     verifiers: int = 1
     reward_seconds: float = 0.0
     decision_tokens: int = 64
+    micro_batch_size: int = 0
+    update_layout: str = "sorted"
 
     def __post_init__(self) -> None:
         for name in ("replicas", "gpus_per_replica", "update_gpus", "prompt_len", "verifiers", "decision_tokens"):
@@ -41,6 +46,9 @@ class ClusterConfig:
                 raise ValueError(f"cluster {name} must be >= 1, got {getattr(self, name)}")
         if self.reward_seconds < 0:
             raise ValueError(f"cluster reward_seconds must be >= 0, got {self.reward_seconds}")
+        if self.micro_batch_size < 0 or self.update_layout not in LAYOUTS:
+            raise ValueError(f"cluster micro_batch_size must be >= 0 and update_layout one of {list(LAYOUTS)}, got "
+                             f"{self.micro_batch_size}, {self.update_layout!r}")
 
     @classmethod
     def from_run(cls, spec: RunSpec, *, prompt_len: int, reward_seconds: float, decision_tokens: int) -> ClusterConfig:
@@ -49,7 +57,8 @@ class ClusterConfig:
         return cls(replicas=max(1, spec.rollout.replicas), gpus_per_replica=max(1, spec.rollout.resources.gpus),
                    update_gpus=max(1, spec.policy.replicas) * max(1, spec.policy.resources.gpus),
                    prompt_len=prompt_len, verifiers=max(1, spec.verifier.replicas), reward_seconds=reward_seconds,
-                   decision_tokens=decision_tokens)
+                   decision_tokens=decision_tokens, micro_batch_size=spec.algorithm.micro_batch_size,
+                   update_layout=spec.algorithm.update_layout)
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,17 @@ class StepResult:
         return {k: v for k, v in self.__dict__.items() if k != "timelines"}
 
 
+def update_tokens(lengths: list[int], prompt_len: int, micro_batch_size: int = 0, layout: str = "sorted") -> int:
+    """Tokens the update's forwards compute for responses of `lengths` after `prompt_len`-token prompts:
+    micro-batches as `tlt.rl.packing.micro_batches` groups them, each row padded to its micro-batch's
+    longest sequence (packed: no padding); micro_batch_size 0: prompt + response tokens, unpadded."""
+    sequences = [prompt_len + n for n in lengths]
+    if micro_batch_size == 0 or layout == "packed":
+        return sum(sequences)
+    return sum(len(rows) * max(sequences[b] for b in rows)
+               for rows in micro_batches(sequences, micro_batch_size, layout))
+
+
 def verification_end(finish_times: list[float], verifiers: int, reward_seconds: float) -> float:
     """When the last response is scored: FIFO in finish order over `verifiers` workers."""
     free = [0.0] * verifiers
@@ -104,7 +124,7 @@ def simulate_step(lengths: list[int], variant: Variant, cost: CostModel, cluster
     finish = [t for r in rollouts for t in r.finish]
     rollout_end = max(max(r.end for r in rollouts), verification_end(finish, cluster.verifiers, cluster.reward_seconds))
     idle = sum(rollout_end - r.end for r in rollouts) * cluster.gpus_per_replica
-    tokens = sum(lengths) + cluster.prompt_len * len(lengths)
+    tokens = update_tokens(lengths, cluster.prompt_len, cluster.micro_batch_size, cluster.update_layout)
     update = cost.update_seconds(tokens, cluster.update_gpus)
     sync = cost.sync_seconds()
     end = rollout_end + update + sync
