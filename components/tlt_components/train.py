@@ -5,8 +5,9 @@
   an existing one resumes from its checkpoints), with the runtime `local_runtime` names, as
   `tlt train` does: `ray` (a local Ray cluster: the only runtime that trains a drafter, for
   `speculative.mode` static / tlt) or `single-process` (`tlt train --local`: no drafter). The
-  final policy and, when the run trained one, the newest drafter snapshot are copied into the
-  Model artifacts.
+  final policy and, when the run trained one, its served drafter (`drafter-served/`: the one the
+  next step would draft with, see `tlt.drafter.publish`; the hub's newest snapshot for a run
+  without it) are copied into the Model artifacts.
 - `cluster`: a `TLTTrainingRun` is created and followed (`tlt_components.cluster`). Its outputs
   stay on the run's checkpoint volume (`checkpoint.claimName`, required; `checkpoint_claim`, when
   given, must name the same claim): the Model artifacts record where, relative to the claim
@@ -21,6 +22,7 @@ run's end-of-run report with its plots, a cluster run's headline numbers; `tlt_c
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tlt.config import TLTTrainingRun
-from tlt.drafter.export import ExportResult, export_eagle, resolve_checkpoint, target_config
+from tlt.drafter.export import SERVED_DIR, SERVED_INFO, ExportResult, export_eagle, resolve_checkpoint, target_config
 from tlt_components.common import at_least, choice, object_name, parse_run_spec
 from tlt_components.prepare import read_info
 from tlt_components.report import metrics_report, run_report
@@ -103,7 +105,8 @@ def _copy_folder(source: Path, target: Path) -> None:
 
 
 def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: Path, drafter_dir: Path) -> TrainResult:
-    """Train in `work_dir` with `runtime`; copy the policy and the newest drafter snapshot (if any) out."""
+    """Train in `work_dir` with `runtime`; copy the policy and the served drafter (else the newest drafter
+    snapshot; none when the run trained no drafter) out."""
     from tlt.runtime.local import POLICY_DIR, LocalTrainer
 
     if runtime == "ray":
@@ -115,10 +118,17 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
     history = trainer.train(on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]))
     trainer.loggers.close()
     _copy_folder(work_dir / POLICY_DIR, policy_dir)
-    snapshots = work_dir / DRAFTER_DIR
-    drafter_trained = snapshots.exists()
-    if drafter_trained:
-        _copy_folder(resolve_checkpoint(snapshots), drafter_dir)
+    snapshots, served = work_dir / DRAFTER_DIR, work_dir / SERVED_DIR
+    drafter_trained = snapshots.exists() or served.exists()
+    served_version = None
+    if served.exists():
+        _copy_folder(resolve_checkpoint(served), drafter_dir)
+        served_version = int(json.loads((served / SERVED_INFO).read_text())["version"])
+        log.info("drafter artifact: the served drafter (version %d) from %s", served_version, served)
+    elif drafter_trained:
+        source = resolve_checkpoint(snapshots)
+        _copy_folder(source, drafter_dir)
+        log.info("drafter artifact: the hub's newest snapshot %s (the run wrote no %s/)", source, SERVED_DIR)
     else:
         log.info("the run trained no drafter (speculative.mode %s, runtime %s): the drafter artifact is empty",
                  run.spec.speculative.mode, runtime)
@@ -126,7 +136,8 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
         metrics=history_metrics(history),
         policy_metadata={"location": "artifact", "steps": len(history)},
         drafter_metadata={"location": "artifact", "trained": drafter_trained, "runtime": runtime,
-                          "speculative_mode": run.spec.speculative.mode},
+                          "speculative_mode": run.spec.speculative.mode,
+                          **({"served_version": served_version} if served_version is not None else {})},
         history=history,
         report=run_report(work_dir, title=f"TLT run {run.metadata.name}"),
     )

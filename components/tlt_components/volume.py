@@ -3,8 +3,9 @@
 A `TLTTrainingRun` writes its whole-run checkpoints (`tlt.runtime.checkpoint`) onto the
 `checkpoint.claimName` PVC, which the operator mounts at `checkpoint.path` in the policy pods:
 the checkpoints sit under the claim's root. The last one (LATEST) is the final step and holds the
-policy weights (`policy.safetensors`), the drafter weights (`drafter.safetensors`, when the run
-trained one) and the run's spec in its manifest.
+policy weights (`policy.safetensors`), the drafter weights (`drafter.safetensors`: the hub's newest,
+when the run trained one; `served_drafter.safetensors`: the drafter the rollouts draft with, see
+`tlt.drafter.publish`) and the run's spec in its manifest.
 
 `train` (mode cluster) records in its Model artifacts where that is (`location.json`, also the
 artifacts' metadata): `claimName`, `pathInClaim` (the checkpoint root relative to the claim's
@@ -12,12 +13,14 @@ root) and the final `step`. The `tlt-cluster` pipeline mounts the claim at `CHEC
 every step that reads the run's outputs; `final_checkpoint` resolves the location to that mount
 and says which claim, path or file is missing when it cannot. The policy is rebuilt from the
 run's base model (`model.path`, else the built-in warm start) with the trained weights; the
-drafter is written as a `save_drafter` folder for `tlt.drafter.export.export_eagle`.
+drafter (the served one under `drafter.publish: validated`, else the hub's newest) is written as a
+`save_drafter` folder for `tlt.drafter.export.export_eagle`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 from pathlib import Path
 from typing import Any
@@ -32,10 +35,13 @@ from tlt.models.loading import load_policy
 from tlt.runtime.checkpoint import LATEST, MANIFEST, file_sha256
 from tlt_components.common import CHECKPOINT_MOUNT, parse_run_spec
 
+log = logging.getLogger(__name__)
+
 LOCATION_FILE = "location.json"
 PATH_IN_CLAIM = "."  # the operator mounts the whole claim at checkpoint.path: the checkpoints are at its root
 POLICY_FILE = "policy.safetensors"
-DRAFTER_FILE = "drafter.safetensors"
+DRAFTER_FILE = "drafter.safetensors"  # the hub's newest parameters
+SERVED_DRAFTER_FILE = "served_drafter.safetensors"  # the drafter the rollouts draft with (drafter.publish)
 
 
 class VolumeError(FileNotFoundError):
@@ -154,14 +160,26 @@ def trained_policy(folder: Path, dtype: str) -> tuple[PreTrainedModel, PreTraine
 
 
 def write_drafter(folder: Path, target: PretrainedConfig, out: Path) -> Path:
-    """The checkpoint's drafter as a `save_drafter` folder at `out`; VolumeError when the run trained none."""
+    """The checkpoint's drafter as a `save_drafter` folder at `out`; VolumeError when the run trained none.
+
+    Under `drafter.publish: validated` the served drafter (`served_drafter.safetensors`, the one the run
+    measured best and drafted with) when the checkpoint holds it; otherwise (`latest`, where the served
+    one lags the hub, or a checkpoint without it) the hub's newest (`drafter.safetensors`)."""
     if not (folder / DRAFTER_FILE).is_file():
         spec = checkpoint_run(folder).spec
         raise VolumeError(
             f"checkpoint {folder} holds no drafter (speculative.mode {spec.speculative.mode!r}): train with "
             "speculative.mode static or tlt"
         )
+    manifest = json.loads((folder / MANIFEST).read_text())
+    served = (SERVED_DRAFTER_FILE in manifest.get("files", {})
+              and checkpoint_run(folder).spec.drafter.publish == "validated")
+    name = SERVED_DRAFTER_FILE if served else DRAFTER_FILE
+    state = manifest.get("state", {})
+    version = state.get("served_drafter_version" if served else "drafter_version")
+    log.info("drafter from checkpoint %s: %s (%s, version %s)", folder, name,
+             "the served drafter" if served else "the hub's newest", version)
     drafter = EagleDrafter(drafter_config_from_target(target))
-    drafter.load_state_dict(read_tensors(folder, DRAFTER_FILE), strict=True)
+    drafter.load_state_dict(read_tensors(folder, name), strict=True)
     save_drafter(drafter, out)
     return out

@@ -32,17 +32,24 @@ def cluster_spec(mode: str = "static") -> dict[str, Any]:
     return {**small_run_spec(cached_warm_start(), mode), "checkpoint": {"claimName": CLAIM}}
 
 
-def write_run_checkpoint(mount: Path, spec: dict[str, Any], *, drafter: bool = True) -> dict[str, torch.Tensor]:
+def write_run_checkpoint(mount: Path, spec: dict[str, Any], *, drafter: bool = True,
+                         served: bool = False) -> dict[str, torch.Tensor]:
     """What a finished run leaves on its claim (mounted at `mount`): the final whole-run checkpoint, with
-    trained (here: shifted) policy weights and, when `drafter`, a seeded drafter. Returns the policy weights."""
+    trained (here: shifted) policy weights and, when `drafter`, a seeded drafter (the hub's newest) and, when
+    `served`, another one as the served drafter. Returns the policy weights."""
     run = parse_run_spec(spec)
     policy, _ = load_policy(cached_warm_start(), "float32")
     weights = {name: tensor + 0.01 for name, tensor in policy.state_dict().items()}
     tensors = {"policy": weights}
+    state: dict[str, Any] = {"spec": run.spec.model_dump(mode="json", by_alias=True)}
     if drafter:
         torch.manual_seed(0)
         tensors["drafter"] = EagleDrafter(drafter_config_from_target(policy.config)).state_dict()
-    state = {"spec": run.spec.model_dump(mode="json", by_alias=True)}
+        state["drafter_version"] = 7
+    if served:
+        torch.manual_seed(1)
+        tensors["served_drafter"] = EagleDrafter(drafter_config_from_target(policy.config)).state_dict()
+        state["served_drafter_version"] = 5
     save_checkpoint(mount, Checkpoint(step=run.spec.algorithm.steps, tensors=tensors, state=state))
     return weights
 
@@ -77,6 +84,22 @@ def test_export_and_evaluate_read_the_final_checkpoint_on_the_mount(tmp_path: Pa
                               max_new_tokens=4, batch_size=1, temperature=0.0, dtype="float32",
                               policy_metadata=location, mount=mount)
     assert metrics["prompts"] == 1 and metrics["outputs_equal"] == 1.0
+
+
+@pytest.mark.parametrize(("publish", "expected"), [("validated", "served_drafter"), ("latest", "drafter")])
+def test_export_takes_the_served_drafter_under_validated(tmp_path: Path, caplog, publish: str, expected: str):
+    """The checkpoint holds the hub's newest (drafter) and the served drafter: under drafter.publish validated
+    the served one is exported (the one measured best); under latest, where the served one lags, the newest."""
+    spec, mount = {**cluster_spec(), "drafter": {"publish": publish}}, tmp_path / "mount"
+    write_run_checkpoint(mount, spec, served=True)
+    policy_dir, drafter_dir, location = artifacts(tmp_path, spec)
+    with caplog.at_level("INFO", logger="tlt_components.volume"):
+        export_trained_drafter(drafter_dir, location, policy_dir, tmp_path / "eagle", dtype="float32", mount=mount)
+    exported = load_file(str(tmp_path / "eagle" / "model.safetensors"))
+    saved = load_file(str(mount / "step-00000002" / f"{expected}.safetensors"))
+    assert all(torch.equal(exported[name], tensor) for name, tensor in saved.items())
+    version = 5 if expected == "served_drafter" else 7
+    assert f"{expected}.safetensors" in caplog.text and f"version {version}" in caplog.text
 
 
 def test_claim_not_mounted_names_the_claim_and_the_mount(tmp_path: Path):

@@ -15,7 +15,9 @@ from safetensors.torch import load_file, save_file
 from tlt.cli import main as tlt_main
 from tlt.drafter.async_ckpt import AsyncCheckpointer
 from tlt.drafter.evaluate import evaluate_drafter
-from tlt.drafter.export import export_eagle, load_eagle, resolve_checkpoint
+from tlt.drafter.export import (SERVED_DIR, SERVED_INFO, export_eagle, load_eagle, resolve_checkpoint,
+                                write_served_drafter)
+from tlt.models.drafter import load_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
@@ -104,6 +106,34 @@ def test_export_takes_the_latest_snapshot_of_a_run_drafter_folder(policy, tmp_pa
     torch.testing.assert_close(exported["fc.weight"], drafter.fc.weight.detach())
 
 
+def test_a_run_folder_exports_its_served_drafter_and_its_drafter_folder_the_hubs_newest(policy, tmp_path: Path):
+    """RUN (a finished run's output folder) -> RUN/drafter-served, the drafter the next step would draft
+    with; RUN/drafter -> the hub's newest snapshot, explicitly; the served folder is replaced atomically."""
+    run, newest, served = tmp_path / "run", make_drafter(policy, seed=1), make_drafter(policy, seed=2)
+    writer = AsyncCheckpointer(run / "drafter", newest.config)
+    writer.submit(3, newest.state_dict())
+    writer.close()
+    with pytest.raises(FileNotFoundError, match=f"run folder '{run}' has no {SERVED_DIR}/.*pass '{run / 'drafter'}'"):
+        resolve_checkpoint(run)
+    write_served_drafter(run, (1, make_drafter(policy, seed=3).state_dict()), policy.config, publish="validated",
+                         step=2)
+    folder = write_served_drafter(run, (2, served.state_dict()), policy.config, publish="validated", step=3)
+    assert folder == run / SERVED_DIR and sorted(p.name for p in run.iterdir()) == ["drafter", SERVED_DIR]
+    assert json.loads((folder / SERVED_INFO).read_text()) == {"version": 2, "publish": "validated", "step": 3}
+    assert resolve_checkpoint(run) == folder
+    assert resolve_checkpoint(folder) == folder
+    assert resolve_checkpoint(run / "drafter").name.startswith("step-00000003")
+    loaded = load_drafter(folder, policy.config)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in served.state_dict().items())
+    for source, expected in ((run, served), (run / "drafter", newest)):
+        export_eagle(source, policy.config, tmp_path / "eagle")
+        exported = load_file(str(tmp_path / "eagle" / "model.safetensors"))
+        torch.testing.assert_close(exported["fc.weight"], expected.fc.weight.detach())
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=f"served drafter folder '{folder}' lacks model.safetensors"):
+        resolve_checkpoint(run)
+
+
 def _rewrite_weights(folder: Path, change) -> None:
     weights = load_file(str(folder / "model.safetensors"))
     change(weights)
@@ -174,4 +204,5 @@ def test_cli_export_drafter(tmp_path: Path, capsys):
     assert load_eagle(tmp_path / "eagle", policy.config).fc.weight.dtype == torch.bfloat16
     assert tlt_main(["export-drafter", str(tmp_path / "nothing"), "--target", str(tmp_path / "policy"),
                      "--out", str(tmp_path / "x")]) == 1
-    assert "no drafter checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no drafter checkpoint" in err and "drafter-served/" in err and "LATEST" in err

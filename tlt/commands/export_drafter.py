@@ -1,7 +1,13 @@
 """`tlt export-drafter CHECKPOINT --target POLICY --out DIR [--dtype D]`: a drafter as an EAGLE folder.
 
-CHECKPOINT is a drafter checkpoint folder (`model.safetensors` + `config.json`) or a run's
-`drafter/` snapshot folder (its LATEST snapshot is taken). POLICY is the local policy folder the
+CHECKPOINT is one of
+- a run's output folder (`tlt train --out RUN`): its served drafter, `RUN/drafter-served/`, written when
+  the run finished: the drafter the run's next step would draft with (under `drafter.publish:
+  validated` the last one validated on fresh rollouts; under `latest` the hub's newest). What to deploy.
+- a run's `drafter/` snapshot folder (`RUN/drafter`): the hub's newest snapshot (its LATEST), which
+  under `validated` may be a candidate that lost validation;
+- a drafter checkpoint folder (`model.safetensors` + `config.json`), `RUN/drafter-served` included.
+POLICY is the local policy folder the
 drafter was trained against. The result loads in this engine and in vLLM
 (`speculative_config={"method": "eagle", "model": DIR}`). Exit status: 0 written, 1 the
 checkpoint or the policy cannot be used (the reason is printed).
@@ -17,7 +23,8 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path, help="drafter checkpoint folder, or a run's drafter/ snapshot folder")
+    parser.add_argument("checkpoint", type=Path, help="a run's output folder (its served drafter, drafter-served/), a run's drafter/ "
+                        "folder (the hub's newest snapshot) or a drafter checkpoint folder")
     parser.add_argument("--target", type=Path, required=True, help="local folder of the policy the drafter serves")
     parser.add_argument("--out", type=Path, required=True, help="folder to write (replaced if it exists)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",

@@ -41,12 +41,16 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from tlt.drafter.async_ckpt import LATEST
-from tlt.models.drafter import CONFIG_FILE, SHAPE_FIELDS, WEIGHTS_FILE, EagleDrafter, load_drafter
+from tlt.models.drafter import (CONFIG_FILE, SHAPE_FIELDS, WEIGHTS_FILE, EagleDrafter, drafter_config_from_target,
+                                load_drafter, save_drafter)
 
 log = logging.getLogger(__name__)
 
 ExportDtype = Literal["auto", "float32", "bfloat16", "float16"]
 EXPORT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SERVED_DIR = "drafter-served"  # under a run's output folder: the drafter its next step would draft with
+SERVED_INFO = "served.json"  # in SERVED_DIR: {"version", "publish", "step"}
+DRAFTER_SNAPSHOTS_DIR = "drafter"  # under a run's output folder: the hub's asynchronous snapshots
 EAGLE_ARCHITECTURE = "LlamaForCausalLM"
 EAGLE_FORMAT = "eagle"
 EAGLE_WEIGHT_NAMES: tuple[str, ...] = (
@@ -86,8 +90,18 @@ def target_config(target: str | Path | PretrainedConfig | PreTrainedModel) -> Pr
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The drafter checkpoint folder: `path` itself (save_drafter layout) or, for a snapshot root
-    written by the asynchronous checkpointer, the snapshot its LATEST file names."""
+    """The drafter checkpoint folder `path` names, one of:
+
+    - a `save_drafter` folder (`model.safetensors` + `config.json`): that folder;
+    - a run's output folder (it holds `drafter-served/`, written when the run finished): the
+      *served* drafter, the one the run's next step would draft with (under `drafter.publish:
+      validated` the last one validated on fresh rollouts, under `latest` the hub's newest);
+    - a snapshot root written by the asynchronous checkpointer (a run's `drafter/` folder): the
+      snapshot its LATEST file names, i.e. the hub's *newest* parameters, which under `validated` may be
+      a candidate that lost validation.
+
+    FileNotFoundError names the folder and what was expected in it.
+    """
     folder = Path(path)
     if (folder / WEIGHTS_FILE).is_file() and (folder / CONFIG_FILE).is_file():
         return folder
@@ -95,12 +109,53 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if pointer.is_file():
         snapshot = folder / pointer.read_text().strip()
         if (snapshot / WEIGHTS_FILE).is_file():
+            served = folder.parent / SERVED_DIR
+            if served.is_dir():
+                log.info("%s: the hub's newest snapshot %s; the run's served drafter is %s (pass the run folder "
+                         "%s to export that one)", folder, snapshot.name, served, folder.parent)
             return snapshot
         raise FileNotFoundError(f"{pointer} names {snapshot.name!r}, which has no {WEIGHTS_FILE}")
+    served = folder / SERVED_DIR
+    if served.is_dir():
+        if (served / WEIGHTS_FILE).is_file() and (served / CONFIG_FILE).is_file():
+            return served
+        raise FileNotFoundError(f"the served drafter folder {str(served)!r} lacks {WEIGHTS_FILE} or {CONFIG_FILE}")
+    if (folder / DRAFTER_SNAPSHOTS_DIR / LATEST).is_file():
+        raise FileNotFoundError(
+            f"run folder {str(folder)!r} has no {SERVED_DIR}/ (written when a run finishes): the run did not finish "
+            f"or predates it; pass {str(folder / DRAFTER_SNAPSHOTS_DIR)!r} to export the hub's newest snapshot"
+        )
     raise FileNotFoundError(
         f"no drafter checkpoint in {str(folder)!r}: expected {WEIGHTS_FILE} + {CONFIG_FILE} "
-        f"(save_drafter) or a {LATEST} file naming a snapshot (a run's drafter/ folder)"
+        f"(save_drafter), a {SERVED_DIR}/ folder (a finished run's output folder: the served drafter) or a "
+        f"{LATEST} file naming a snapshot (a run's {DRAFTER_SNAPSHOTS_DIR}/ folder: the hub's newest)"
     )
+
+
+def write_served_drafter(out_dir: str | Path, drafter: tuple[int, dict[str, torch.Tensor]],
+                         target: PretrainedConfig, *, publish: str, step: int) -> Path:
+    """Write `drafter` = (version, parameters) as the `save_drafter` folder `<out_dir>/drafter-served/`
+    with `served.json` (version, publish mode, step); built in a temporary folder and renamed into
+    place, replacing an older one, so the folder is never half written. Returns the folder."""
+    version, params = drafter
+    model = EagleDrafter(drafter_config_from_target(target)).to(next(iter(params.values())).dtype)
+    model.load_state_dict(params, strict=True)
+    out_dir = Path(out_dir)
+    final = out_dir / SERVED_DIR
+    staging = Path(tempfile.mkdtemp(prefix=f".{SERVED_DIR}-", dir=out_dir))
+    try:
+        save_drafter(model, staging)
+        info = {"version": int(version), "publish": publish, "step": int(step)}
+        (staging / SERVED_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        if final.exists():  # a directory cannot be replaced by a rename: move the old one aside first
+            aside = Path(tempfile.mkdtemp(prefix=f".{SERVED_DIR}-old-", dir=out_dir))
+            os.replace(final, aside / SERVED_DIR)
+            shutil.rmtree(aside, ignore_errors=True)
+        os.replace(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("served drafter version %d (publish %s, step %d) written to %s", version, publish, step, final)
+    return final
 
 
 def check_eagle_keys(names: set[str] | list[str], where: str) -> None:

@@ -45,6 +45,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerC
 
 from tlt.adaptive.stepper import merge_arm_rates
 from tlt.config import RunSpec, TLTTrainingRun
+from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR, write_served_drafter
 from tlt.drafter.publish import promote, step_drafters
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 
 STEP_FAILURES = (RayActorError, RayTaskError, ObjectLostError, WorkerCrashedError)
 EVENTS_FILE = "events.jsonl"
-DRAFTER_DIR = "drafter"
+DRAFTER_DIR = DRAFTER_SNAPSHOTS_DIR
 EventFn = Callable[[dict[str, Any]], None]
 
 
@@ -394,7 +395,8 @@ class RayTrainer:
         }
 
     def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Run the remaining steps with checkpoints and restarts; write the final policy. Returns all metrics."""
+        """Run the remaining steps with checkpoints and restarts; write the final policy and, with a drafter,
+        the served one (`<out>/drafter-served/`, see `_write_served`). Returns all metrics."""
         interval = self.spec.checkpoint.interval_steps
         try:
             while self.step < self.algo.steps:
@@ -414,10 +416,26 @@ class RayTrainer:
                 # submitted before waiting: the hub's calls run on several threads, in no fixed order
                 ray.get(self.actors.hub.snapshot.remote(self.step))
                 ray.get(self.actors.hub.wait_snapshots.remote(60.0))
+            self._write_served()
         finally:
             self.shutdown()
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
         return self.history
+
+    def _write_served(self) -> None:
+        """Write the drafter the next step would draft with (`step_drafters`: the served one under
+        `drafter.publish: validated`, the hub's newest under `latest`) as `<out>/drafter-served/`, what
+        `tlt export-drafter RUN` exports. The hub's newest comes from the hub, or from the checkpoint when
+        no actors ran (a finished run started again). Nothing without a drafter."""
+        if self.actors is not None and self.actors.hub is not None:
+            newest = ray.get(self.actors.hub.pull.remote())
+        elif self.drafter_state is not None:
+            newest = (int(self.drafter_state["version"]), self.drafter_state["params"])
+        else:
+            return
+        drafter, _ = step_drafters(self.spec.drafter.publish, self.served, newest)
+        write_served_drafter(self.out_dir, drafter, self.policy.config, publish=self.spec.drafter.publish,
+                             step=self.step)
 
     def _restart(self, exc: BaseException) -> None:
         failed = self.step + 1
