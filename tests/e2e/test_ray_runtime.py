@@ -8,6 +8,8 @@ The drafter's quality is measured twice: accept length of speculative decoding
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import ray
 import torch
@@ -15,6 +17,7 @@ import torch
 from tlt.config import TLTTrainingRun
 from tlt.drafter.buffer import pack, sample_from_completion
 from tlt.drafter.evaluate import evaluate_drafter
+from tlt.drafter.export import resolve_checkpoint
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target, load_drafter
@@ -64,6 +67,20 @@ def test_three_step_tlt_run_finishes_with_checkpoint_policy_and_drafter(finished
     assert sum(m["streamed_rewards"] for m in history) > 0
     assert all(len(m["response_lengths"]) == 16 for m in history)
     assert write_report(out).is_file()
+
+
+def test_finished_run_writes_the_served_drafter_for_export(finished_run):
+    run, trainer, _, out = finished_run
+    served = out / "drafter-served"
+    info = json.loads((served / "served.json").read_text())
+    assert info["publish"] == run.spec.drafter.publish
+    assert info["step"] == 3
+    drafter = load_drafter(served, trainer.policy.config)
+    if run.spec.drafter.publish == "validated" and trainer.served is not None:
+        assert info["version"] == trainer.served[0]
+        for name, tensor in drafter.state_dict().items():
+            assert torch.equal(tensor, trainer.served[1][name]), name
+    assert resolve_checkpoint(out) == served, "tlt export-drafter RUN exports the served drafter"
 
 
 def test_trainers_start_only_after_their_worker_finished_generating(finished_run):
