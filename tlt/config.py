@@ -342,7 +342,7 @@ class SpeculativeSpec(Spec):
         description="Upper bounds of running-batch buckets, ascending; one bandit per bucket.",
     )
     epsilon: float = Field(0.1, ge=0, le=1, description="Bandit exploration probability.")
-    window: int = Field(16, ge=1, le=4096, description="Sliding window of rewards per arm.")
+    window: int = Field(64, ge=1, le=4096, description="Sliding window of rounds per arm and bucket.")
     ngram_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
     ngram_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched.")
     drafter_path: PathStr | None = Field(None, description="Initial drafter checkpoint folder.")
