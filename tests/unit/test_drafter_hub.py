@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -69,6 +70,49 @@ def test_stop_is_acknowledged_with_both_timestamps_and_the_thread_ends():
     assert started <= ack["stop_received_at"] <= ack["stopped_at"]
     assert ack["iterations"] >= 2 and ack["error"] is None
     assert hub.version == ack["iterations"] == ack["version_last"]
+
+
+def test_training_waits_for_the_rollouts_bookkeeping_which_may_load_parameters_meanwhile():
+    """start(after=...): no gradient before the work it waits for (the step's samples entering the
+    buffer, a candidate's load) is done; that work may load parameters while the thread waits."""
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    trainer = trainer_for("w0", model, hub, seed=0)
+    gate: Future = Future()
+    trainer.start(step=1, after=gate)
+    time.sleep(0.2)
+    assert trainer.active and trainer.current.iterations == 0 and hub.version == 0
+    trainer.load(*hub.pull())  # the bookkeeping takes the candidate while the thread waits
+    gate.set_result({"agree": 0, "agree_total": 0})
+    wait_for(lambda: trainer.current.iterations >= 1)
+    with pytest.raises(RuntimeError, match="while training"):
+        trainer.load(*hub.pull())
+    assert trainer.stop()["error"] is None
+
+
+def test_a_stop_before_the_bookkeeping_ends_returns_at_once_and_trains_nothing():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    trainer = trainer_for("w0", model, hub, seed=0)
+    gate: Future = Future()
+    trainer.start(step=1, after=gate)
+    time.sleep(0.05)
+    ack = trainer.stop()
+    assert not trainer.active and ack["iterations"] == 0 and ack["error"] is None
+    assert ack["stopped_at"] - ack["started_at"] < 0.5
+    assert hub.version == 0
+
+
+def test_a_failed_bookkeeping_is_reported_in_the_stop_acknowledgement():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    trainer = trainer_for("w0", model, hub, seed=0)
+    gate: Future = Future()
+    gate.set_exception(ValueError("buffer refused the samples"))
+    trainer.start(step=1, after=gate)
+    wait_for(lambda: not trainer.active)
+    assert trainer.stop()["error"] == "ValueError: buffer refused the samples"
+    assert hub.version == 0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")

@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,14 +124,15 @@ class SpotTrainer:
         self._thread: threading.Thread | None = None
         self.current: TrainerRun | None = None
         self._epoch = 0
+        self._training = False  # past the start's `after` gate: taking gradients
 
     @property
     def active(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def load(self, version: int, params: dict[str, torch.Tensor]) -> None:
-        """Take the hub's parameters (only while stopped)."""
-        if self.active:
+        """Take the hub's parameters (only while stopped, or while a started thread still waits for `after`)."""
+        if self._training:
             raise RuntimeError(f"trainer {self.trainer_id}: cannot load parameters while training")
         self._load(version, params)
 
@@ -152,13 +154,17 @@ class SpotTrainer:
         self.buffer.load_state_dict(state["buffer"])
         self._epoch = int(state["epoch"])
 
-    def start(self, step: int) -> float:
-        """Start training in the background; returns the start time. No-op error if already running."""
+    def start(self, step: int, after: Future | None = None) -> float:
+        """Start training in the background; returns the start time. No-op error if already running.
+
+        after: work that must finish first (the step's samples entering the buffer, the candidate's
+        scoring and load); the thread waits for it, or for a stop, before its first gradient. A stop
+        never waits for it: it keeps running on its own thread."""
         if self.active:
             raise RuntimeError(f"trainer {self.trainer_id} is already training")
         self._stop.clear()
         self.current = TrainerRun(step=step, started_at=time.time())
-        self._thread = threading.Thread(target=self._loop, args=(self.current,), name=f"spot-{self.trainer_id}",
+        self._thread = threading.Thread(target=self._loop, args=(self.current, after), name=f"spot-{self.trainer_id}",
                                         daemon=True)
         self._thread.start()
         return self.current.started_at
@@ -179,7 +185,16 @@ class SpotTrainer:
         self.current = None
         return run.summary()
 
-    def _loop(self, run: TrainerRun) -> None:
+    def _loop(self, run: TrainerRun, after: Future | None = None) -> None:
+        while after is not None and not after.done():
+            if self._stop.wait(0.01):
+                run.started_at = time.time()  # stopped before it trained: nothing harvested
+                return
+        if after is not None and after.exception() is not None:
+            run.error = f"{type(after.exception()).__name__}: {after.exception()}"
+            return
+        run.started_at = time.time()
+        self._training = True
         run.nice = lower_thread_priority()
         self.drafter.train()
         try:
@@ -205,3 +220,4 @@ class SpotTrainer:
         finally:
             self.drafter.eval()
             self.drafter.zero_grad(set_to_none=True)
+            self._training = False

@@ -257,6 +257,9 @@ class RayTrainer:
         update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
                              compute_dtype=self.compute_dtype)
         update_seconds = time.time() - update_started
+        # The workers buffered their samples and scored the drafters while the policy updated.
+        for result, agreement in zip(results, ray.get([futures[ref].agreement.remote() for ref in futures])):
+            result.update(agreement)
         metrics = {"step": step, **self._rollout_metrics(completions, rewards, results, started, rollout_end),
                    **update, "update_seconds": update_seconds, "update_started_at": update_started,
                    "rollout_dispatched_at": dispatched,

@@ -23,7 +23,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -129,6 +130,9 @@ class RolloutWorker:
         self.plain_stepper = self.engine.stepper
         self._lock = threading.Lock()
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
+        # A rollout's drafter bookkeeping (buffer, agreement) runs after its results return, off the critical path
+        self._settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle")
+        self._settling: Future | None = None
         self.states: list[tuple[str, float]] = [(IDLE, time.time())]
         self.running = 0
         self.drafter: EagleDrafter | None = None
@@ -193,6 +197,7 @@ class RolloutWorker:
             raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
         if self.drafter is not None and self.trainer is None and self.sidecar is None:
             raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
+        self.agreement()  # the previous rollout's bookkeeping is done before its drafter changes
         self._set_state(GENERATING)
         started = time.time()
         self.engine.load_weights(weights)
@@ -249,11 +254,9 @@ class RolloutWorker:
         finished = time.time()
         generate_seconds = finished - generate_started
         release_kv_cache(self.engine)
-        agreement = self._agreement_and_buffer(completions, step, drafter, candidate)
+        self._settling = self._settle(completions, step, drafter, candidate)
         self._set_state(IDLE)
-        for c in completions:
-            c.hidden = None
-        return {"worker": self.name, "completions": completions,
+        return {"worker": self.name, "completions": [replace(c, hidden=None) for c in completions],
                 "rewards": [rewards[c.request_id] for c in completions], "streamed": streamed,
                 "trace": trace.steps, "started_at": started, "finished_at": finished,
                 "generate_seconds": generate_seconds,
@@ -261,8 +264,25 @@ class RolloutWorker:
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
                 "sd_arms": summary["arms_chosen"],
-                "sd_arm_rates": summary["arm_rates"],
-                **agreement}
+                "sd_arm_rates": summary["arm_rates"]}
+
+    def agreement(self) -> dict[str, Any]:
+        """The last rollout's drafter top-1 agreement on its fresh samples ("agree", "agree_total"; with a
+        candidate, its "candidate_*" too), once its bookkeeping has finished (it runs after the rollout's
+        results returned: buffering the samples and scoring drafters is not the rollout's critical path)."""
+        if self._settling is None:
+            return {"agree": 0, "agree_total": 0}
+        return self._settling.result()
+
+    def _settle(self, completions: list[Any], step: int, drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                candidate: tuple[int, dict[str, torch.Tensor]] | None) -> Future:
+        """Buffer the samples and score the drafters: in the background in the container; a sidecar does it
+        before this returns (its trainer takes the samples; its calls have no order among themselves)."""
+        if self.sidecar is not None:
+            done: Future = Future()
+            done.set_result(self._agreement_and_buffer(completions, step, drafter, candidate))
+            return done
+        return self._settler.submit(self._agreement_and_buffer, completions, step, drafter, candidate)
 
     def _agreement_and_buffer(self, completions: list[Any], step: int,
                               drafter: tuple[int, dict[str, torch.Tensor]] | None,
@@ -288,6 +308,7 @@ class RolloutWorker:
     def trainer_state(self) -> dict[str, Any] | None:
         """The drafter buffer and shuffle epoch of this worker's trainer (`SpotTrainer.state_dict`), in
         the container or the sidecar, for whole-run checkpoints; None without a learned drafter."""
+        self.agreement()  # the last rollout's samples are in the buffer
         if self.sidecar is not None:
             return ray.get(self.sidecar.trainer_state.remote())
         return self.trainer.state_dict() if self.trainer is not None else None
@@ -308,7 +329,7 @@ class RolloutWorker:
         if self.sidecar is not None:
             started = ray.get(self.sidecar.start_training.remote(step))
         elif self.trainer is not None:
-            started = self.trainer.start(step)
+            started = self.trainer.start(step, after=self._settling)
         else:
             raise RuntimeError(f"{self.name}: speculative.mode {self.spec.speculative.mode!r} has no drafter to train")
         self._set_state(TRAINING)
