@@ -72,13 +72,16 @@ def test_stop_is_acknowledged_with_both_timestamps_and_the_thread_ends():
     assert hub.version == ack["iterations"] == ack["version_last"]
 
 
+def gated_trainer() -> tuple[DrafterHub, SpotTrainer, Future]:
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    return hub, trainer_for("w0", model, hub, seed=0), Future()
+
+
 def test_training_waits_for_the_rollouts_bookkeeping_which_may_load_parameters_meanwhile():
     """start(after=...): no gradient before the work it waits for (the step's samples entering the
     buffer, a candidate's load) is done; that work may load parameters while the thread waits."""
-    model = policy()
-    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
-    trainer = trainer_for("w0", model, hub, seed=0)
-    gate: Future = Future()
+    hub, trainer, gate = gated_trainer()
     trainer.start(step=1, after=gate)
     time.sleep(0.2)
     assert trainer.active and trainer.current.iterations == 0 and hub.version == 0
@@ -91,10 +94,7 @@ def test_training_waits_for_the_rollouts_bookkeeping_which_may_load_parameters_m
 
 
 def test_a_stop_before_the_bookkeeping_ends_returns_at_once_and_trains_nothing():
-    model = policy()
-    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
-    trainer = trainer_for("w0", model, hub, seed=0)
-    gate: Future = Future()
+    hub, trainer, gate = gated_trainer()
     trainer.start(step=1, after=gate)
     time.sleep(0.05)
     ack = trainer.stop()
@@ -104,10 +104,7 @@ def test_a_stop_before_the_bookkeeping_ends_returns_at_once_and_trains_nothing()
 
 
 def test_a_failed_bookkeeping_is_reported_in_the_stop_acknowledgement():
-    model = policy()
-    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
-    trainer = trainer_for("w0", model, hub, seed=0)
-    gate: Future = Future()
+    hub, trainer, gate = gated_trainer()
     gate.set_exception(ValueError("buffer refused the samples"))
     trainer.start(step=1, after=gate)
     wait_for(lambda: not trainer.active)
