@@ -107,9 +107,16 @@ def policy_update(
     *,
     pad_id: int = 0,
     max_grad_norm: float = 1.0,
+    old_from_first_pass: bool = False,
 ) -> dict[str, float]:
     """`algo.ppo_epochs` optimizer steps on the whole batch, micro-batched by `algo.micro_batch_size`
     sequences in the layout `algo.update_layout` (`tlt.rl.packing`).
+
+    old_from_first_pass: the first epoch runs on the weights that sampled the batch (on-policy), so its
+    own forward IS the old policy's: its log-probs, detached, are the old log-probs (ratio exactly 1 in
+    that epoch) and later epochs reuse them; `batch.old_logprobs` is overwritten with them. This saves
+    the separate forward that recomputes them (veRL's recompute pass) and gives the same update up to
+    rounding. Without it, `batch.old_logprobs` is used as given.
 
     Micro-batch losses are normalised by the whole batch's token / sequence counts, so the
     accumulated gradient equals the gradient of one forward over the whole batch.
@@ -124,14 +131,18 @@ def policy_update(
     sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
     groups = micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout)
     model.train()
-    for _ in range(algo.ppo_epochs):
+    # old log-probs from epoch 0's forward (old_from_first_pass), in the precision policy_logprobs keeps
+    first_pass = torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if model.dtype == torch.float64 else torch.float32)
+    for epoch in range(algo.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for rows in groups:
             responses = [batch.response_ids[b] for b in rows]
             logp, mask = response_logprobs(model, [batch.prompt_ids[b] for b in rows], responses, pad_id=pad_id,
                                            temperature=temperature, packed=algo.update_layout == "packed")
             width = logp.shape[1]
-            old = batch.old_logprobs[rows, :width].to(logp)
+            if old_from_first_pass and epoch == 0:
+                first_pass[rows, :width] = logp.detach().to(first_pass)
+            old = (first_pass if old_from_first_pass else batch.old_logprobs)[rows, :width].to(logp)
             ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None
             terms = grpo_loss(
                 logp, old, batch.advantages[rows].to(logp), mask,
@@ -147,4 +158,6 @@ def policy_update(
         sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
     model.eval()
+    if old_from_first_pass:
+        batch.old_logprobs = first_pass
     return {name: value / algo.ppo_epochs for name, value in sums.items()}

@@ -260,14 +260,16 @@ def update_policy(
     *,
     pad_id: int,
     compute_dtype: torch.dtype | None = None,
+    old_from_first_pass: bool = False,
 ) -> dict[str, float]:
-    """GRPO update of `policy` on `batch` (see `tlt.rl.update.policy_update`); returns its metrics.
+    """GRPO update of `policy` on `batch` (see `tlt.rl.update.policy_update`, also for
+    `old_from_first_pass`); returns its metrics.
 
     `compute_dtype` lower than the policy's weights (bfloat16 over float32 master weights)
     runs the forward and backward under autocast; the optimizer keeps the master weights.
     """
     with _compute_context(policy, compute_dtype):
-        return policy_update(policy, optimizer, batch, algo, pad_id=pad_id)
+        return policy_update(policy, optimizer, batch, algo, pad_id=pad_id, old_from_first_pass=old_from_first_pass)
 
 
 def learn(
@@ -280,15 +282,15 @@ def learn(
     pad_id: int,
     compute_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
-    """One step's learning from its rollouts: build the GRPO batch (rewards [P, G]), recompute the
-    old log-probs under the policy (the engine's may differ by rounding), update. Returns the update's
-    metrics plus `logprob_gap`, the largest engine-vs-policy log-prob difference."""
+    """One step's learning from its rollouts: build the GRPO batch (rewards [P, G]) and update, the old
+    log-probs taken from the update's own first forward (on the weights that sampled the batch; the
+    engine's may differ by rounding), not from a separate recompute pass. Returns the update's metrics
+    plus `logprob_gap`, the largest engine-vs-policy log-prob difference."""
     batch = build_batch(completions, rewards)
-    recomputed = policy_logprobs(policy, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype)
-    gap = logprob_gap(batch.old_logprobs, recomputed, batch)
-    batch.old_logprobs = recomputed
-    update = update_policy(policy, optimizer, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype)
-    return {**update, "logprob_gap": gap}
+    engine_logprobs = batch.old_logprobs
+    update = update_policy(policy, optimizer, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype,
+                           old_from_first_pass=True)
+    return {**update, "logprob_gap": logprob_gap(engine_logprobs, batch.old_logprobs, batch)}
 
 
 def sync_weights(policy: PreTrainedModel, engine: Engine) -> None:
