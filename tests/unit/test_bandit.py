@@ -1,4 +1,4 @@
-"""BEG-MAB (tlt.adaptive.bandit): per-bucket epsilon-greedy over windowed throughput (mean tokens / median seconds)."""
+"""BEG-MAB (tlt.adaptive.bandit): per-bucket epsilon-greedy over windowed throughput (the window's tokens / seconds)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -165,12 +166,44 @@ def _drafter_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _update_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", type=Path, default=None, help="workload file (default bench/workload.yaml)")
+    parser.add_argument("--pairs", type=int, default=5, help="interleaved (recompute, first-pass) pairs (default 5)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2, the coordinator's here)")
+
+
+def _update_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tlt.bench.run import DEFAULT_WORKLOAD
+    from tlt.bench.update_pass import run_update_bench
+
+    console = Console()
+    try:
+        with console.status("benchmarking the update"):
+            result = run_update_bench(args.workload or DEFAULT_WORKLOAD, pairs=args.pairs, threads=args.threads)
+    except ValueError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    ratio, sec = result["recompute_over_first_pass"], result["seconds"]
+    console.print(f"{result['workload']}: {result['responses']} responses, {result['response_tokens']} tokens, "
+                  f"{result['threads']} threads; update seconds recompute {statistics.median(sec['recompute']):.2f}, "
+                  f"first-pass {statistics.median(sec['first-pass']):.2f} (medians); recompute / first-pass "
+                  f"{ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; load before {result['load_average']['before']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 # name -> (help, add_arguments, run)
 BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "engine": ("tokens/s of the rollout engine vs transformers generate", _engine_arguments, _engine_run),
     "run": ("the pinned RL workload under each SD variant, side by side", add_run_arguments, run_run),
     "drafter": ("online drafter training on GRPO-shaped vs distinct-prompt steps: held-out agreement",
                 _drafter_arguments, _drafter_run),
+    "update": ("the policy update with vs without a separate old-log-prob pass, interleaved pairs",
+               _update_arguments, _update_run),
 }
 
 
