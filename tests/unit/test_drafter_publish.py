@@ -12,7 +12,7 @@ from tlt.drafter.publish import promote, step_drafters
 from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
-from tlt.runtime.ray_workers import buffer_and_agreement
+from tlt.drafter.intake import buffer_and_agreement
 from test_drafter_hub import policy, sample_completions, trainer_for
 
 

@@ -24,7 +24,7 @@ from tlt.models.tiny import tiny_model
 from tlt.runtime import ray_sidecar
 from tlt.runtime.ray_sidecar import (SidecarPlacementError, await_trainer_nodes, bound_head, require_trainer_nodes,
                                      trainer_resource)
-from tlt.runtime.ray_workers import policy_head
+from tlt.drafter.intake import policy_head
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 HEAD = "policy-0.demo-workers:6379"

@@ -43,7 +43,6 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-from tlt.adaptive.stepper import merge_arm_rates
 from tlt.config import RunSpec, TLTTrainingRun
 from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR, write_served_drafter
 from tlt.drafter.publish import promote, step_drafters
@@ -56,6 +55,7 @@ from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_lat
 from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.ray_slots import SlotSource
+from tlt.runtime.shard_metrics import shard_rollout_metrics
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
@@ -260,7 +260,7 @@ class RayTrainer:
         # The workers buffered their samples and scored the drafters while the policy updated.
         for result, agreement in zip(results, ray.get([futures[ref].agreement.remote() for ref in futures])):
             result.update(agreement)
-        metrics = {"step": step, **self._rollout_metrics(completions, rewards, results, started, rollout_end),
+        metrics = {"step": step, **shard_rollout_metrics(completions, rewards, results, started, rollout_end),
                    **update, "update_seconds": update_seconds, "update_started_at": update_started,
                    "rollout_dispatched_at": dispatched,
                    **self._drafter_metrics(results, acks, rollout_end), "step_seconds": time.time() - started}
@@ -316,35 +316,6 @@ class RayTrainer:
                        stopped_at=ack["stopped_at"])
         self._emit_workers()
         return acks
-
-    def _rollout_metrics(self, completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
-                         started: float, rollout_end: float) -> dict[str, Any]:
-        """steps.rollout_metrics over all shards; the tail is the slowest worker's (the critical path)."""
-        slowest = max(results, key=lambda r: r["finished_at"])
-        trace = steps.RolloutTrace(steps=list(slowest["trace"]))
-        out = steps.rollout_metrics(completions, rewards, trace, rollout_end - started)
-        out["idle_seconds"] = sum(rollout_end - r["finished_at"] for r in results)
-        # The engines' own time (the slowest worker's generate call) and what the step added around it:
-        # dispatch, weight and drafter loading, the stepper's set-up, and the work before results return.
-        out["generate_seconds"] = max(r.get("generate_seconds", 0.0) for r in results)
-        out["rollout_overhead_seconds"] = (rollout_end - started) - out["generate_seconds"]
-        row_steps = sum(r["sd_row_steps"] for r in results)
-        out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
-        out["sd_row_steps"] = row_steps
-        arms: dict[str, int] = {}
-        for r in results:
-            for arm, count in r["sd_arms"].items():
-                arms[arm] = arms.get(arm, 0) + count
-        out["sd_arms"] = dict(sorted(arms.items()))
-        out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
-        by_running: dict[int, float] = {}
-        for r in results:  # every worker's engine, not only the slowest
-            for size, seconds in steps.RolloutTrace(steps=list(r["trace"])).decode_seconds_by_running().items():
-                by_running[size] = by_running.get(size, 0.0) + seconds
-        out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
-        out["streamed_rewards"] = sum(r["streamed"] for r in results)
-        out["response_lengths"] = [len(c.token_ids) for c in completions]
-        return out
 
     def _drafters(self, actors: Actors) -> tuple[Any, Any]:
         """Object refs of the step's (served drafter, candidate): the drafter the rollouts draft with and,

@@ -36,7 +36,8 @@ from tlt.config import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
-from tlt.runtime.ray_workers import buffer_and_agreement, hub_push, node_id
+from tlt.drafter.intake import buffer_and_agreement
+from tlt.runtime.ray_workers import hub_push, node_id
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def await_trainer_nodes(spec: RunSpec, resources: Mapping[str, float], workers: 
 
 def bound_head(head: Mapping[str, torch.Tensor]) -> tuple[nn.Embedding, nn.Linear]:
     """Frozen modules over the policy's embedding [V, H], LM head [V, H] and optional bias [V]
-    (`ray_workers.policy_head`), for `EagleDrafter.bind`."""
+    (`tlt.drafter.intake.policy_head`), for `EagleDrafter.bind`."""
     embed = nn.Embedding.from_pretrained(head["embed"], freeze=True)
     weight = head["head"]
     bias = head.get("head_bias")

@@ -34,9 +34,10 @@ from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
 from tlt.config import RunSpec
-from tlt.drafter.buffer import OnlineBuffer, pack
+from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.hub import DrafterHub
-from tlt.drafter.trainer import SpotTrainer, packed_agreement
+from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
 from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
@@ -348,33 +349,6 @@ class RolloutWorker:
         ack = self.trainer.stop()
         self._set_state(IDLE)
         return {"worker": self.name, "was_training": True, **ack}
-
-
-def buffer_and_agreement(buffer: OnlineBuffer, trainer: SpotTrainer, completions: list[Any], step: int,
-                         row_tokens: int, candidate: tuple[int, dict[str, torch.Tensor]] | None = None
-                         ) -> dict[str, Any]:
-    """Add `step`'s completions to `buffer`; the top-1 agreement on those fresh samples of the trainer's
-    drafter (the one the rollout drafted with) and, given a `candidate` (version, parameters), of the
-    candidate, which the trainer then holds (it trains on from there)."""
-    buffer.add(completions, step)
-    packs = pack([s for s in buffer.samples if s.step == step], row_tokens)
-    agree, total = packed_agreement(trainer.drafter, packs)
-    out = {"agree": agree, "agree_total": total, "buffer_positions": buffer.num_trainable}
-    if candidate is not None:
-        trainer.load(*candidate)
-        out["candidate_agree"], out["candidate_total"] = packed_agreement(trainer.drafter, packs)
-        out["candidate_version"] = candidate[0]
-    return out
-
-
-def policy_head(model: Any) -> dict[str, torch.Tensor]:
-    """The policy's input embedding [V, H] and LM head [V, H] (and bias [V], if any): all a drafter
-    needs of the policy (`EagleDrafter.bind`)."""
-    head = model.get_output_embeddings()
-    out = {"embed": model.get_input_embeddings().weight.detach(), "head": head.weight.detach()}
-    if head.bias is not None:
-        out["head_bias"] = head.bias.detach()
-    return out
 
 
 def node_id() -> str:

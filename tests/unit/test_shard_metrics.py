@@ -1,0 +1,41 @@
+"""shard_rollout_metrics: one step's rollout metrics from the workers' shard results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tlt.rollout.types import Completion, StepMetrics
+from tlt.runtime.shard_metrics import shard_rollout_metrics
+
+
+def _result(finished_at: float, generate: float, trace: list[StepMetrics], row_steps: int, accepted: int,
+            arms: dict[str, int], streamed: int) -> dict:
+    return {"finished_at": finished_at, "generate_seconds": generate, "trace": trace, "sd_row_steps": row_steps,
+            "sd_accepted": accepted, "sd_arms": arms, "sd_arm_rates": {}, "streamed": streamed}
+
+
+def test_the_slowest_shard_sets_the_tail_and_every_shard_counts_in_the_totals():
+    completions = [Completion(f"r{i}", [1], [5] * n, torch.zeros(n), None, "stop") for i, n in enumerate((3, 1, 4, 2))]
+    fast = _result(11.0, 0.9, [StepMetrics(0, 2, 2, 4, 0, 0.2), StepMetrics(1, 2, 2, 2, 1, 0.3),
+                               StepMetrics(2, 1, 1, 1, 1, 0.4)], row_steps=0, accepted=0, arms={}, streamed=2)
+    slow = _result(14.0, 3.5, [StepMetrics(0, 2, 2, 4, 0, 0.5), StepMetrics(1, 2, 4, 6, 1, 1.0),
+                               StepMetrics(2, 1, 3, 3, 1, 2.0)], row_steps=3, accepted=4,
+                   arms={"chain-d2": 2, "plain": 1}, streamed=2)
+    out = shard_rollout_metrics(completions, torch.tensor([[1.0, 0.0], [0.0, 0.0]]), [fast, slow], 10.0, 15.0)
+    assert out["rollout_seconds"] == 5.0
+    assert out["idle_seconds"] == pytest.approx((15 - 11) + (15 - 14))
+    assert out["generate_seconds"] == 3.5 and out["rollout_overhead_seconds"] == pytest.approx(1.5)
+    assert out["tail_seconds"] == pytest.approx(2.0)  # the slow shard's step at 1 of 2 rows
+    assert out["accept_length"] == pytest.approx((4 + 3) / 3) and out["sd_row_steps"] == 3
+    assert out["sd_arms"] == {"chain-d2": 2, "plain": 1}
+    assert out["seconds_by_running"] == {"1": pytest.approx(2.4), "2": pytest.approx(1.3)}
+    assert out["streamed_rewards"] == 4 and out["response_lengths"] == [3, 1, 4, 2]
+    assert out["generated_tokens"] == 10 and out["reward_mean"] == 0.25
+
+
+def test_no_speculative_steps_leave_the_accept_length_unset():
+    completions = [Completion("r0", [1], [5, 6], torch.zeros(2), None, "stop")]
+    only = _result(2.0, 1.0, [StepMetrics(0, 1, 1, 2, 0, 0.1), StepMetrics(1, 1, 1, 1, 1, 0.1)], 0, 0, {}, 1)
+    out = shard_rollout_metrics(completions, torch.tensor([[1.0]]), [only], 0.0, 2.0)
+    assert out["accept_length"] is None and out["sd_arms"] == {} and out["idle_seconds"] == 0.0

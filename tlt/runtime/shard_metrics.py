@@ -1,0 +1,44 @@
+"""One step's rollout metrics from the rollout workers' shard results (the Ray coordinator's view)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tlt.adaptive.stepper import merge_arm_rates
+from tlt.runtime import steps
+
+
+def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
+                          started: float, rollout_end: float) -> dict[str, Any]:
+    """steps.rollout_metrics over all shards; the tail is the slowest worker's (the critical path).
+
+    completions: every shard's, in order; rewards [P, G]; results: each worker's `RolloutWorker.rollout`
+    result (finished_at, generate_seconds, trace, sd_* counts and arm rates, streamed); started /
+    rollout_end: the step's start and the arrival of the last shard (wall seconds)."""
+    slowest = max(results, key=lambda r: r["finished_at"])
+    trace = steps.RolloutTrace(steps=list(slowest["trace"]))
+    out = steps.rollout_metrics(completions, rewards, trace, rollout_end - started)
+    out["idle_seconds"] = sum(rollout_end - r["finished_at"] for r in results)
+    # The engines' own time (the slowest worker's generate call) and what the step added around it:
+    # dispatch, weight and drafter loading, the stepper's set-up, and the work before results return.
+    out["generate_seconds"] = max(r.get("generate_seconds", 0.0) for r in results)
+    out["rollout_overhead_seconds"] = (rollout_end - started) - out["generate_seconds"]
+    row_steps = sum(r["sd_row_steps"] for r in results)
+    out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
+    out["sd_row_steps"] = row_steps
+    arms: dict[str, int] = {}
+    for r in results:
+        for arm, count in r["sd_arms"].items():
+            arms[arm] = arms.get(arm, 0) + count
+    out["sd_arms"] = dict(sorted(arms.items()))
+    out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
+    by_running: dict[int, float] = {}
+    for r in results:  # every worker's engine, not only the slowest
+        for size, seconds in steps.RolloutTrace(steps=list(r["trace"])).decode_seconds_by_running().items():
+            by_running[size] = by_running.get(size, 0.0) + seconds
+    out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
+    out["streamed_rewards"] = sum(r["streamed"] for r in results)
+    out["response_lengths"] = [len(c.token_ids) for c in completions]
+    return out
