@@ -35,8 +35,8 @@ from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
 from tlt.config import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
-from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.hub import DrafterHub
+from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
