@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run
+from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, repeat_order, variant_run
 from tlt.bench.run_summary import mean_ci95, summarize
 
 TOP_KEYS = ("rollout_speedup", "e2e_speedup", "amdahl_e2e_bound", "accept_length_ratio", "interference_fraction",
@@ -101,6 +101,15 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     check_consistent(report, steps=2)
     assert 1.0 <= report["ideal_speedup"] < report["ideal_speedup_free_drafter"], "drafter steps are not free"
     assert report["variants"]["tlt"]["arms_chosen"] == {"chain-d4": 18}
+
+
+def test_each_repeat_rotates_the_variant_order():
+    variants = ["vanilla", "static", "tlt", "tlt-shadow"]
+    orders = [repeat_order(variants, r) for r in range(4)]
+    assert orders[0] == variants and orders[1] == ["static", "tlt", "tlt-shadow", "vanilla"]
+    assert all(sorted(o) == sorted(variants) for o in orders)
+    assert [o[0] for o in orders] == variants  # every variant runs first once in len(variants) repeats
+    assert repeat_order(variants, 5) == orders[1] and repeat_order([], 3) == []
 
 
 def test_mean_ci95_brackets_the_mean_and_needs_two_values():

@@ -280,9 +280,17 @@ def _load_average() -> list[float]:
         return []
 
 
+def repeat_order(variants: list[str], repeat: int) -> list[str]:
+    """The order the variants run in within repeat `repeat`: rotated by one place per repeat, so no
+    variant always runs first (right after the cost curve, on a machine still settling) or last."""
+    shift = repeat % len(variants) if variants else 0
+    return variants[shift:] + variants[:shift]
+
+
 def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int = 2,
               progress: Progress | None = None) -> dict[str, Any]:
-    """Run every variant `workload.repeats` times, interleaved; returns the summary (see run_summary).
+    """Run every variant `workload.repeats` times, interleaved (`repeat_order`); returns the summary
+    (see run_summary).
 
     Each run's metrics are also written to `<work_dir>/<variant>-<repeat>.json` as soon as it ends
     (and the cost curve to `<work_dir>/costs.json`).
@@ -301,7 +309,7 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
         (root / "costs.json").write_text(json.dumps({"verify": costs, "drafter": drafter_costs}) + "\n")
         try:
             for repeat in range(workload.repeats):
-                for variant in workload.variants:
+                for variant in repeat_order(list(workload.variants), repeat):
                     note(f"repeat {repeat + 1}/{workload.repeats}: {variant}")
                     result = run_variant(workload, variant, repeat, root / f"{variant}-{repeat}", num_cpus, drafter)
                     load[f"after-{variant}-{repeat}"] = _load_average()
