@@ -131,8 +131,9 @@ def policy_update(
     sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
     groups = micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout)
     model.train()
-    # old log-probs from epoch 0's forward (old_from_first_pass), in the precision policy_logprobs keeps
-    first_pass = torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if model.dtype == torch.float64 else torch.float32)
+    # the old log-probs: the batch's, or filled from epoch 0's forward (in the precision policy_logprobs keeps)
+    old_logprobs = (torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if model.dtype == torch.float64 else torch.float32)
+                  if old_from_first_pass else batch.old_logprobs)
     for epoch in range(algo.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for rows in groups:
@@ -141,8 +142,8 @@ def policy_update(
                                            temperature=temperature, packed=algo.update_layout == "packed")
             width = logp.shape[1]
             if old_from_first_pass and epoch == 0:
-                first_pass[rows, :width] = logp.detach().to(first_pass)
-            old = (first_pass if old_from_first_pass else batch.old_logprobs)[rows, :width].to(logp)
+                old_logprobs[rows, :width] = logp.detach().to(old_logprobs)
+            old = old_logprobs[rows, :width].to(logp)
             ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None
             terms = grpo_loss(
                 logp, old, batch.advantages[rows].to(logp), mask,
@@ -159,5 +160,5 @@ def policy_update(
         optimizer.step()
     model.eval()
     if old_from_first_pass:
-        batch.old_logprobs = first_pass
+        batch.old_logprobs = old_logprobs
     return {name: value / algo.ppo_epochs for name, value in sums.items()}
