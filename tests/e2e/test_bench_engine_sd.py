@@ -50,6 +50,7 @@ def test_sd_rows_cover_every_variant_batch_and_temperature(report):
 def test_accept_lengths_are_reachable_by_each_draft_shape(report):
     cfg = SdBenchConfig.quick()
     most = {f"chain-{d}": d + 1 for d in cfg.chain_depths}
+    most[f"chain-{max(cfg.chain_depths)}-argmax"] = max(cfg.chain_depths) + 1
     topk, depth, budget = cfg.tree
     most[f"tree-k{topk}-d{depth}-b{budget}"] = depth + 1  # tree: at most depth drafts plus the next token
     most[f"ngram-{cfg.ngram[0]}"] = cfg.ngram[0] + 1

@@ -6,6 +6,7 @@ distribution of the first three generated tokens is computed from the table, and
 procedure is run on a large batch of independent rows (vectorised), then compared with a G-test.
 
 Mutants (deliberately wrong verifiers) live here, test-only: the same G-test must reject them.
+`drafter_logits_along`: an EAGLE drafter's own cache-free forward, what the cached drafting must match.
 """
 
 from __future__ import annotations
@@ -17,12 +18,25 @@ from unittest import mock
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
+from tlt.models.drafter import EagleDrafter
 from tlt.rollout import verify
 from tlt.rollout.ngram import ngram_draft_batch
 from tlt.rollout.sampling import process_logits
 from tlt.rollout.tree import build_tree
 from tlt.rollout.verify import ChainVerdict, Rng, TreeVerdict
+
+def drafter_logits_along(model: PreTrainedModel, drafter: EagleDrafter, ids: Tensor, path: list[int]) -> Tensor:
+    """The drafter's own full forward (no cache): logits [V] after the committed ids [1, T] and drafted path."""
+    inputs, feats = ids[:, 1:], model.model(input_ids=ids).last_hidden_state[:, :-1]
+    pred = drafter(inputs, feats, torch.arange(inputs.shape[1])[None, :])
+    for token in path:
+        inputs = torch.cat([inputs, torch.tensor([[token]])], dim=1)
+        feats = torch.cat([feats, pred[:, -1:]], dim=1)
+        pred = drafter(inputs, feats, torch.arange(inputs.shape[1])[None, :])
+    return drafter.logits(pred)[0, -1]
+
 
 GENERATED = 3  # tokens whose joint distribution is tested
 PROMPT = (0, 1, 2, 0, 1, 2, 0, 1)  # repetitive, so the n-gram drafter has matches

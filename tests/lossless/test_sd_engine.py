@@ -113,6 +113,9 @@ DRAFTERS: dict[str, DrafterFactory] = {
     "eagle-chain-4": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
         _eagle(m), m.get_input_embeddings(), k=4, max_batch_size=4, max_context=ctx
     ),
+    "eagle-chain-argmax": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+        _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx, guess="argmax"
+    ),
     "eagle-tree": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
         _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=ctx
     ),
@@ -289,17 +292,6 @@ def test_eagle_catch_up_of_rows_far_apart_stays_inside_the_drafter_cache(model64
     _assert_first_drafts_follow_full_forward(model64, drafter, batch, draft)
 
 
-def _drafter_logits_along(model: PreTrainedModel, drafter: EagleDrafter, ids: torch.Tensor, path: list[int]) -> torch.Tensor:
-    """The drafter's own full forward (no cache): logits [V] after the committed ids [1, T] and drafted path."""
-    inputs, feats = ids[:, 1:], model.model(input_ids=ids).last_hidden_state[:, :-1]
-    pred = drafter(inputs, feats, torch.arange(inputs.shape[1])[None, :])
-    for token in path:
-        inputs = torch.cat([inputs, torch.tensor([[token]])], dim=1)
-        feats = torch.cat([feats, pred[:, -1:]], dim=1)
-        pred = drafter(inputs, feats, torch.arange(inputs.shape[1])[None, :])
-    return drafter.logits(pred)[0, -1]
-
-
 @torch.no_grad()
 @pytest.mark.parametrize("target", ["model64", "qwen3_64"])
 def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request):
@@ -324,14 +316,14 @@ def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request)
         ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
         drafts = chain.tree.tokens[b, 1:].tolist()
         for i, token in enumerate(drafts):
-            assert token == int(_drafter_logits_along(model64, drafter, ids, drafts[:i]).argmax())
+            assert token == int(H.drafter_logits_along(model64, drafter, ids, drafts[:i]).argmax())
         assert tree.depth[b].tolist() == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
         for j in range(1, tree.num_nodes):
             path, node = [], int(tree.parents[b, j])
             while node > 0:
                 path.insert(0, int(tree.tokens[b, node]))
                 node = int(tree.parents[b, node])
-            top = _drafter_logits_along(model64, drafter, ids, path).topk(2).indices.tolist()
+            top = H.drafter_logits_along(model64, drafter, ids, path).topk(2).indices.tolist()
             assert int(tree.tokens[b, j]) in top, f"row {b} node {j}: not a top-2 child of its parent path"
 
 

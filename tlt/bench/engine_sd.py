@@ -88,7 +88,10 @@ class SdBenchConfig:
 
     def variants(self) -> list[str]:
         topk, depth, budget = self.tree
-        return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"tree-k{topk}-d{depth}-b{budget}",
+        # chain-<k>-argmax: the deepest chain drafting the drafter's argmax instead of its coupled guess
+        # (the two differ only at T > 0)
+        return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"chain-{max(self.chain_depths)}-argmax",
+                f"tree-k{topk}-d{depth}-b{budget}",
                 f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}"]
 
 
@@ -171,7 +174,8 @@ def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter
     engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain")
     embed = policy.get_input_embeddings()
     if variant.startswith("chain-"):
-        stepper_drafter = EagleChainDrafter(drafter, embed, int(variant[6:]), batch, context)
+        depth, _, guess = variant[6:].partition("-")
+        stepper_drafter = EagleChainDrafter(drafter, embed, int(depth), batch, context, guess=guess or "coupled")
     elif variant.startswith("tree-"):
         topk, depth, budget = cfg.tree
         stepper_drafter = EagleTreeDrafter(drafter, embed, topk=topk, depth=depth, budget=budget,

@@ -1,9 +1,10 @@
 """Drafters for the speculative stepper: n-gram chains and EAGLE chains / trees.
 
 A drafter proposes, for every running row, a tree rooted at the row's newest (unfed) token. Chains
-are trees with one child per node. Drafts are chosen, never sampled (n-gram continuations, the EAGLE
-drafter's argmax, its top-k tree children): the engine verifies them by exact match against the
-target's own token at each node (argmax, or its coupled sample; `tlt.rollout.verify`).
+are trees with one child per node. Drafts are guesses (n-gram continuations, the EAGLE drafter's
+argmax or, in a sampling batch, its draw with the uniform the target will use, its top-k tree
+children): the engine verifies them by exact match against the target's own token at each node
+(argmax, or its coupled sample; `tlt.rollout.verify`), so no guess can change what is emitted.
 
 The EAGLE drafter keeps its own one-layer KV cache, driven by the engine's `run_layers`. Its entry
 at position t is computed from (x[t+1], f[t]): the token and the target's final-norm state that
@@ -24,6 +25,7 @@ from torch import Tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from tlt.models.drafter import EagleDrafter
+from tlt.rollout import sampling
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.compiled import CompiledStep
 from tlt.rollout.kv_cache import KVCache
@@ -212,13 +214,16 @@ class EagleCache:
         return out[torch.arange(out.shape[0], device=out.device), todo - 1]
 
     @torch.no_grad()
-    def chain(self, batch: RunningBatch, k: int) -> Tensor:
-        """Catch up and draft a chain of k argmax tokens per row in ONE drafter call (one compiled graph
-        per k: the catch-up pass, the head's argmax and the k - 1 chain passes). Returns drafts [B, k].
-        The chain's k/v go to the scratch slots L .. L + k - 2 past each row's committed ones."""
+    def chain(self, batch: RunningBatch, k: int, guess: str = "coupled") -> Tensor:
+        """Catch up and draft a chain of k tokens per row in ONE drafter call (one compiled graph per k:
+        the catch-up pass, the head's guesses and the k - 1 chain passes). Returns drafts [B, k].
+        The chain's k/v go to the scratch slots L .. L + k - 2 past each row's committed ones.
+        guess: "coupled" drafts, in a sampling batch, the drafter's own draw with the uniform the target
+        will use at that position (`coupled_guess`); "argmax" (and every greedy batch) its argmax."""
         tokens, features, t, slots, mask, _, target_len = self._catch_up_inputs(batch, extra_span=k - 1)
         self.cache.ensure_capacity(max(mask.shape[-1], int(slots.max()) + 1))
-        drafts = self._chain_step(k)(self.step, tokens, t, slots, mask, self.cache.k, self.cache.v, features)
+        extra = _guess_inputs(batch, k, coupled=guess == "coupled" and batch.sampled)
+        drafts = self._chain_step(k)(self.step, tokens, t, slots, mask, self.cache.k, self.cache.v, features, *extra)
         self.cache.lengths = target_len.tolist()
         return drafts
 
@@ -232,11 +237,44 @@ class EagleCache:
 
 
 _CHAIN_FNS: dict[int, Callable[..., Tensor]] = {}
+GUESSES = ("coupled", "argmax")
+
+
+def _guess_inputs(batch: RunningBatch, k: int, coupled: bool = True) -> tuple[Tensor, Tensor]:
+    """(u, inv_t) [B, k] for a chain of k: draft i + 1 is judged against the target's token at node i,
+    drawn with the uniform of generated offset i (`RunningBatch.uniforms_at`). Not coupled: zeros, i.e.
+    every draft the argmax, through the same compiled graph."""
+    rows = len(batch.sequences)
+    if not coupled:
+        zeros = torch.zeros(rows, k, device=batch.device)
+        return zeros.double(), zeros
+    offsets = torch.arange(k, device=batch.device)[None, :].expand(rows, k).contiguous()
+    u = batch.uniforms_at(offsets)  # [B, k] float64
+    t = batch.temperature  # [B] float64
+    inv_t = torch.where(t > 0, 1.0 / t.clamp_min(1e-6), torch.zeros_like(t)).float()
+    return u, inv_t[:, None].expand(rows, k).contiguous()
+
+
+def coupled_guess(logits: Tensor, u: Tensor, inv_t: Tensor) -> Tensor:
+    """The drafter's guess of the target's coupled sample: logits [B, V], u [B] (the uniform the target
+    will draw this position's token with), inv_t [B] (1 / temperature; 0 for a greedy row) -> [B] long.
+
+    A sampled row's target token is the inverse-CDF draw of p at u (`tlt.rollout.verify`, coupled
+    rule). The same draw from the drafter's q = softmax(logits * inv_t) equals it whenever q's and p's
+    CDF intervals around u agree, which for q close to p is far likelier than p(argmax q), the chance of
+    the argmax guess (e.g. p = q = (0.5, 0.5): 1 against 0.5). Greedy rows take the argmax. Top-p is not
+    applied: a draft is only a guess, the verification alone decides what is emitted.
+    """
+    greedy = logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() * inv_t[:, None], dim=-1)
+    return torch.where(inv_t > 0, sampling.sample_from(probs, u), greedy)
 
 
 def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
     """The function drafting a chain of k (one object per k, so every cache shares its compiled graphs):
-    fn(step, tokens, positions, slots, mask, ks, vs, features) -> drafts [B, k] long.
+    fn(step, tokens, positions, slots, mask, ks, vs, features, u=None, inv_t=None) -> drafts [B, k] long.
+    u, inv_t [B, k]: draft i + 1's `coupled_guess` inputs (sampling batches); None: every draft is the
+    drafter's argmax (greedy batches, or `guess="argmax"`).
 
     Its inputs are the catch-up pass's (`EagleCache._catch_up_inputs`, mask wide enough for the chain:
     max(L) + k - 1 slots). Each row's newest position is its last entry (padding repeats it), so L =
@@ -249,7 +287,8 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
     if k not in _CHAIN_FNS:
 
         def eagle_chain(step: EagleStep, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-                        ks: list[Tensor], vs: list[Tensor], features: Tensor) -> Tensor:
+                        ks: list[Tensor], vs: list[Tensor], features: Tensor, u: Tensor | None = None,
+                        inv_t: Tensor | None = None) -> Tensor:
             out = eagle_forward(step, tokens, positions, slots, mask, ks, vs, features)  # [B, Q, H]
             newest = positions[:, -1:]  # [B, 1]
             first = (positions == newest).to(torch.int64).argmax(dim=1)  # [B]
@@ -258,9 +297,8 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
             span = torch.arange(mask.shape[-1], device=mask.device)
             drafts = []
             for i in range(k):
-                # The drafter's most likely token: the coupled verification accepts a draft x with
-                # probability p(x) (the target's), so the best guess of the target's token is the one to draft.
-                token = step.drafter.logits(feature).argmax(dim=-1)  # [B]
+                logits = step.drafter.logits(feature)  # [B, V]
+                token = logits.argmax(dim=-1) if u is None else coupled_guess(logits, u[:, i], inv_t[:, i])  # [B]
                 drafts.append(token)
                 if i + 1 < k:
                     pos = (length + i)[:, None]  # [B, 1]
@@ -273,7 +311,8 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
 
 
 class EagleChainDrafter:
-    """Chains of k drafts from the EAGLE drafter, each its argmax token (chosen, verified by exact match)."""
+    """Chains of k drafts from the EAGLE drafter, verified by exact match: in a sampling batch each is the
+    drafter's coupled guess of the target's sample (`guess="coupled"`, the default) or its argmax."""
 
     def __init__(
         self,
@@ -283,15 +322,18 @@ class EagleChainDrafter:
         max_batch_size: int,
         max_context: int,
         compile: bool = False,
+        guess: str = "coupled",
     ) -> None:
         if k < 1:
             raise ValueError(f"k (draft length) must be >= 1, got {k}")
-        self.k = k
+        if guess not in GUESSES:
+            raise ValueError(f"guess must be one of {GUESSES}, got {guess!r}")
+        self.k, self.guess = k, guess
         self.state = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch=k - 1)
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
-        return Draft(chain_tree(batch.last_token, self.state.chain(batch, self.k)), chain=True)
+        return Draft(chain_tree(batch.last_token, self.state.chain(batch, self.k, self.guess)), chain=True)
 
 
 class EagleTreeDrafter:

@@ -63,6 +63,7 @@ def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int
                 features = torch.zeros(b, 2, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype,
                                        device=runner.device)
                 state.cache.ensure_capacity(mask.shape[-1])
+                guess = torch.zeros(b, k, device=runner.device)  # (u, inv_t): argmax guesses, the same graph
                 state._chain_step(k)(state.step, tokens, slots, slots.clone(), mask, state.cache.k, state.cache.v,
-                                     features)
+                                     features, guess.double(), guess)
     return time.perf_counter() - started
