@@ -110,3 +110,40 @@ def test_history_summary_has_a_ratio_per_batch_at_the_sampling_temperature(repor
         assert report["mixed_vs_best_single"][str(b)] > 0
         mixed = rows[f"mixed-{cfg.history[0]}", b, t]
         assert sum(mixed["sources"][k] for k in ("history", "eagle", "none")) > 0
+
+
+WORKLOAD = """\
+name: sd-part-test
+warmstart: reduced
+drafterWarmstart: {prompts: 8, steps: 3, batch: 8, learningRate: 3.0e-3, maxNewTokens: 16, seed: 0}
+spec:
+  model: {maxContext: 256}
+  algorithm: {temperature: 0.9, maxNewTokens: 12, groupSize: 2}
+  rollout: {compile: "off"}
+variants: {vanilla: {}, static: {}, tlt: {}, tlt-shadow: {}}
+repeats: 1
+heldout: {prompts: 2, depth: 2, maxNewTokens: 16}
+costs: {batches: [1], widths: [1], context: 16, repeats: 1}
+"""
+
+
+def test_sd_part_on_a_workload_uses_its_policy_drafter_and_sampling(tmp_path):
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    path = tmp_path / "sd.json"
+    assert main(["bench", "engine", "--part", "sd", "--quick", "--workload", str(workload), "--json", str(path)]) == 0
+    sd = json.loads(path.read_text())["sd"]
+    assert sd["drafter"]["workload"] == "sd-part-test"
+    assert sd["config"]["temperatures"] == [0.9] and sd["config"]["compile"] is False
+    assert sd["config"]["max_new_tokens"] == 12 and sd["config"]["group_size"] == 2
+    assert {r["temperature"] for r in sd["rows"]} == {0.9}
+    assert all(r["tokens"] > 0 for r in sd["rows"])
+
+
+def test_workload_and_warmstart_together_are_refused(tmp_path, capsys):
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    assert main(["bench", "engine", "--part", "sd", "--workload", str(workload), "--warmstart", "deep"]) == 2
+    assert "--workload and --warmstart" in capsys.readouterr().out
+    assert main(["bench", "engine", "--part", "sd", "--workload", str(tmp_path / "none.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().out

@@ -17,8 +17,9 @@ from tlt.bench.run_summary import mean_ci95, summarize
 
 TOP_KEYS = ("rollout_speedup", "e2e_speedup", "amdahl_e2e_bound", "accept_length_ratio", "interference_fraction",
             "interference_ci95", "reward_delta", "ideal_speedup", "workload_sha256")
-VARIANT_KEYS = ("rollout_seconds", "step_seconds", "seconds_per_token", "heldout_accept_length", "arms_chosen",
-                "harvested_seconds", "response_length", "truncation_rate", "seconds_by_running", "rollout_share")
+VARIANT_KEYS = ("rollout_seconds", "step_seconds", "update_seconds", "seconds_per_token", "heldout_accept_length",
+                "arms_chosen", "harvested_seconds", "response_length", "truncation_rate", "seconds_by_running",
+                "rollout_share")
 
 
 def check_consistent(report: dict, steps: int) -> None:

@@ -51,7 +51,10 @@ WARMSTARTS = {"full": WarmstartConfig, "reduced": reduced_config, "deep": deep_c
 class SdBenchConfig:
     """Plain vs chain / tree / n-gram SD on the warm-started policy, plus the measured costs.
 
-    warmstart: "full" (WarmstartConfig()), "reduced" (reduced_config()) or "deep" (deep_config()). Each
+    warmstart: "full" (WarmstartConfig()), "reduced" (reduced_config()) or "deep" (deep_config()).
+    workload: a `tlt bench run` workload file instead: its warm-started policy and its `drafterWarmstart`
+    drafter (the one its static / tlt variants start from), its temperature, response budget, group size
+    and `rollout.compile` (compile: compiled target and drafter steps). Each
     running batch B runs max(B, min_prompts) requests (waves of B, rows leave at eos): at T = 0 one per
     task prompt, at T > 0 `group_size` per prompt. The drafter trains for drafter_steps on the policy's
     own T=1 samples of drafter_prompts other task prompts. history: (k, min_match, max_match) of the
@@ -59,6 +62,8 @@ class SdBenchConfig:
     """
 
     warmstart: str = "full"
+    workload: str | None = None
+    compile: bool = False
     dtype: str = "fp32"
     batches: tuple[int, ...] = (1, 4, 32)
     temperatures: tuple[float, ...] = (0.0, 1.0)
@@ -171,22 +176,25 @@ def _context(policy: PreTrainedModel, requests: list[Request]) -> int:
 def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter: EagleDrafter, batch: int,
               context: int) -> Engine:
     """An engine for one SD variant name from cfg.variants()."""
-    engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain")
+    engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain",
+                    compile=cfg.compile)
     embed = policy.get_input_embeddings()
     if variant.startswith("chain-"):
         depth, _, guess = variant[6:].partition("-")
-        stepper_drafter = EagleChainDrafter(drafter, embed, int(depth), batch, context, guess=guess or "coupled")
+        stepper_drafter = EagleChainDrafter(drafter, embed, int(depth), batch, context, compile=cfg.compile,
+                                            guess=guess or "coupled")
     elif variant.startswith("tree-"):
         topk, depth, budget = cfg.tree
         stepper_drafter = EagleTreeDrafter(drafter, embed, topk=topk, depth=depth, budget=budget,
-                                           max_batch_size=batch, max_context=context)
+                                           max_batch_size=batch, max_context=context, compile=cfg.compile)
     elif variant.startswith("ngram-"):
         stepper_drafter = NgramDrafter(*cfg.ngram)
     elif variant.startswith("history-"):
         stepper_drafter = HistoryDrafter(_history_store(cfg, []), cfg.history[0])
     elif variant.startswith("mixed-"):
         k = cfg.history[0]
-        stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context), k)
+        stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context,
+                                                                                  compile=cfg.compile), k)
     elif variant == "plain":
         return engine
     else:
@@ -292,11 +300,36 @@ def _drafter_step_costs(cfg: SdBenchConfig, drafter: EagleDrafter, policy: PreTr
             for b, s in seconds.items()]
 
 
+def _workload_policy(cfg: SdBenchConfig) -> tuple[SdBenchConfig, Path, PreTrainedModel, PreTrainedTokenizerBase,
+                                                    EagleDrafter, dict]:
+    """(cfg with the workload's temperature and compile setting, folder, policy, tokenizer, drafter, its info)
+    of `cfg.workload`."""
+    from tlt.bench.run import load_workload, warm_drafter
+    from tlt.rollout.compiled import resolve_compile
+
+    workload = load_workload(Path(cfg.workload))
+    path, info = warm_drafter(workload)
+    if path is None:
+        raise ValueError(f"{cfg.workload}: the sd part needs the workload's drafterWarmstart (it has none)")
+    folder = warm_start(workload.warmstart)
+    policy, tokenizer = load_policy(folder)
+    spec = workload.spec
+    algorithm = spec.get("algorithm", {})
+    compiled = resolve_compile(spec.get("rollout", {}).get("compile", "auto"), policy)
+    cfg = replace(cfg, temperatures=(float(algorithm.get("temperature", 1.0)),), compile=compiled,
+                  max_new_tokens=int(algorithm.get("maxNewTokens", cfg.max_new_tokens)),
+                  group_size=int(algorithm.get("groupSize", cfg.group_size)))
+    return cfg, folder, policy.eval(), tokenizer, load_drafter(path, policy), {**info, "workload": workload.name}
+
+
 def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None) -> dict:
     """{"sd": rows (accept length, tokens/s) and ratios vs plain, "costs": verify and drafter-step costs}."""
     torch.set_num_threads(cfg.threads)
-    folder, policy, tokenizer = _policy(cfg)
-    drafter, drafter_info = trained_drafter(cfg, folder, policy, tokenizer)
+    if cfg.workload is not None:
+        cfg, folder, policy, tokenizer, drafter, drafter_info = _workload_policy(cfg)
+    else:
+        folder, policy, tokenizer = _policy(cfg)
+        drafter, drafter_info = trained_drafter(cfg, folder, policy, tokenizer)
     policy = policy.to(DTYPES[cfg.dtype])
     drafter = copy.deepcopy(drafter).to(DTYPES[cfg.dtype])
     drafter.bind_policy(policy)

@@ -34,14 +34,14 @@ def print_report(report: dict[str, Any]) -> None:
         console = Console(width=200)  # a log file or pipe: no wrapping of the wide table
     table = Table(title=f"tlt bench run: {report['workload']['name']} (sha256 {report['workload_sha256'][:12]}, "
                         f"{report['workload']['repeats']} repeats, median [range])")
-    for column in ("variant", "rollout s", "step s", "ms/token", "accept (held-out, last)", "arms chosen",
+    for column in ("variant", "rollout s", "step s", "update s", "ms/token", "accept (held-out, last)", "arms chosen",
                    "harvested s", "len p50/p90/max", "trunc", "final reward"):
         table.add_column(column, justify="right")
     for name, v in report["variants"].items():
         accept = v["heldout_accept_length"][-1] if v["heldout_accept_length"] else None
         arms = ", ".join(f"{k}:{n}" for k, n in v["arms_chosen"].items()) or "-"
         lengths = v["response_length"]
-        table.add_row(name, _span(v["rollout_seconds"]), _span(v["step_seconds"]),
+        table.add_row(name, _span(v["rollout_seconds"]), _span(v["step_seconds"]), _span(v["update_seconds"]),
                       f"{1000 * v['seconds_per_token']['median']:.2f}", _fmt(accept), arms,
                       f"{v['harvested_seconds']['median']:.1f}", f"{lengths['p50']}/{lengths['p90']}/{lengths['max']}",
                       f"{v['truncation_rate']:.2f}", f"{v['final_reward']['median']:.3f}")

@@ -87,6 +87,8 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "rollout_overhead_seconds": spread([sum(s.get("rollout_overhead_seconds") or 0.0 for s in r["steps"])
                                             for r in runs]),
         "step_seconds": spread(step),
+        # the policy update's seconds (the same tokens in every variant: coupled sampling)
+        "update_seconds": spread([sum(s.get("update_seconds") or 0.0 for s in r["steps"]) for r in runs]),
         "rollout_share": spread([a / b for a, b in zip(rollout, step)]),
         "generated_tokens": spread([float(t) for t in tokens]),
         "seconds_per_token": spread([a / max(t, 1) for a, t in zip(rollout, tokens)]),

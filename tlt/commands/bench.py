@@ -30,6 +30,11 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batches", type=_batches, default=None, help="running batch sizes of the sd part, e.g. 1,4,16 (default 1,4,32)",
     )
+    parser.add_argument(
+        "--workload", type=Path, default=None,
+        help="sd part on a `tlt bench run` workload's policy and warm drafter, at its temperature, response budget, "
+        "group size and rollout.compile (instead of --warmstart)",
+    )
 
 
 def _batches(text: str) -> tuple[int, ...]:
@@ -53,6 +58,12 @@ def _engine_run(args: argparse.Namespace) -> int:
     if args.repeats is not None and args.repeats < 1:
         console.print("[red]error:[/red] --repeats must be >= 1")
         return 2
+    if args.workload is not None and args.warmstart is not None:
+        console.print("[red]error:[/red] --workload and --warmstart both choose the sd part's policy: give one")
+        return 2
+    if args.workload is not None and not args.workload.is_file():
+        console.print(f"[red]error:[/red] --workload: no such file {str(args.workload)!r}")
+        return 2
     result: dict = {}
     with console.status("benchmarking") as status:
         if args.part in ("all", "hf"):
@@ -62,7 +73,8 @@ def _engine_run(args: argparse.Namespace) -> int:
         if args.part in ("all", "sd"):
             sd_cfg = SdBenchConfig.quick(repeats=args.repeats or 1) if args.quick else SdBenchConfig(
                 repeats=args.repeats or 3)
-            overrides = {"warmstart": args.warmstart, "batches": args.batches}
+            overrides = {"warmstart": args.warmstart, "batches": args.batches,
+                         "workload": str(args.workload) if args.workload is not None else None}
             sd_cfg = replace(sd_cfg, **{k: v for k, v in overrides.items() if v is not None})
             result.update(run_sd_bench(sd_cfg, on_row=lambda text: status.update(text)))
         if args.part in ("all", "compiled"):
