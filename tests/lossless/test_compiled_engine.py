@@ -183,7 +183,7 @@ def test_rollout_compile_setting():
 
 def test_warm_up_compiles_every_shape_class_before_the_first_generate():
     """After `warm_up`, a first generate with an EAGLE chain (prefill, decode, verify, drafter
-    catch-up and chain steps, at batch 1 and above) compiles nothing."""
+    catch-up and chain steps, at batch 1 and above; greedy, then sampling) compiles nothing."""
     model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=5, num_layers=1, hidden_size=48)
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
     drafter = _eagle(model)
@@ -194,6 +194,9 @@ def test_warm_up_compiles_every_shape_class_before_the_first_generate():
                               compile=True)
     engine.stepper = SpeculativeStepper(engine.runner, chain)
     engine.generate(_requests())
+    # a sampling batch drafts coupled guesses: the chain's second graph, warmed up as well
+    engine.generate([Request(f"s{i}", p, SamplingParams(temperature=1.0, max_new_tokens=9, seed=i))
+                     for i, p in enumerate(PROMPTS)])
     assert engine.runner.compiled.compiles == compiled_before
-    assert chain.state.compiles == 0, "the fused catch-up + chain graph of depth 3 was warmed up"
+    assert chain.state.compiles == 0, "the fused catch-up + chain graphs of depth 3 were warmed up"
     assert set(chain.state._chains) == {3}

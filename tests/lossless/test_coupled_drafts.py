@@ -17,8 +17,9 @@ from transformers import PreTrainedModel
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.drafting import EagleChainDrafter, coupled_guess
+from tlt.rollout.drafting import EagleChainDrafter
 from tlt.rollout.engine import Engine
+from tlt.rollout.guess import coupled_guess
 from tlt.rollout.sampling import process_logits, sample_from
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.stepper import prefill
@@ -60,16 +61,16 @@ def test_coupled_guess_is_the_targets_token_when_the_drafter_equals_the_target()
     u = torch.rand(64, generator=g, dtype=torch.float64)
     temperature = torch.rand(64, generator=g, dtype=torch.float64) * 1.5
     temperature[::7] = 0.0  # greedy rows
-    inv_t = torch.where(temperature > 0, 1 / temperature.clamp_min(1e-6), torch.zeros_like(temperature)).float()
     target = sample_from(process_logits(logits, temperature), u)
-    assert torch.equal(coupled_guess(logits, u, inv_t), target)
+    assert torch.equal(coupled_guess(logits, u, temperature), target)
 
 
 def test_coupled_guess_of_an_underconfident_drafter_can_differ_from_its_argmax():
     """Not the argmax in disguise: with u past the top token's mass the guess is the next token."""
     logits = torch.log(torch.tensor([[0.6, 0.4]]))
-    assert int(coupled_guess(logits, torch.tensor([0.7], dtype=torch.float64), torch.ones(1))) == 1
-    assert int(coupled_guess(logits, torch.tensor([0.3], dtype=torch.float64), torch.ones(1))) == 0
+    one = torch.ones(1, dtype=torch.float64)
+    assert int(coupled_guess(logits, torch.tensor([0.7], dtype=torch.float64), one)) == 1
+    assert int(coupled_guess(logits, torch.tensor([0.3], dtype=torch.float64), one)) == 0
 
 
 @torch.no_grad()

@@ -25,9 +25,9 @@ from torch import Tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from tlt.models.drafter import EagleDrafter
-from tlt.rollout import sampling
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.compiled import CompiledStep
+from tlt.rollout.guess import GUESSES, coupled_guess, guess_inputs
 from tlt.rollout.kv_cache import KVCache
 from tlt.rollout.ngram import ngram_draft_batch
 from tlt.rollout.runner import causal_mask, run_layers
@@ -222,7 +222,7 @@ class EagleCache:
         will use at that position (`coupled_guess`); "argmax" (and every greedy batch) its argmax."""
         tokens, features, t, slots, mask, _, target_len = self._catch_up_inputs(batch, extra_span=k - 1)
         self.cache.ensure_capacity(max(mask.shape[-1], int(slots.max()) + 1))
-        extra = _guess_inputs(batch, k, coupled=guess == "coupled" and batch.sampled)
+        extra = guess_inputs(batch, k) if guess == "coupled" and batch.sampled else ()  # else: argmax drafts
         drafts = self._chain_step(k)(self.step, tokens, t, slots, mask, self.cache.k, self.cache.v, features, *extra)
         self.cache.lengths = target_len.tolist()
         return drafts
@@ -237,44 +237,13 @@ class EagleCache:
 
 
 _CHAIN_FNS: dict[int, Callable[..., Tensor]] = {}
-GUESSES = ("coupled", "argmax")
-
-
-def _guess_inputs(batch: RunningBatch, k: int, coupled: bool = True) -> tuple[Tensor, Tensor]:
-    """(u, inv_t) [B, k] for a chain of k: draft i + 1 is judged against the target's token at node i,
-    drawn with the uniform of generated offset i (`RunningBatch.uniforms_at`). Not coupled: zeros, i.e.
-    every draft the argmax, through the same compiled graph."""
-    rows = len(batch.sequences)
-    if not coupled:
-        zeros = torch.zeros(rows, k, device=batch.device)
-        return zeros.double(), zeros
-    offsets = torch.arange(k, device=batch.device)[None, :].expand(rows, k).contiguous()
-    u = batch.uniforms_at(offsets)  # [B, k] float64
-    t = batch.temperature  # [B] float64
-    inv_t = torch.where(t > 0, 1.0 / t.clamp_min(1e-6), torch.zeros_like(t)).float()
-    return u, inv_t[:, None].expand(rows, k).contiguous()
-
-
-def coupled_guess(logits: Tensor, u: Tensor, inv_t: Tensor) -> Tensor:
-    """The drafter's guess of the target's coupled sample: logits [B, V], u [B] (the uniform the target
-    will draw this position's token with), inv_t [B] (1 / temperature; 0 for a greedy row) -> [B] long.
-
-    A sampled row's target token is the inverse-CDF draw of p at u (`tlt.rollout.verify`, coupled
-    rule). The same draw from the drafter's q = softmax(logits * inv_t) equals it whenever q's and p's
-    CDF intervals around u agree, which for q close to p is far likelier than p(argmax q), the chance of
-    the argmax guess (e.g. p = q = (0.5, 0.5): 1 against 0.5). Greedy rows take the argmax. Top-p is not
-    applied: a draft is only a guess, the verification alone decides what is emitted.
-    """
-    greedy = logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() * inv_t[:, None], dim=-1)
-    return torch.where(inv_t > 0, sampling.sample_from(probs, u), greedy)
 
 
 def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
     """The function drafting a chain of k (one object per k, so every cache shares its compiled graphs):
-    fn(step, tokens, positions, slots, mask, ks, vs, features, u=None, inv_t=None) -> drafts [B, k] long.
-    u, inv_t [B, k]: draft i + 1's `coupled_guess` inputs (sampling batches); None: every draft is the
-    drafter's argmax (greedy batches, or `guess="argmax"`).
+    fn(step, tokens, positions, slots, mask, ks, vs, features, u=None, temperature=None) -> drafts [B, k] long.
+    u, temperature [B, k]: draft i + 1's `coupled_guess` inputs (sampling batches); None: every draft is
+    the drafter's argmax (greedy batches, or `guess="argmax"`). Two graphs per k, both warmed up.
 
     Its inputs are the catch-up pass's (`EagleCache._catch_up_inputs`, mask wide enough for the chain:
     max(L) + k - 1 slots). Each row's newest position is its last entry (padding repeats it), so L =
@@ -288,7 +257,7 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
 
         def eagle_chain(step: EagleStep, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
                         ks: list[Tensor], vs: list[Tensor], features: Tensor, u: Tensor | None = None,
-                        inv_t: Tensor | None = None) -> Tensor:
+                        temperature: Tensor | None = None) -> Tensor:
             out = eagle_forward(step, tokens, positions, slots, mask, ks, vs, features)  # [B, Q, H]
             newest = positions[:, -1:]  # [B, 1]
             first = (positions == newest).to(torch.int64).argmax(dim=1)  # [B]
@@ -298,7 +267,7 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
             drafts = []
             for i in range(k):
                 logits = step.drafter.logits(feature)  # [B, V]
-                token = logits.argmax(dim=-1) if u is None else coupled_guess(logits, u[:, i], inv_t[:, i])  # [B]
+                token = logits.argmax(dim=-1) if u is None else coupled_guess(logits, u[:, i], temperature[:, i])
                 drafts.append(token)
                 if i + 1 < k:
                     pos = (length + i)[:, None]  # [B, 1]

@@ -1,8 +1,8 @@
 """Compile a compiled engine's graphs before its first timed rollout.
 
 A compiled step builds its graphs on first use: four for the target (batch 1 or more, width 1 or
-more), four for the EAGLE drafter's step (trees) and two per chain depth for the drafter's fused
-catch-up + chain call (batch 1 or more; its width is padded to >= 2). Left to the first rollout, that compile time (seconds
+more), four for the EAGLE drafter's step (trees) and four per chain depth for the drafter's fused
+catch-up + chain call (batch 1 or more; argmax or coupled drafts; its width is padded to >= 2). Left to the first rollout, that compile time (seconds
 warm, minutes cold) would land in step 0's rollout time, and more of it in variants that draft.
 `warm_up` runs each shape class once on scratch cache entries (a new wave starts the cache afresh)
 and returns the seconds it took.
@@ -63,7 +63,8 @@ def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int
                 features = torch.zeros(b, 2, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype,
                                        device=runner.device)
                 state.cache.ensure_capacity(mask.shape[-1])
-                guess = torch.zeros(b, k, device=runner.device)  # (u, inv_t): argmax guesses, the same graph
-                state._chain_step(k)(state.step, tokens, slots, slots.clone(), mask, state.cache.k, state.cache.v,
-                                     features, guess.double(), guess)
+                coupled = torch.ones(b, k, dtype=torch.float64, device=runner.device)  # (u, temperature)
+                for extra in ((), (coupled / 2, coupled)):  # argmax drafts; coupled guesses (sampling batches)
+                    state._chain_step(k)(state.step, tokens, slots, slots.clone(), mask, state.cache.k,
+                                         state.cache.v, features, *extra)
     return time.perf_counter() - started
