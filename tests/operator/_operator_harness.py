@@ -67,6 +67,21 @@ class Cluster:
         return self.custom.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name,
                                                           {"spec": spec})
 
+    def replace_spec(self, name: str, edit: Callable[[dict[str, Any]], None],
+                     namespace: str = NAMESPACE, attempts: int = 10) -> dict[str, Any]:
+        """Read-modify-write of the run's spec, as `kubectl edit` does: `edit` changes the spec in
+        place, and a 409 (the operator wrote status or annotations in between) means read again."""
+        for attempt in range(attempts):
+            run = self.run(name, namespace)
+            edit(run["spec"])
+            try:
+                return self.custom.replace_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                                    name, run)
+            except kubernetes.client.ApiException as error:
+                if error.status != 409 or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     def delete_run(self, name: str, namespace: str = NAMESPACE) -> None:
         self.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
 

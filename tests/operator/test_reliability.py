@@ -103,8 +103,6 @@ def test_a_spec_the_crd_accepts_but_the_operator_cannot_read_is_reported(cluster
     condition = _condition(cluster, "r1", "ValidSpec")
     assert condition["reason"] == "InvalidSpec" and "qualified names" in condition["message"]
     assert not cluster.pod_names("r1")
-    run = cluster.run("r1")
-    run["spec"]["rollout"]["podTemplate"]["labels"] = {"good-key": "x"}
-    cluster.custom.replace_namespaced_custom_object("tlt.dev", "v1alpha1", NAMESPACE, "tltrainingruns", "r1", run)
+    cluster.replace_spec("r1", lambda spec: spec["rollout"]["podTemplate"].update(labels={"good-key": "x"}))
     wait_for("fixed: Running, ValidSpec=True", lambda: cluster.phase("r1") == "Running"
              and _condition(cluster, "r1", "ValidSpec")["status"] == "True")
