@@ -133,6 +133,27 @@ def test_the_trainer_thread_runs_at_the_lowest_priority_and_the_caller_keeps_its
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
+    from tlt.runtime.ray_workers import HubWorker
+
+    model = policy()
+    hub = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)
+    grads = {n: torch.zeros_like(p) for n, p in hub.drafter.named_parameters()}
+    after: list[tuple[int, int]] = []
+
+    def serve():  # a thread of the actor's pool
+        version, _ = hub.push("w0", grads, 0, 1, 0.0)
+        after.append((version, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join()
+    assert after == [(1, TRAINER_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
+
+
 def test_two_active_trainers_update_one_drafter():
     model = policy()
     hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)

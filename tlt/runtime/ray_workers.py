@@ -37,7 +37,7 @@ from tlt.config import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement, policy_head
-from tlt.drafter.trainer import SpotTrainer
+from tlt.drafter.trainer import SpotTrainer, lower_thread_priority
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
 from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
@@ -100,13 +100,22 @@ class VerifierWorker:
 
 
 class HubWorker(DrafterHub):
-    """The drafter hub as an actor: built from the policy's config (a picklable PretrainedConfig)."""
+    """The drafter hub as an actor: built from the policy's config (a picklable PretrainedConfig).
+
+    Its pushes serve idle-time training only, so they run at the spot trainers' lowest priority: in the
+    long tail they would otherwise take CPU from the rollout still decoding (the actor's thread that
+    served a push stays at that priority)."""
 
     def __init__(self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None,
                  threads: int = 1) -> None:
         torch.set_num_threads(threads)
         super().__init__(drafter_config_from_target(target_config), learning_rate, seed=seed,
                          snapshot_dir=snapshot_dir)
+
+    def push(self, trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int,
+             loss: float) -> tuple[int, dict[str, torch.Tensor]]:
+        lower_thread_priority()
+        return super().push(trainer, grads, based_on, tokens, loss)
 
     def ping(self) -> bool:
         return True
@@ -145,8 +154,12 @@ class RolloutWorker:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
             self.drafter.bind_policy(model)
         self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
-        if self.history is not None:  # kept across steps: a prompt's earlier responses draft its next ones
-            self.engine.wave_observers.append(self.history.observe)
+        # Kept across steps: a prompt's earlier responses draft its next ones. A finished wave is indexed
+        # after the rollout's results return (~0.1 s for 32 rows here: not the rollout's critical path).
+        self._waves: list[list[Sequence]] = []
+        self._indexing: Future | None = None
+        if self.history is not None:
+            self.engine.wave_observers.append(lambda sequences: self._waves.append(list(sequences)))
         # compile now, not in step 0's rollout
         self.warmup_seconds = warm_up(self.engine, self.drafter, chain_depths=chain_depths(spec.speculative))
         if self.uses_drafter and spec.drafter.placement == "in-container":
@@ -199,6 +212,7 @@ class RolloutWorker:
         if self.drafter is not None and self.trainer is None and self.sidecar is None:
             raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
         self.agreement()  # the previous rollout's bookkeeping is done before its drafter changes
+        self._history_indexed()
         self._set_state(GENERATING)
         started = time.time()
         self.engine.load_weights(weights)
@@ -255,6 +269,9 @@ class RolloutWorker:
         finished = time.time()
         generate_seconds = finished - generate_started
         release_kv_cache(self.engine)
+        if self._waves:
+            self._indexing = self._settler.submit(self._index_waves, self._waves)
+            self._waves = []
         self._settling = self._settle(completions, step, drafter, candidate)
         self._set_state(IDLE)
         return {"worker": self.name, "completions": [replace(c, hidden=None) for c in completions],
@@ -266,6 +283,17 @@ class RolloutWorker:
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
                 "sd_arms": summary["arms_chosen"],
                 "sd_arm_rates": summary["arm_rates"]}
+
+    def _index_waves(self, waves: list[list[Sequence]]) -> None:
+        assert self.history is not None
+        for sequences in waves:
+            self.history.observe(sequences)
+
+    def _history_indexed(self) -> None:
+        """Wait for the last rollout's responses to enter the history store (before it drafts again)."""
+        if self._indexing is not None:
+            self._indexing.result()
+            self._indexing = None
 
     def agreement(self) -> dict[str, Any]:
         """The last rollout's drafter top-1 agreement on its fresh samples ("agree", "agree_total"; with a

@@ -1,0 +1,44 @@
+"""A rollout worker indexes its finished responses into the rollout-history store after the
+rollout's results return (off the critical path), and always before its next rollout drafts."""
+
+from __future__ import annotations
+
+from tlt.config import TLTTrainingRun
+from tlt.models.loading import load_policy
+from tlt.runtime.ray_workers import RolloutWorker
+from tlt.tasks.datasets import load_problems
+from tlt.tasks.warmstart import reduced_config, warm_start
+
+SPEC = {
+    "model": {"dtype": "float32", "maxContext": 128},
+    "dataset": {"builtin": {"numTrain": 16, "numEval": 8}},
+    "algorithm": {"steps": 2, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16},
+    "rollout": {"replicas": 1, "compile": "off"},
+    "speculative": {"mode": "tlt", "threshold": 4,
+                    "arms": [{"kind": "plain"}, {"kind": "history", "depth": 4}]},
+}
+
+
+class _Scores:
+    def remote(self, *args, **kwargs) -> None:
+        return None
+
+
+class _Verifier:
+    score = _Scores()
+
+
+def test_responses_enter_the_history_store_after_the_rollout_and_before_the_next():
+    run = TLTTrainingRun.model_validate({"metadata": {"name": "history"}, "spec": SPEC})
+    folder = warm_start(reduced_config())
+    worker = RolloutWorker(0, run.spec, str(folder), 4, [_Verifier()], None)
+    weights = {k: v.detach() for k, v in load_policy(str(folder), "float32")[0].state_dict().items()}
+    problems = load_problems(run.spec.dataset, "train")
+    first = worker.rollout(1, [0, 1], problems[:2], weights, None)
+    assert len(first["completions"]) == 4
+    worker._history_indexed()
+    assert worker.history.num_docs == 4, "every finished response is history once the rollout is settled"
+    worker.rollout(2, [0, 1], problems[:2], weights, None)  # waits for step 1's indexing before drafting
+    worker._history_indexed()
+    assert worker.history.num_docs == 8
+    assert worker._waves == [] and worker._indexing is None
