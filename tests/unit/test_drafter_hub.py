@@ -135,7 +135,7 @@ def test_the_trainer_thread_runs_at_the_lowest_priority_and_the_caller_keeps_its
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
-    from tlt.runtime.ray_workers import HubWorker
+    from tlt.runtime.ray_services import HubWorker
 
     model = policy()
     hub = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)

@@ -29,7 +29,8 @@ import ray
 from tlt.config import RunSpec
 from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
-from tlt.runtime.ray_workers import HubWorker, RolloutWorker, VerifierWorker
+from tlt.runtime.ray_services import HubWorker, VerifierWorker
+from tlt.runtime.ray_workers import RolloutWorker
 
 log = logging.getLogger(__name__)
 

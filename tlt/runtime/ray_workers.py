@@ -9,8 +9,7 @@
   worker hands each step's rollouts (hidden states included, straight to the sidecar, never through
   the coordinator) and forwards the coordinator's start / stop, so it stays the one reporter of
   its state and the one writer of its pod's state annotation.
-- `VerifierWorker`: scores one response against its reference (CPU).
-- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`).
+The run's shared services (the verifiers, the drafter hub) are in `tlt.runtime.ray_services`.
 
 Rollout uses the step building blocks of `tlt.runtime.steps` (requests, rollout trace).
 """
@@ -35,13 +34,10 @@ from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
 from tlt.config import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
-from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement, policy_head
-from tlt.drafter.trainer import SpotTrainer, lower_thread_priority
+from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
-from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
-from tlt.rl.rewards import score
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
@@ -78,47 +74,6 @@ class FinishWatcher:
 def release_kv_cache(engine: Engine) -> None:
     """Give back the engine's KV memory between rollouts (it regrows on the next prefill)."""
     engine.runner.cache.release()
-
-
-class VerifierWorker:
-    """Scores responses: `tlt.rl.rewards.score` under `answer_format`, or the `verifier.reward` plug-in
-    (imported here; `tlt.rl.reward_plugin`), whose failure fails only its sample (0.0 and the error)."""
-
-    def __init__(self, answer_format: str, reward: str | None = None, threads: int = 1) -> None:
-        torch.set_num_threads(threads)
-        self.answer_format = answer_format
-        self.reward = None if reward is None else load_reward(reward)
-        self.scored = 0
-
-    def score(self, response: str, reference: str, prompt: str = "", record: dict[str, Any] | None = None,
-              sample: str = "") -> tuple[float, RewardError | None]:
-        """(reward, None), or with the plug-in failing on this sample (0.0, its RewardError)."""
-        self.scored += 1
-        if self.reward is None:
-            return score(response, reference, self.answer_format), None
-        return call_reward(self.reward, prompt, response, record or {}, sample)
-
-
-class HubWorker(DrafterHub):
-    """The drafter hub as an actor: built from the policy's config (a picklable PretrainedConfig).
-
-    Its pushes serve idle-time training only, so they run at the spot trainers' lowest priority: in the
-    long tail they would otherwise take CPU from the rollout still decoding (the actor's thread that
-    served a push stays at that priority)."""
-
-    def __init__(self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None,
-                 threads: int = 1) -> None:
-        torch.set_num_threads(threads)
-        super().__init__(drafter_config_from_target(target_config), learning_rate, seed=seed,
-                         snapshot_dir=snapshot_dir)
-
-    def push(self, trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int,
-             loss: float) -> tuple[int, dict[str, torch.Tensor]]:
-        lower_thread_priority()
-        return super().push(trainer, grads, based_on, tokens, loss)
-
-    def ping(self) -> bool:
-        return True
 
 
 class RolloutWorker:

@@ -1,0 +1,58 @@
+"""The run's shared services, as plain classes that `tlt.runtime.ray_cluster` turns into Ray actors.
+
+- `VerifierWorker`: scores one response against its reference (CPU).
+- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`), the one optimizer of the online drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tlt.drafter.hub import DrafterHub
+from tlt.drafter.trainer import lower_thread_priority
+from tlt.models.drafter import drafter_config_from_target
+from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
+from tlt.rl.rewards import score
+
+
+class VerifierWorker:
+    """Scores responses: `tlt.rl.rewards.score` under `answer_format`, or the `verifier.reward` plug-in
+    (imported here; `tlt.rl.reward_plugin`), whose failure fails only its sample (0.0 and the error)."""
+
+    def __init__(self, answer_format: str, reward: str | None = None, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.answer_format = answer_format
+        self.reward = None if reward is None else load_reward(reward)
+        self.scored = 0
+
+    def score(self, response: str, reference: str, prompt: str = "", record: dict[str, Any] | None = None,
+              sample: str = "") -> tuple[float, RewardError | None]:
+        """(reward, None), or with the plug-in failing on this sample (0.0, its RewardError)."""
+        self.scored += 1
+        if self.reward is None:
+            return score(response, reference, self.answer_format), None
+        return call_reward(self.reward, prompt, response, record or {}, sample)
+
+
+class HubWorker(DrafterHub):
+    """The drafter hub as an actor: built from the policy's config (a picklable PretrainedConfig).
+
+    Its pushes serve idle-time training only, so they run at the spot trainers' lowest priority: in the
+    long tail they would otherwise take CPU from the rollout still decoding (the actor's thread that
+    served a push stays at that priority)."""
+
+    def __init__(self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None,
+                 threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        super().__init__(drafter_config_from_target(target_config), learning_rate, seed=seed,
+                         snapshot_dir=snapshot_dir)
+
+    def push(self, trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int,
+             loss: float) -> tuple[int, dict[str, torch.Tensor]]:
+        lower_thread_priority()
+        return super().push(trainer, grads, based_on, tokens, loss)
+
+    def ping(self) -> bool:
+        return True
