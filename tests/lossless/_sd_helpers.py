@@ -7,6 +7,7 @@ procedure is run on a large batch of independent rows (vectorised), then compare
 
 Mutants (deliberately wrong verifiers) live here, test-only: the same G-test must reject them.
 `drafter_logits_along`: an EAGLE drafter's own cache-free forward, what the cached drafting must match.
+`random_eagle`, `history_store`: the engine-level tests' untrained EAGLE drafter and history store.
 """
 
 from __future__ import annotations
@@ -20,12 +21,26 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from tlt.models.drafter import EagleDrafter
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.rollout import verify
+from tlt.rollout.history import HistoryStore
 from tlt.rollout.ngram import ngram_draft_batch
 from tlt.rollout.sampling import process_logits
 from tlt.rollout.tree import build_tree
 from tlt.rollout.verify import ChainVerdict, Rng, TreeVerdict
+
+
+def random_eagle(model: PreTrainedModel, seed: int = 3) -> EagleDrafter:
+    """An untrained EAGLE drafter (seeded init) in the model's dtype, bound to its embedding and head."""
+    torch.manual_seed(seed)
+    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype)
+    drafter.bind_policy(model)
+    return drafter
+
+
+def history_store(max_nodes: int = 100_000) -> HistoryStore:
+    return HistoryStore(max_nodes=max_nodes, min_match=1, max_match=4, max_draft=4)
+
 
 def drafter_logits_along(model: PreTrainedModel, drafter: EagleDrafter, ids: Tensor, path: list[int]) -> Tensor:
     """The drafter's own full forward (no cache): logits [V] after the committed ids [1, T] and drafted path."""

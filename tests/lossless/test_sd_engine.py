@@ -4,8 +4,8 @@ Greedy: token for token equal to plain decoding in float64 for n-gram chains, EA
 random (mostly rejected) trees and oracle drafters that are always right (also through non-first
 branches, which forces cache compaction); on a tiny Qwen2, and for the n-gram, EAGLE, oracle-tree
 and mixed drafters on a tiny Qwen3 too. After such a step the next logits equal a fresh full
-forward; log-probs of accepted tokens equal the plain engine's in float32. Sampling: the joint of the
-first three tokens of a tiny real model (vocabulary 8) matches the exact one (G-test, alpha 1e-3).
+forward; log-probs of accepted tokens equal the plain engine's in float32. Sampled: token for token
+equal to plain sampling (the same uniforms). The engine's sampled distribution: test_sd_engine_sampling.py.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.drafter import EagleDrafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
 from tlt.rollout.engine import Engine
-from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
+from tlt.rollout.history import HistoryDrafter, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import causal_mask
-from tlt.rollout.sampling import process_logits
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.stepper import prefill
@@ -92,11 +91,7 @@ class RandomTreeDrafter:
         return Draft(build_tree(batch.last_token, cand, parents, logprobs, budget=5), chain=False)
 
 
-def _eagle(model: PreTrainedModel, seed: int = 3) -> EagleDrafter:
-    torch.manual_seed(seed)
-    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype)
-    drafter.bind_policy(model)
-    return drafter
+_eagle = H.random_eagle
 
 
 DrafterFactory = Callable[..., Drafter]  # (model, answers, max_context=MAX_CONTEXT) -> Drafter
@@ -126,8 +121,7 @@ DRAFTERS: dict[str, DrafterFactory] = {
 }
 
 
-def _store(max_nodes: int = 100_000) -> HistoryStore:
-    return HistoryStore(max_nodes=max_nodes, min_match=1, max_match=4, max_draft=4)
+_store = H.history_store
 
 
 def _generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter | None, batch_size: int = 4):
@@ -325,66 +319,6 @@ def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request)
                 node = int(tree.parents[b, node])
             top = H.drafter_logits_along(model64, drafter, ids, path).topk(2).indices.tolist()
             assert int(tree.tokens[b, j]) in top, f"row {b} node {j}: not a top-2 child of its parent path"
-
-
-# ----- sampling at engine level: tiny real model, vocabulary 8 -----
-
-ENGINE_VOCAB = 8
-ENGINE_PROMPT = [1, 3, 5, 3, 5]
-ENGINE_SAMPLES = 3000
-
-
-def _peaked_model() -> PreTrainedModel:
-    model = tiny_model("llama", dtype=torch.float64, vocab_size=ENGINE_VOCAB, seed=5)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(12.0)  # random init is near-uniform: make the test meaningful
-    return model
-
-
-@torch.no_grad()
-def _exact_joint(model: PreTrainedModel, temperature: float, top_p: float) -> torch.Tensor:
-    V = ENGINE_VOCAB
-    t1, t2 = torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij")
-    ids = torch.cat([torch.tensor(ENGINE_PROMPT).expand(V * V, -1), t1.reshape(-1, 1), t2.reshape(-1, 1)], 1)
-    logits = model(input_ids=ids).logits[:, -3:]  # [V*V, 3, V]
-    probs = process_logits(logits, torch.full((V * V,), temperature, dtype=torch.float64), torch.full((V * V,), top_p))
-    p1 = probs[0, 0]
-    p2 = probs[:, 1].reshape(V, V, V)[:, 0]  # [t1, t2]
-    p3 = probs[:, 2].reshape(V, V, V)  # [t1, t2, t3]
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
-    "eagle-chain-sampled": lambda m, c: EagleChainDrafter(
-        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c
-    ),
-    "eagle-tree-deterministic": lambda m, c: EagleTreeDrafter(
-        _eagle(m), m.get_input_embeddings(), topk=2, depth=2, budget=4, max_batch_size=500, max_context=16, compile=c
-    ),
-    "ngram-deterministic": lambda m, c: NgramDrafter(k=3, ngram_min=1, ngram_max=2),
-    # 3000 samples of one prompt in waves of 500: later waves draft from the earlier waves' responses
-    "history-chain-deterministic": lambda m, c: HistoryDrafter(_store(), k=2),
-    "history-tree-deterministic": lambda m, c: HistoryTreeDrafter(_store(), topk=2, depth=2, budget=4),
-    "mixed-eagle-and-history": lambda m, c: MixedDrafter(_store(), EagleChainDrafter(
-        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c), k=2),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
-@pytest.mark.parametrize("name", list(ENGINE_SAMPLERS))
-def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_p: float, compiled: bool):
-    model = _peaked_model()
-    engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled)
-    engine.stepper = SpeculativeStepper(engine.runner, ENGINE_SAMPLERS[name](model, compiled))
-    params = [SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)]
-    out = engine.generate([Request(f"r{i}", ENGINE_PROMPT, p) for i, p in enumerate(params)])
-    samples = torch.tensor([c.token_ids for c in out])
-    if "history" in name:
-        assert engine.stepper.stats.accepted > 0, f"{name}: the history drafts were never accepted: not tested"
-    p = H.g_test_pvalue(samples, _exact_joint(model, temperature, top_p))
-    assert p > 1e-3, f"{name}: engine samples differ from the model (p={p:.3g})"
 
 
 # ----- history drafts in a GRPO-shaped rollout: a prompt's responses draft its next ones -----
