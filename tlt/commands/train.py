@@ -5,7 +5,8 @@ an end-of-run report (`tlt.runtime.ray_train`); --local: one process, no Ray.
 
 Rerunning the same command on the same output folder resumes from its newest checkpoint.
 Exit status: 0 done, 1 the run stopped on an error (unusable checkpoint, bad model or data),
-2 the run file does not validate or asks for what cannot run here (rollout.engine vllm).
+2 the run file does not validate or asks for what cannot run here (rollout.engine vllm without vLLM, or
+with settings vLLM cannot honour: `tlt.rollout.vllm.spec_map`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tlt.config import TLTTrainingRun
 from tlt.config_io import SpecError, load_run
 from tlt.rollout.vllm.availability import rollout_engine_problem
+from tlt.rollout.vllm.spec_map import vllm_spec_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     problem = rollout_engine_problem(spec.spec.rollout.engine)
+    if problem is None and spec.spec.rollout.engine == "vllm":
+        problem = vllm_spec_problem(spec.spec, cuda=torch.cuda.is_available())
+        if problem is None and args.local:
+            problem = ("rollout.engine 'vllm' needs the Ray loop (a vLLM rollout worker beside the policy's "
+                       "trainer): drop --local, or set rollout.engine to 'tlt'")
     if problem is not None:
         print(f"{args.file}: {problem}", file=sys.stderr)
         return 2

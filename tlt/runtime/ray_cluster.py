@@ -132,6 +132,15 @@ class Actors:
             ray.kill(actor, no_restart=True)
 
 
+def rollout_worker_class(spec: RunSpec) -> type:
+    """The rollout worker of `rollout.engine`: this project's engine, or vLLM (imported only then)."""
+    if spec.rollout.engine == "vllm":
+        from tlt.runtime.ray_vllm_worker import VllmRolloutWorker
+
+        return VllmRolloutWorker
+    return RolloutWorker
+
+
 def create_actors(
     spec: RunSpec, policy_path: str, target_config: Any, resources: dict[str, float], snapshot_dir: str | None
 ) -> Actors:
@@ -159,7 +168,7 @@ def create_actors(
         hub = ray.remote(HubWorker).options(num_cpus=plan.hub_cpus, max_concurrency=4).remote(
             target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir)
     rows = math.ceil(spec.algorithm.prompts_per_step / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
-    rollout_cls = ray.remote(RolloutWorker)
+    rollout_cls = ray.remote(rollout_worker_class(spec))
     workers = [
         rollout_cls.options(max_concurrency=4, **_role_options("rollout", resources, plan.rollout_cpus)).remote(
             i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads)

@@ -82,17 +82,29 @@ class RolloutWorker:
     def __init__(self, index: int, spec: RunSpec, policy_path: str, rows: int, verifiers: list[Any],
                  hub: Any | None, threads: int = 1) -> None:
         torch.set_num_threads(threads)
+        model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
+        self._setup(index, spec, model, rows, verifiers)
+        self.engine = Engine(model, max_batch_size=self.rows, max_context=self.context,
+                             return_hidden=self.uses_drafter, compile=resolve_compile(spec.rollout.compile, model))
+        self.plain_stepper = self.engine.stepper
+        self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
+        if self.history is not None:
+            self.engine.wave_observers.append(lambda sequences: self._waves.append(list(sequences)))
+        # compile now, not in step 0's rollout
+        self.warmup_seconds = warm_up(self.engine, self.drafter, chain_depths=chain_depths(spec.speculative))
+        self._setup_trainer(hub)
+
+    def _setup(self, index: int, spec: RunSpec, model: Any, rows: int, verifiers: list[Any]) -> None:
+        """What every rollout worker has, whatever its engine: identity, state reports, the drafter bound
+        to `model` (modes static / tlt), the settle thread."""
         self.index = index
         self.name = worker_identity(index)
         self.spec = spec
         self.verifiers = verifiers
-        model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
-        context = min(spec.model.max_context, model.config.max_position_embeddings)
+        self.model = model
+        self.context = min(spec.model.max_context, model.config.max_position_embeddings)
         self.uses_drafter = spec.speculative.mode in DRAFTER_MODES
-        self.rows, self.context = max(rows, 1), context
-        self.engine = Engine(model, max_batch_size=self.rows, max_context=context, return_hidden=self.uses_drafter,
-                             compile=resolve_compile(spec.rollout.compile, model))
-        self.plain_stepper = self.engine.stepper
+        self.rows = max(rows, 1)
         self._lock = threading.Lock()
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
         # A rollout's drafter bookkeeping (buffer, agreement) runs after its results return, off the critical path
@@ -108,17 +120,17 @@ class RolloutWorker:
         if self.uses_drafter:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
             self.drafter.bind_policy(model)
-        self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
         # Kept across steps: a prompt's earlier responses draft its next ones. A finished wave is indexed
         # after the rollout's results return (~0.1 s for 32 rows here: not the rollout's critical path).
+        self.history = None
         self._waves: list[list[Sequence]] = []
         self._indexing: Future | None = None
-        if self.history is not None:
-            self.engine.wave_observers.append(lambda sequences: self._waves.append(list(sequences)))
-        # compile now, not in step 0's rollout
-        self.warmup_seconds = warm_up(self.engine, self.drafter, chain_depths=chain_depths(spec.speculative))
-        if self.uses_drafter and spec.drafter.placement == "in-container":
-            self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
+
+    def _setup_trainer(self, hub: Any | None) -> None:
+        """The co-located spot trainer and its buffer (`drafter.placement: in-container`)."""
+        if self.uses_drafter and self.spec.drafter.placement == "in-container":
+            self.buffer = OnlineBuffer(self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens,
+                                       seed=self.spec.algorithm.seed)
             push = hub_push(hub) if hub is not None else _no_hub
             self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push)
 
@@ -272,7 +284,7 @@ class RolloutWorker:
                               drafter: tuple[int, dict[str, torch.Tensor]] | None,
                               candidate: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
         if self.sidecar is not None:
-            head = policy_head(self.engine.model)
+            head = policy_head(self.model)
             return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter, candidate))
         if self.trainer is None:
             return {"agree": 0, "agree_total": 0}

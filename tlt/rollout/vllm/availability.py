@@ -20,11 +20,8 @@ def require_vllm() -> None:
 
 
 def rollout_engine_problem(engine: str) -> str | None:
-    """Why a run with `rollout.engine: <engine>` cannot start here, or None when it can.
-
-    vllm: refused when vLLM is not installed (with the install command), and also where it is: the
-    training loop drives this project's engine only so far; `tlt.rollout.vllm.engine.VllmEngine` is
-    the vLLM rollout engine, used directly (docs/vllm.md)."""
+    """Why a run with `rollout.engine: <engine>` cannot start here (vllm: not installed, with the install
+    command), or None when it can. What the spec asks of vLLM is `spec_map.vllm_spec_problem`'s."""
     if engine == "tlt":
         return None
     if engine != "vllm":
@@ -33,6 +30,4 @@ def rollout_engine_problem(engine: str) -> str | None:
         require_vllm()
     except VllmUnavailable as exc:
         return str(exc)
-    return ("rollout.engine is 'vllm': tlt train does not drive the vLLM engine yet (its rollout worker "
-            "runs this project's engine); use tlt.rollout.vllm.engine.VllmEngine directly (docs/vllm.md), "
-            "or set rollout.engine to 'tlt'")
+    return None

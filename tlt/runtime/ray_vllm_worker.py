@@ -1,0 +1,141 @@
+"""The rollout worker of `rollout.engine: vllm`: the same actor methods as `RolloutWorker` (rollout,
+status, take_states, the trainer's start / stop and state), with vLLM generating.
+
+- vLLM (`tlt.rollout.vllm.engine.VllmEngine`) loads the policy folder once; every step the policy's
+  new weights, and in modes static / tlt the hub's drafter, go into it in place (no restart, no disk).
+- Speculative decoding is vLLM's EAGLE with the run's drafter, `eagle_draft_tokens` drafts a step, at
+  every batch size: the per-bucket bandit and the threshold do not map onto vLLM (see
+  `tlt.rollout.vllm.spec_map`); threshold 0 starts vLLM without EAGLE (the drafter trains, never drafts).
+- vLLM keeps its hidden states, so the drafter's training data comes from a forward of this worker's
+  own copy of the policy over each finished rollout (prompt + response, the same final-norm features
+  the TLT engine returns), in the settle thread after the rollout's results returned.
+- Responses go to the verifiers when the whole shard has finished (vLLM's offline `generate` returns
+  them together), and the rollout's trace is empty: no per-step records (tail seconds, seconds by
+  running batch) with vLLM.
+- vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on the actor's threads.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tlt.config import RunSpec
+from tlt.drafter.export import export_eagle
+from tlt.models.drafter import save_drafter, target_features
+from tlt.models.loading import load_policy
+from tlt.rollout.types import Completion
+from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
+from tlt.runtime import steps
+from tlt.runtime.ray_workers import GENERATING, IDLE, RolloutWorker
+from tlt.tasks.problem import Problem
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
+
+
+class VllmRolloutWorker(RolloutWorker):
+    """vLLM generating, this project's drafter buffer and spot trainer beside it."""
+
+    def __init__(self, index: int, spec: RunSpec, policy_path: str, rows: int, verifiers: list[Any],
+                 hub: Any | None, threads: int = 1) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine on this actor's threads
+        torch.set_num_threads(threads)  # before vLLM starts: its CPU worker forbids changing it afterwards
+        from tlt.rollout.vllm.engine import EagleSetup, VllmEngine
+
+        model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
+        self._setup(index, spec, model, rows, verifiers)
+        started = time.time()
+        self._scratch = tempfile.TemporaryDirectory(prefix=f"tlt-vllm-{self.name}-")
+        eagle = None
+        self.draft_tokens = 0
+        if self.drafter is not None and vllm_drafts(spec.speculative):
+            # vLLM reads its drafter's shape from a folder at start; the weights come from the hub every step
+            self.draft_tokens = eagle_draft_tokens(spec.speculative)
+            scratch = Path(self._scratch.name)
+            save_drafter(self.drafter, scratch / "drafter")
+            export_eagle(scratch / "drafter", model.config, scratch / "eagle")
+            eagle = EagleSetup(str(scratch / "eagle"), self.draft_tokens)
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        layers = config.num_hidden_layers + (1 if eagle is not None else 0)
+        kv = kv_cache_bytes(self.rows, self.context, layers=layers, kv_heads=config.num_key_value_heads,
+                            head_dim=head_dim, dtype_bytes=DTYPE_BYTES[spec.model.dtype])
+        self.vllm = VllmEngine(policy_path, dtype=spec.model.dtype, max_context=self.context,
+                               max_batch_size=self.rows, eagle=eagle, seed=spec.algorithm.seed + index,
+                               memory_fraction=0.1, kv_cache_bytes=2 * kv)
+        self.warmup_seconds = time.time() - started
+        self._setup_trainer(hub)
+
+    def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
+                drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                candidate: tuple[int, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """`RolloutWorker.rollout` on vLLM: the shard's completions (no hidden states), reward refs in
+        completion order, an empty trace, and vLLM's draft counters for the accept length."""
+        if self.trainer is not None and self.trainer.active:
+            raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
+        if self.drafter is not None and self.trainer is None and self.sidecar is None:
+            raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
+        self.agreement()  # the previous rollout's features are computed before the policy copy changes
+        self._set_state(GENERATING)
+        started = time.time()
+        self.model.load_state_dict(weights)
+        self.vllm.load_weights(weights)
+        if drafter is not None:
+            if self.trainer is not None:
+                self.trainer.load(*drafter)
+            elif self.drafter is not None:
+                self.drafter.load_state_dict(drafter[1])
+            if self.vllm.eagle is not None:
+                self.vllm.load_drafter(drafter[1])
+        requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
+        group = self.spec.algorithm.group_size
+        drafts_before, accepted_before = self.vllm.speculative_counts()
+        self.running = len(requests)
+        generate_started = time.time()
+        try:
+            completions = self.vllm.generate(requests)
+        finally:
+            self.running = 0
+        finished = time.time()
+        drafts, accepted = (now - before for now, before in
+                            zip(self.vllm.speculative_counts(), (drafts_before, accepted_before)))
+        rewards = []
+        for i, completion in enumerate(completions):
+            problem = problems[i // group]
+            verifier = self.verifiers[i % len(self.verifiers)]
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            rewards.append(verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record),
+                                                 completion.request_id))
+        self.vllm.release()
+        self._settling = self._settle(completions, step, drafter, candidate)
+        self._set_state(IDLE)
+        row_steps = drafts // self.draft_tokens if self.draft_tokens else 0
+        return {"worker": self.name, "completions": completions, "rewards": rewards, "streamed": 0,
+                "trace": [], "started_at": started, "finished_at": finished,
+                "generate_seconds": finished - generate_started, "first_response_at": finished,
+                "sd_row_steps": row_steps, "sd_accepted": accepted,
+                "sd_arms": {f"eagle-{self.draft_tokens}": row_steps} if row_steps else {}, "sd_arm_rates": {}}
+
+    def _agreement_and_buffer(self, completions: list[Any], step: int,
+                              drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                              candidate: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+        if self.drafter is None:
+            return {"agree": 0, "agree_total": 0}
+        return super()._agreement_and_buffer([with_features(self.model, c) for c in completions], step, drafter,
+                                             candidate)
+
+
+def with_features(policy: Any, completion: Completion) -> Completion:
+    """`completion` with `hidden` [P + T - 1, H]: the policy's final-norm outputs over prompt + response
+    (row t produced token t + 1), what the TLT engine returns with return_hidden=True."""
+    fed = (list(completion.prompt_ids) + list(completion.token_ids))[:-1]
+    if not fed:
+        return completion
+    hidden = target_features(policy, torch.tensor([fed], dtype=torch.long))[0]
+    return replace(completion, hidden=hidden)
