@@ -1,5 +1,6 @@
 # TLT worker, CUDA: the image of policy and rollout pods on GPU nodes.
 # Build from the repository root: docker build -f images/worker-cuda.Dockerfile -t tlt-worker:cuda .
+# For runs with rollout.engine vllm: add --build-arg TLT_EXTRAS="[vllm]" (not built or run here: no Docker).
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
@@ -15,7 +16,9 @@ COPY pyproject.toml README.md ./
 COPY tlt ./tlt
 COPY operator ./operator
 COPY components ./components
-RUN pip install . && rm -rf /src
+# TLT_EXTRAS="[vllm]" also installs vLLM (rollout.engine: vllm); vLLM brings its own pinned torch build.
+ARG TLT_EXTRAS=""
+RUN pip install ".${TLT_EXTRAS}" && rm -rf /src
 
 # uid/gid 1000 matches the pods' runAsUser (ubuntu images ship user `ubuntu` as 1000: reuse the ids).
 RUN (getent passwd 1000 >/dev/null && userdel --remove "$(getent passwd 1000 | cut -d: -f1)" || true) \

@@ -84,3 +84,13 @@ def test_train_refuses_vllm_settings_it_cannot_honour_before_starting(tmp_path, 
         assert main(["train", str(path), "--out", str(tmp_path / "out"), *flags]) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "out").exists()
+
+
+def test_validate_refuses_what_no_vllm_honours_and_warns_of_the_cpu_build(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"spec": {"rollout": {"engine": "vllm"}, "speculative": {"mode": "ngram"}}}))
+    assert main(["validate", str(path)]) == 1
+    assert "speculative.mode 'ngram'" in capsys.readouterr().err
+    path.write_text(yaml.safe_dump({"spec": {"rollout": {"engine": "vllm"}}}))  # tlt at temperature 1
+    assert main(["validate", str(path)]) == 0
+    assert "warning: on vLLM's CPU build this run is refused: algorithm.temperature 1.0" in capsys.readouterr().err

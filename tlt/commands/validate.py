@@ -1,6 +1,7 @@
 """`tlt validate run.yaml`: every error with its field path and what is allowed.
 
-Beyond the spec itself: a `verifier.reward` plug-in must import here (as it must where verifiers run), and
+Beyond the spec itself: with `rollout.engine: vllm`, what vLLM cannot honour (`tlt.rollout.vllm.spec_map`;
+an error everywhere, or a warning where only vLLM's CPU build refuses it); a `verifier.reward` plug-in must import here (as it must where verifiers run), and
 `--show-prompt N` prints the text and token ids of the first N training prompts exactly as the policy
 gets them (template, chat template and special tokens applied, by `tlt.tasks.prompt_format`), with the
 tokenizer of `model.path` (or the built-in task's).
@@ -16,6 +17,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from tlt.config import RunSpec
 from tlt.config_io import SpecError, load_run
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
+from tlt.rollout.vllm.spec_map import vllm_spec_problem
 from tlt.spec_warnings import spec_warnings
 from tlt.tasks.datasets import DatasetError, load_problems
 from tlt.tasks.prompt_format import PromptError, encode_prompt
@@ -57,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             failed += 1
             continue
+        vllm_problem = vllm_spec_problem(run_.spec, cuda=True)
+        if vllm_problem is not None:
+            print(f"{path}: {vllm_problem}", file=sys.stderr)
+            failed += 1
+            continue
         try:
             if run_.spec.verifier.reward is not None:
                 load_reward(run_.spec.verifier.reward)
@@ -69,4 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{path}: ok ({run_.kind} {run_.metadata.name})")
         for warning in spec_warnings(run_.spec):
             print(f"{path}: warning: {warning}", file=sys.stderr)
+        cpu_problem = vllm_spec_problem(run_.spec, cuda=False)
+        if cpu_problem is not None:
+            print(f"{path}: warning: on vLLM's CPU build this run is refused: {cpu_problem}", file=sys.stderr)
     return 1 if failed else 0
