@@ -19,21 +19,25 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a tiny model and short runs (seconds): checks the bench, measures little"
     )
     parser.add_argument(
-        "--part", choices=("all", "hf", "sd", "compiled"), default="all",
+        "--part", choices=("all", "hf", "sd", "compiled", "vllm"), default="all",
         help="hf: this engine vs transformers generate; sd: speculative decoding rows and costs; compiled: eager vs "
-        "compiled steps vs generate vs the weight-read bound; all: every part",
+        "compiled steps vs generate vs the weight-read bound; vllm: this engine (plain, TLT's adaptive SD) vs vLLM "
+        "(plain, EAGLE), greedy (needs vLLM: run it with .venv-vllm's python); all: every part but vllm",
     )
     parser.add_argument(
         "--warmstart", choices=("full", "reduced", "deep"), default=None,
         help="policy of the sd part: full (default), reduced, or deep (16 layers, shaped like a reasoning LLM)",
     )
     parser.add_argument(
-        "--batches", type=_batches, default=None, help="running batch sizes of the sd part, e.g. 1,4,16 (default 1,4,32)",
+        "--batches", type=_batches, default=None,
+        help="running batch sizes of the sd part, e.g. 1,4,16 (default 1,4,32), or of the vllm part "
+        "(default 1,4,16,32; 1,4 with --quick)",
     )
     parser.add_argument(
         "--workload", type=Path, default=None,
         help="sd part on a `tlt bench run` workload's policy and warm drafter, at its temperature, response budget, "
-        "group size and rollout.compile (instead of --warmstart)",
+        "group size and rollout.compile (instead of --warmstart); the vllm part's workload (default "
+        "bench/workload-vllm-v1.yaml; with --quick, its quick overrides)",
     )
 
 
@@ -49,6 +53,7 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def _engine_run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from tlt.bench.engine import EngineBenchConfig, run_engine_bench
     from tlt.bench.engine_compiled import CompiledBenchConfig, run_compiled_bench
@@ -64,8 +69,20 @@ def _engine_run(args: argparse.Namespace) -> int:
     if args.workload is not None and not args.workload.is_file():
         console.print(f"[red]error:[/red] --workload: no such file {str(args.workload)!r}")
         return 2
+    refusal = _vllm_refusal(args) if args.part == "vllm" else None
+    if refusal is not None:
+        console.print(f"[red]error:[/red] {escape(refusal)}")  # escaped: the install hint's 'tlt[vllm]'
+        return 2
     result: dict = {}
     with console.status("benchmarking") as status:
+        if args.part == "vllm":
+            from tlt.bench.engine_vllm import VllmBenchConfig, run_vllm_bench
+
+            v_cfg = VllmBenchConfig.quick(repeats=args.repeats or 1) if args.quick else VllmBenchConfig(
+                repeats=args.repeats or 3)
+            v_over = {"batches": args.batches, "workload": str(args.workload) if args.workload else None}
+            v_cfg = replace(v_cfg, **{k: v for k, v in v_over.items() if v is not None})
+            result.update(run_vllm_bench(v_cfg, on_row=lambda text: status.update(text)))
         if args.part in ("all", "hf"):
             cfg = EngineBenchConfig.quick(repeats=args.repeats or 1) if args.quick else EngineBenchConfig(
                 repeats=args.repeats or 3)
@@ -87,6 +104,48 @@ def _engine_run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _vllm_refusal(args: argparse.Namespace) -> str | None:
+    """Why `--part vllm` cannot run (vLLM not installed: said at once, before any model loads), or None."""
+    from tlt.rollout.vllm.availability import INSTALL_HINT, VllmUnavailable, require_vllm
+
+    try:
+        require_vllm()
+    except VllmUnavailable:
+        return f"--part vllm needs vLLM, which is not installed here: {INSTALL_HINT}"
+    if args.warmstart is not None:
+        return "--part vllm takes its policy from --workload, not --warmstart"
+    return None
+
+
+def _vllm_tables(result: dict) -> list:
+    from rich.table import Table
+
+    info = result["vllm"]
+    policy, config = info["policy"], info["config"]
+    table = Table(title=f"this engine vs vLLM {info['versions']['vllm']} ({policy['params'] / 1e6:.2f}M-param policy, "
+                  f"{policy['dtype']}, greedy, up to {policy['max_new_tokens']} new tokens, "
+                  f"{info['threads']['torch_threads']} threads, median of {config['repeats']})")
+    table.add_column("variant", no_wrap=True)
+    for column in ("batch", "tok/s", "range", "accept", "differ", "start s"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in info["rows"]:
+        low, high = row["tokens_per_s_range"]
+        accept = f"{row['accept_length']:.2f}" if row["accept_length"] is not None else "-"
+        table.add_row(row["variant"], str(row["batch"]), f"{row['tokens_per_s']:.0f}", f"{low:.0f}-{high:.0f}",
+                      accept, str(row["mismatched_requests"]), f"{info['start_seconds'][row['variant']]:.1f}")
+    ratios = Table(title=f"tokens/s over ref, the faster vllm-plain, paired per round (goal: {info['goal']}; "
+                   f"compiled vLLM: {info['vllm_compiled_error'] or 'ran'})")
+    for column in ("batch", "ref", "tlt-adaptive", "range", "vllm-eagle", "range", "goal"):
+        ratios.add_column(column, justify="right", no_wrap=True)
+    for b, ratio in result["tlt_vs_vllm_plain"].items():
+        eagle = result["vllm_eagle_vs_plain"][b]
+        ratios.add_row(b, result["vllm_plain_reference"][b].removeprefix("vllm-plain-"), f"{ratio:.2f}x",
+                       "{:.2f}-{:.2f}".format(*result["tlt_vs_vllm_plain_range"][b]), f"{eagle:.2f}x",
+                       "{:.2f}-{:.2f}".format(*result["vllm_eagle_vs_plain_range"][b]),
+                       "yes" if result["goal_met"][b] else "no")
+    return [table, ratios]
 
 
 def _engine_tables(result: dict) -> list:
@@ -136,6 +195,8 @@ def _engine_tables(result: dict) -> list:
         for point in costs["drafter_step"]:
             table.add_row(str(point["batch"]), "drafter step", f"{point['seconds'] * 1e3:.2f}", "")
         tables.append(table)
+    if "vllm" in result:
+        tables.extend(_vllm_tables(result))
     return tables
 
 

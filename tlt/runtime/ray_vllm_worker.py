@@ -95,7 +95,7 @@ class VllmRolloutWorker(RolloutWorker):
                 self.vllm.load_drafter(drafter[1])
         requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         group = self.spec.algorithm.group_size
-        drafts_before, accepted_before = self.vllm.speculative_counts()
+        drafts_before, (_, accepted_before) = self.vllm.speculative_drafts(), self.vllm.speculative_counts()
         self.running = len(requests)
         generate_started = time.time()
         try:
@@ -103,8 +103,9 @@ class VllmRolloutWorker(RolloutWorker):
         finally:
             self.running = 0
         finished = time.time()
-        drafts, accepted = (now - before for now, before in
-                            zip(self.vllm.speculative_counts(), (drafts_before, accepted_before)))
+        # one draft per request and step that drafted: the row-steps of TLT's accept length
+        row_steps = self.vllm.speculative_drafts() - drafts_before
+        accepted = self.vllm.speculative_counts()[1] - accepted_before
         rewards = []
         for i, completion in enumerate(completions):
             problem = problems[i // group]
@@ -115,7 +116,6 @@ class VllmRolloutWorker(RolloutWorker):
         self.vllm.release()
         self._settling = self._settle(completions, step, drafter, candidate)
         self._set_state(IDLE)
-        row_steps = drafts // self.draft_tokens if self.draft_tokens else 0
         return {"worker": self.name, "completions": completions, "rewards": rewards, "streamed": 0,
                 "trace": [], "started_at": started, "finished_at": finished,
                 "generate_seconds": finished - generate_started, "first_response_at": finished,
