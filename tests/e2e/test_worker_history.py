@@ -3,6 +3,8 @@ rollout's results return (off the critical path), and always before its next rol
 
 from __future__ import annotations
 
+import threading
+
 from tlt.config import TLTTrainingRun
 from tlt.models.loading import load_policy
 from tlt.runtime.ray_workers import RolloutWorker
@@ -19,6 +21,15 @@ SPEC = {
 }
 
 
+def _worker(**speculative) -> tuple[RolloutWorker, dict, list]:
+    spec = {**SPEC, "speculative": {**SPEC["speculative"], **speculative}}
+    run = TLTTrainingRun.model_validate({"metadata": {"name": "history"}, "spec": spec})
+    folder = warm_start(reduced_config())
+    worker = RolloutWorker(0, run.spec, str(folder), 4, [_Verifier()], None)
+    weights = {k: v.detach() for k, v in load_policy(str(folder), "float32")[0].state_dict().items()}
+    return worker, weights, load_problems(run.spec.dataset, "train")
+
+
 class _Scores:
     def remote(self, *args, **kwargs) -> None:
         return None
@@ -29,11 +40,7 @@ class _Verifier:
 
 
 def test_responses_enter_the_history_store_after_the_rollout_and_before_the_next():
-    run = TLTTrainingRun.model_validate({"metadata": {"name": "history"}, "spec": SPEC})
-    folder = warm_start(reduced_config())
-    worker = RolloutWorker(0, run.spec, str(folder), 4, [_Verifier()], None)
-    weights = {k: v.detach() for k, v in load_policy(str(folder), "float32")[0].state_dict().items()}
-    problems = load_problems(run.spec.dataset, "train")
+    worker, weights, problems = _worker()
     first = worker.rollout(1, [0, 1], problems[:2], weights, None)
     assert len(first["completions"]) == 4
     worker._history_indexed()
@@ -42,3 +49,19 @@ def test_responses_enter_the_history_store_after_the_rollout_and_before_the_next
     worker._history_indexed()
     assert worker.history.num_docs == 8
     assert worker._waves == [] and worker._indexing is None
+
+
+def test_a_rollout_returns_before_its_responses_are_indexed():
+    """Threshold 0: the rollout never drafts, so only the deferred wave-end indexing fills the store."""
+    worker, weights, problems = _worker(threshold=0)
+    gate = threading.Event()
+    worker._settler.submit(gate.wait, 120)  # the settle thread is busy until the gate opens
+    try:
+        result = worker.rollout(1, [0, 1], problems[:2], weights, None)
+        assert len(result["completions"]) == 4
+        assert worker.history.num_docs == 0, "the rollout returned before its responses were indexed"
+        assert worker._indexing is not None and not worker._indexing.done()
+    finally:
+        gate.set()
+    worker._history_indexed()
+    assert worker.history.num_docs == 4
