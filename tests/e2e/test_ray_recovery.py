@@ -70,11 +70,11 @@ def test_nothing_in_the_last_checkpoint_is_lost(recovered_run):
     _, history, _, holder = recovered_run
     saved = holder["checkpoint_1"]
     assert history[0] == saved.state["metrics"][0], "step 1 as checkpointed is the run's step 1"
-    # the drafter resumed from the checkpointed hub state: the first update after the restart
-    # continues its version count instead of starting a fresh drafter at version 1
+    # the drafter resumed from the checkpointed hub state: the first sync after the restart
+    # continues its version count (optimizer steps) instead of starting a fresh drafter at version 0
     pushes = [p for m in history[1:] for p in m["hub_pushes"]]
     assert pushes, "no drafter updates after the restart"
-    assert pushes[0]["version"] == saved.state["drafter_version"] + 1
+    assert pushes[0]["version"] == saved.state["drafter_version"] + pushes[0]["steps"]
 
 
 def test_cluster_mode_trainers_harvest_the_update_together_and_stop_before_the_next_rollout(recovered_run):
@@ -103,14 +103,16 @@ def test_the_bandits_resume_from_the_checkpoint(recovered_run):
 
 
 def test_the_checkpoint_holds_the_drafter_optimizer_and_every_workers_buffer(recovered_run):
-    """What a restart resumes the drafter from: the hub's AdamW moments and both workers' online
-    buffers (the exact resume is tests/unit/test_drafter_resume.py)."""
+    """What a restart resumes the drafter from: the hub's parameters, both workers' online buffers and
+    their trainers' AdamW moments (the exact resume is tests/unit/test_drafter_resume.py)."""
     saved = recovered_run[3]["checkpoint_1"]
-    assert saved.objects["drafter_optimizer"]["state"], "no AdamW moments in the checkpoint"
+    assert saved.tensors["drafter"], "no drafter parameters in the checkpoint"
     buffers = saved.objects["drafter_buffers"]
     assert len(buffers) == 2
     for state in buffers:
         assert state["buffer"]["tokens"] and state["buffer"]["current_step"] == 1
+        assert "optimizer" in state
+    assert any(state["optimizer"]["state"] for state in buffers), "no trainer's AdamW moments in the checkpoint"
 
 
 def test_rollouts_draft_with_the_validated_drafter_and_it_survives_the_restart(recovered_run):

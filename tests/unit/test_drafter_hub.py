@@ -14,8 +14,8 @@ import torch
 from tlt.drafter.async_ckpt import AsyncCheckpointer
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import DrafterHub
-from tlt.drafter.objective import drafter_loss
-from tlt.drafter.trainer import TRAINER_NICE, SpotTrainer
+from tlt.drafter.objective import drafter_loss, make_optimizer
+from tlt.drafter.trainer import TRAINER_NICE, SpotTrainer, local_step
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.types import Completion
@@ -44,10 +44,12 @@ def sample_completions(model, seed: int) -> list[Completion]:
     return completions
 
 
-def trainer_for(name: str, model, hub: DrafterHub, seed: int) -> SpotTrainer:
+def trainer_for(name: str, model, hub: DrafterHub, seed: int, sync_every: int = 2) -> SpotTrainer:
     drafter = EagleDrafter(drafter_config_from_target(model.config))
     drafter.bind_policy(model)
-    trainer = SpotTrainer(name, drafter, filled_buffer(model, seed), hub.push)
+    lr = hub.optimizer.param_groups[0]["lr"]
+    trainer = SpotTrainer(name, drafter, filled_buffer(model, seed), hub.push_delta, learning_rate=lr,
+                          sync_every=sync_every)
     trainer.load(*hub.pull())
     return trainer
 
@@ -120,7 +122,7 @@ def test_the_trainer_thread_runs_at_the_lowest_priority_and_the_caller_keeps_its
 
     def push(*args):
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return hub.push(*args)
+        return hub.push_delta(*args)
 
     trainer = trainer_for("w0", model, hub, seed=0)
     trainer.push = push
@@ -142,15 +144,16 @@ def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
     grads = {n: torch.zeros_like(p) for n, p in hub.drafter.named_parameters()}
     after: list[tuple[int, int]] = []
 
-    def serve():  # a thread of the actor's pool
-        version, _ = hub.push("w0", grads, 0, 1, 0.0)
+    def serve(push):  # a thread of the actor's pool
+        version, _ = push()
         after.append((version, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
 
     caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    thread = threading.Thread(target=serve)
-    thread.start()
-    thread.join()
-    assert after == [(1, TRAINER_NICE)]
+    for push in (lambda: hub.push("w0", grads, 0, 1, 0.0), lambda: hub.push_delta("w0", grads, 1, 3, 10, 0.0)):
+        thread = threading.Thread(target=serve, args=(push,))
+        thread.start()
+        thread.join()
+    assert after == [(1, TRAINER_NICE), (4, TRAINER_NICE)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
@@ -162,14 +165,50 @@ def test_two_active_trainers_update_one_drafter():
     second.start(step=1)
     wait_for(lambda: {p["trainer"] for p in hub.pushes} == {"w0", "w1"} and len(hub.pushes) >= 6)
     acks = [first.stop(), second.stop()]
-    assert hub.version == sum(a["iterations"] for a in acks), "every pushed gradient is one step of the one drafter"
+    assert hub.version == sum(a["iterations"] for a in acks), "every local step reaches the one drafter"
+    assert sum(p["steps"] for p in hub.pushes) == hub.version
     versions = [p["version"] for p in hub.pushes]
-    assert versions == list(range(1, hub.version + 1))
+    assert versions == sorted(set(versions)) and versions[-1] == hub.version
     # each trainer ends on parameters the hub produced, so both hold the same drafter afterwards
     first.load(*hub.pull())
     second.load(*hub.pull())
     for (name, a), b in zip(first.drafter.state_dict().items(), second.drafter.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_one_trainer_syncing_deltas_trains_as_plain_local_adamw():
+    """The hub's drafter after a run equals the same rows trained by AdamW in one process: syncing
+    every few steps changes nothing for one trainer (up to float rounding of base + delta)."""
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 3e-3, seed=5)
+    reference = EagleDrafter(drafter_config_from_target(model.config))
+    reference.bind_policy(model)
+    reference.load_state_dict(hub.params())
+    trainer = trainer_for("w0", model, hub, seed=6, sync_every=3)
+    trainer.start(step=1)
+    wait_for(lambda: trainer.current.iterations >= 10)
+    ack = trainer.stop()
+    assert hub.version == ack["iterations"] and [p["steps"] for p in hub.pushes][:3] == [3, 3, 3]
+    optimizer = make_optimizer(reference, 3e-3)
+    reference.train()
+    rows = [packed for epoch in range(ack["iterations"]) for packed in trainer.buffer.batches(epoch)]
+    for packed in rows[:ack["iterations"]]:
+        local_step(reference, optimizer, packed)
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(hub.params()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    trainer.load(*hub.pull())
+    assert all(int(s["step"]) == ack["iterations"] for s in trainer.optimizer.state.values())
+
+
+def test_push_delta_refuses_other_parameters_and_empty_deltas():
+    model = policy()
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    delta = {n: torch.zeros_like(p) for n, p in hub.drafter.named_parameters()}
+    with pytest.raises(ValueError, match="delta keys differ"):
+        hub.push_delta("w0", {**delta, "extra.weight": torch.zeros(1)}, 0, 1, 1, 0.0)
+    with pytest.raises(ValueError, match="steps=0"):
+        hub.push_delta("w0", delta, 0, 0, 1, 0.0)
+    assert hub.version == 0 and hub.pushes == []
 
 
 def test_training_lowers_the_loss_on_the_buffer():

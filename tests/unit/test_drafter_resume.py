@@ -10,7 +10,7 @@ import torch
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import MAX_GRAD_NORM, DrafterHub
 from tlt.drafter.objective import make_optimizer
-from tlt.drafter.trainer import SpotTrainer, packed_gradients
+from tlt.drafter.trainer import SpotTrainer, local_step
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from test_drafter_hub import filled_buffer, policy
@@ -21,19 +21,22 @@ LR = 3e-3
 def _trainer(model, hub: DrafterHub, buffer: OnlineBuffer) -> SpotTrainer:
     drafter = EagleDrafter(drafter_config_from_target(model.config))
     drafter.bind_policy(model)
-    trainer = SpotTrainer("rollout-0", drafter, buffer, hub.push)
+    trainer = SpotTrainer("rollout-0", drafter, buffer, hub.push_delta, learning_rate=LR)
     trainer.load(*hub.pull())
     return trainer
 
 
 def _train(trainer: SpotTrainer, hub: DrafterHub, epochs: int) -> None:
-    """What the trainer's loop does, synchronously: every packed row of each epoch, pushed to the hub."""
+    """What the trainer's loop does, synchronously: a local AdamW step on every packed row of each
+    epoch, each step's parameter change pushed to the hub."""
     for _ in range(epochs):
         state = trainer.state_dict()
         for packed in trainer.buffer.batches(state["epoch"]):
-            grads, loss = packed_gradients(trainer.drafter, packed)
-            trainer.load(*hub.push(trainer.trainer_id, grads, trainer.version, packed.num_trained, loss))
-        trainer.load_state_dict({**state, "epoch": state["epoch"] + 1})
+            before = {n: p.detach().clone() for n, p in trainer.drafter.named_parameters()}
+            loss = local_step(trainer.drafter, trainer.optimizer, packed)
+            delta = {n: p.detach() - before[n] for n, p in trainer.drafter.named_parameters()}
+            trainer.load(*hub.push_delta(trainer.trainer_id, delta, trainer.version, 1, packed.num_trained, loss))
+        trainer.load_state_dict({**trainer.state_dict(), "epoch": state["epoch"] + 1})
 
 
 def _assert_same(a, b) -> None:
@@ -82,8 +85,8 @@ def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop):
     _train(trainer, hub, epochs=2)
     ckpt = Checkpoint(step=1)
     add_drafter(ckpt, hub.state(), [trainer.state_dict()])
-    if drop == "optimizer":
-        ckpt.objects["drafter_optimizer"] = make_optimizer(EagleDrafter(config), LR).state_dict()
+    if drop == "optimizer":  # the trainer's own AdamW moments
+        ckpt.objects["drafter_buffers"][0]["optimizer"] = make_optimizer(EagleDrafter(config), LR).state_dict()
     elif drop == "buffer":
         ckpt.objects["drafter_buffers"][0]["buffer"] = {**trainer.buffer.state_dict(), "tokens": [], "hidden": [],
                                                         "prompt_len": [], "step": []}

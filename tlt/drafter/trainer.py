@@ -6,9 +6,12 @@ steps, joins the thread and returns an acknowledgement with the worker's own tim
 request arrived, when the loop had stopped), so stop latency is measured from both processes.
 
 Each iteration: take the next packed row of the worker's buffer, forward the local drafter copy
-(bound to the worker's policy embedding and head), compute the EAGLE loss, push the gradient to
-the hub (`HubClient`) and load the parameters it returns. The trainer never steps an optimizer
-itself: the hub owns the one optimizer of the one drafter.
+(bound to the worker's policy embedding and head), compute the EAGLE loss and step the trainer's
+own AdamW (grad clip 1.0, `tlt.drafter.objective.make_optimizer`). Every `sync_every` steps, and
+when it stops, it pushes the change of its parameters since its last sync to the hub
+(`DrafterHub.push_delta`) and continues from the parameters the hub returns (everyone's steps).
+The AdamW moments live as long as the trainer (the whole run): they carry from one RL step to the
+next and go into whole-run checkpoints with the buffer (`state_dict`).
 
 The thread runs at the lowest CPU priority (`TRAINER_NICE`): it harvests idle capacity, so where it
 shares host cores with a worker that still generates (CPU rollouts, or a GPU host's launch threads)
@@ -17,6 +20,7 @@ the scheduler gives the generating process the core first. Linux applies a nice 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -29,13 +33,18 @@ from typing import Any
 import torch
 
 from tlt.drafter.buffer import OnlineBuffer, PackedBatch
-from tlt.drafter.objective import drafter_loss
+from tlt.drafter.objective import drafter_loss, make_optimizer
 from tlt.models.drafter import EagleDrafter
 
 log = logging.getLogger(__name__)
 
-# (trainer id, gradients, version they were computed on, tokens, loss) -> (new version, new params)
-PushFn = Callable[[str, dict[str, torch.Tensor], int, int, float], tuple[int, dict[str, torch.Tensor]]]
+# (trainer id, parameter delta, version it started from, optimizer steps, tokens, mean loss)
+#   -> (new version, new params): `DrafterHub.push_delta`
+PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[int, dict[str, torch.Tensor]]]
+
+# Local optimizer steps between two syncs with the hub (one round trip each).
+SYNC_EVERY = 16
+MAX_GRAD_NORM = 1.0
 
 # The trainer thread's nice value: the lowest priority, below every rollout and serving thread.
 TRAINER_NICE = 19
@@ -59,17 +68,33 @@ def lower_thread_priority(nice: int = TRAINER_NICE) -> int | None:
         return None
 
 
-def packed_gradients(drafter: EagleDrafter, packed: PackedBatch) -> tuple[dict[str, torch.Tensor], float]:
-    """Gradients of the EAGLE loss on one packed row, by parameter name, and the loss value."""
+def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
+    """The EAGLE loss (a scalar with its graph) on one packed row."""
     b = packed.batch
-    drafter.zero_grad(set_to_none=True)
     pred = drafter(b.input_ids, b.features, b.position_ids, attention_mask=packed.attn_mask)  # [1, T, H]
     with torch.no_grad():
         target_logits = drafter.logits(b.target)  # [1, T, V]
-    loss = drafter_loss(pred, drafter.logits(pred), b.target, target_logits, b.mask).total
+    return drafter_loss(pred, drafter.logits(pred), b.target, target_logits, b.mask).total
+
+
+def packed_gradients(drafter: EagleDrafter, packed: PackedBatch) -> tuple[dict[str, torch.Tensor], float]:
+    """Gradients of the EAGLE loss on one packed row, by parameter name, and the loss value."""
+    drafter.zero_grad(set_to_none=True)
+    loss = packed_loss(drafter, packed)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in drafter.named_parameters() if p.grad is not None}
     return grads, float(loss.detach())
+
+
+def local_step(drafter: EagleDrafter, optimizer: torch.optim.Optimizer, packed: PackedBatch) -> float:
+    """One optimizer step on one packed row (grad clip `MAX_GRAD_NORM`); returns the loss value."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = packed_loss(drafter, packed)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), MAX_GRAD_NORM)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 @torch.no_grad()
@@ -112,14 +137,21 @@ class TrainerRun:
 
 
 class SpotTrainer:
-    """One worker's trainer thread over its buffer and its local drafter copy."""
+    """One worker's trainer thread over its buffer, its local drafter copy and its own AdamW."""
 
-    def __init__(self, trainer_id: str, drafter: EagleDrafter, buffer: OnlineBuffer, push: PushFn) -> None:
+    def __init__(self, trainer_id: str, drafter: EagleDrafter, buffer: OnlineBuffer, push: PushFn, *,
+                 learning_rate: float, sync_every: int = SYNC_EVERY) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.trainer_id = trainer_id
         self.drafter = drafter
         self.buffer = buffer
         self.push = push
+        self.sync_every = sync_every
+        self.optimizer = make_optimizer(drafter, learning_rate)
+        self._optimizer_lock = threading.Lock()  # a checkpoint may copy the moments while the loop steps
         self.version = 0
+        self._base: dict[str, torch.Tensor] = self._params()  # the parameters of `version`
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.current: TrainerRun | None = None
@@ -136,23 +168,42 @@ class SpotTrainer:
             raise RuntimeError(f"trainer {self.trainer_id}: cannot load parameters while training")
         self._load(version, params)
 
+    def _params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.drafter.named_parameters()}
+
     def _load(self, version: int, params: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, tensor in self.drafter.state_dict().items():
                 tensor.copy_(params[name])
         self.version = version
+        self._base = self._params()
+
+    def _sync(self, run: TrainerRun, steps: int, tokens: int, loss_sum: float) -> None:
+        """Push the change since the last sync (`steps` local steps) and continue from the hub's sum."""
+        with torch.no_grad():
+            delta = {n: p.detach() - self._base[n] for n, p in self.drafter.named_parameters()}
+        version, params = self.push(self.trainer_id, delta, self.version, steps, tokens, loss_sum / steps)
+        self._load(version, params)
+        run.versions.append(version)
 
     def state_dict(self) -> dict[str, Any]:
-        """The buffer (`OnlineBuffer.state_dict`) and the shuffle epoch, for whole-run checkpoints.
-        Safe while training: the loop only reads the buffer, and samples enter only while stopped."""
-        return {"buffer": self.buffer.state_dict(), "epoch": self._epoch}
+        """The buffer (`OnlineBuffer.state_dict`), the shuffle epoch and the AdamW state, for whole-run
+        checkpoints. Safe while training: the loop only reads the buffer, samples enter only while
+        stopped, and the optimizer state is copied between two of its steps."""
+        with self._optimizer_lock:
+            optimizer = copy.deepcopy(self.optimizer.state_dict())
+        return {"buffer": self.buffer.state_dict(), "epoch": self._epoch, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict()` (only while stopped)."""
+        """Restore `state_dict()` (only while stopped). A state written before trainers kept their own
+        optimizer has no "optimizer": the moments then start fresh."""
         if self.active:
             raise RuntimeError(f"trainer {self.trainer_id}: cannot restore its buffer while training")
         self.buffer.load_state_dict(state["buffer"])
         self._epoch = int(state["epoch"])
+        if state.get("optimizer") is not None:
+            with self._optimizer_lock:
+                self.optimizer.load_state_dict(state["optimizer"])
 
     def start(self, step: int, after: Future | None = None) -> float:
         """Start training in the background; returns the start time. No-op error if already running.
@@ -197,6 +248,8 @@ class SpotTrainer:
         self._training = True
         run.nice = lower_thread_priority()
         self.drafter.train()
+        steps = tokens = 0  # since the last sync
+        loss_sum = 0.0
         try:
             while not self._stop.is_set():
                 batches = self.buffer.batches(self._epoch)
@@ -207,13 +260,18 @@ class SpotTrainer:
                 for packed in batches:
                     if self._stop.is_set():
                         break
-                    grads, loss = packed_gradients(self.drafter, packed)
-                    version, params = self.push(self.trainer_id, grads, self.version, packed.num_trained, loss)
-                    self._load(version, params)
+                    with self._optimizer_lock:
+                        loss = local_step(self.drafter, self.optimizer, packed)
+                    steps, tokens, loss_sum = steps + 1, tokens + packed.num_trained, loss_sum + loss
                     run.iterations += 1
                     run.tokens += packed.num_trained
                     run.losses.append(loss)
-                    run.versions.append(version)
+                    if steps == self.sync_every:
+                        self._sync(run, steps, tokens, loss_sum)
+                        steps = tokens = 0
+                        loss_sum = 0.0
+            if steps:  # stopping: the last steps reach the hub before the stop is acknowledged
+                self._sync(run, steps, tokens, loss_sum)
         except Exception as exc:  # reported in the stop acknowledgement; the rollout must not die with it
             log.exception("trainer %s failed", self.trainer_id)
             run.error = f"{type(exc).__name__}: {exc}"

@@ -58,7 +58,7 @@ def add_drafter(ckpt: Checkpoint, hub_state: dict[str, Any] | None,
                 trainer_states: list[dict[str, Any] | None] | None) -> None:
     """Put the drafter into `ckpt`: the hub's parameters (tensors "drafter"), its AdamW state
     (objects "drafter_optimizer") and version (state "drafter_version"), and every rollout
-    worker's online buffer + shuffle epoch in worker order (objects "drafter_buffers",
+    worker's online buffer, shuffle epoch and AdamW state in worker order (objects "drafter_buffers",
     `SpotTrainer.state_dict`; None for a worker without one); with `hub_state["served"]`, the drafter
     the rollouts draft with (tensors "served_drafter", state "served_drafter_version")."""
     if hub_state is not None:

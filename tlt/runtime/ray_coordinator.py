@@ -5,8 +5,8 @@ One step:
    rollout worker; each generates its shard of prompts x group size and streams every finished
    response to a verifier;
 2. a worker that finishes its shard releases its KV cache and turns IDLE; if drafter training is
-   on this step and its slot is enabled, its spot trainer starts (TRAINING) and pushes gradients
-   to the one drafter hub;
+   on this step and its slot is enabled, its spot trainer starts (TRAINING): local AdamW steps on
+   its copy, the parameter change synced with the one drafter hub every few steps;
 3. every trainer is stopped and acknowledges (its timestamps and ours) when its device is
    needed: with `stop_trainers_at="update"` (one machine: rollout and update share the device)
    when every shard is done, before the policy update; with `"rollout"` (rollout pods with
@@ -357,8 +357,9 @@ class RayTrainer:
         return {
             "drafter_agreement": agree / total if total else None,
             "drafter_version": pushes[-1]["version"] if pushes else None,
-            "drafter_loss": sum(p["loss"] for p in pushes) / len(pushes) if pushes else None,
-            "drafter_updates": len(pushes),
+            "drafter_loss": (sum(p["loss"] * p.get("steps", 1) for p in pushes) / sum(p.get("steps", 1) for p in pushes)
+                             if pushes else None),
+            "drafter_updates": sum(p.get("steps", 1) for p in pushes),
             "drafter_trainers": sorted({p["trainer"] for p in pushes}),
             "drafter_tokens": sum(p["tokens"] for p in pushes),
             "harvested_seconds": sum(a["stopped_at"] - a["started_at"] for a in trained),

@@ -1,7 +1,7 @@
 """The run's shared services, as plain classes that `tlt.runtime.ray_cluster` turns into Ray actors.
 
 - `VerifierWorker`: scores one response against its reference (CPU).
-- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`), the one optimizer of the online drafter.
+- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`), the parameters every spot trainer syncs with.
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ class HubWorker(DrafterHub):
              loss: float) -> tuple[int, dict[str, torch.Tensor]]:
         lower_thread_priority()
         return super().push(trainer, grads, based_on, tokens, loss)
+
+    def push_delta(self, trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int,
+                   loss: float) -> tuple[int, dict[str, torch.Tensor]]:
+        lower_thread_priority()
+        return super().push_delta(trainer, delta, based_on, steps, tokens, loss)
 
     def ping(self) -> bool:
         return True

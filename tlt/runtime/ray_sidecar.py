@@ -117,7 +117,8 @@ class SidecarTrainer:
         self.spec = spec
         drafter = EagleDrafter(drafter_config_from_target(target_config)).float().eval()
         self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
-        self.trainer = SpotTrainer(worker, drafter, self.buffer, hub_push(hub))
+        self.trainer = SpotTrainer(worker, drafter, self.buffer, hub_push(hub),
+                                   learning_rate=spec.drafter.learning_rate)
         self.node = node_id()
 
     def node_id(self) -> str:

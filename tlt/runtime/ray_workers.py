@@ -132,7 +132,8 @@ class RolloutWorker:
             self.buffer = OnlineBuffer(self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens,
                                        seed=self.spec.algorithm.seed)
             push = hub_push(hub) if hub is not None else _no_hub
-            self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push)
+            self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push,
+                                       learning_rate=self.spec.drafter.learning_rate)
 
     def attach_sidecar(self, sidecar: Any) -> str:
         """Use `sidecar` (a `SidecarTrainer` actor on this pod's drafter-trainer node) as this worker's
@@ -368,8 +369,8 @@ def _report_to_pod(state: str, since: float) -> None:
 
 
 def hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
-    def push(trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int, loss: float):
-        return ray.get(hub.push.remote(trainer, grads, based_on, tokens, loss))
+    def push(trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int, loss: float):
+        return ray.get(hub.push_delta.remote(trainer, delta, based_on, steps, tokens, loss))
 
     return push
 
