@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tlt.bench.engine import EngineBenchConfig
 from tlt.bench.engine_sd import SdBenchConfig
@@ -131,9 +132,15 @@ def test_sd_part_on_a_workload_uses_its_policy_drafter_and_sampling(tmp_path):
     workload = tmp_path / "workload.yaml"
     workload.write_text(WORKLOAD)
     path = tmp_path / "sd.json"
-    assert main(["bench", "engine", "--part", "sd", "--quick", "--workload", str(workload), "--json", str(path)]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert main(["bench", "engine", "--part", "sd", "--quick", "--workload", str(workload), "--threads", "1",
+                     "--json", str(path)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the bench sets the process's threads
     sd = json.loads(path.read_text())["sd"]
     assert sd["drafter"]["workload"] == "sd-part-test"
+    assert sd["config"]["threads"] == 1, "--threads reaches the sd part"
     assert sd["config"]["temperatures"] == [0.9] and sd["config"]["compile"] is False
     assert sd["config"]["max_new_tokens"] == 12 and sd["config"]["group_size"] == 2
     assert {r["temperature"] for r in sd["rows"]} == {0.9}
@@ -147,3 +154,5 @@ def test_workload_and_warmstart_together_are_refused(tmp_path, capsys):
     assert "--workload and --warmstart" in capsys.readouterr().out
     assert main(["bench", "engine", "--part", "sd", "--workload", str(tmp_path / "none.yaml")]) == 2
     assert "no such file" in capsys.readouterr().out
+    assert main(["bench", "engine", "--part", "sd", "--threads", "0"]) == 2
+    assert "--threads must be >= 1, got 0" in capsys.readouterr().out

@@ -29,6 +29,10 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="policy of the sd part: full (default), reduced, or deep (16 layers, shaped like a reasoning LLM)",
     )
     parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads of the sd part (default 2; a `tlt bench run` rollout worker decodes on 1)",
+    )
+    parser.add_argument(
         "--batches", type=_batches, default=None,
         help="running batch sizes of the sd part, e.g. 1,4,16 (default 1,4,32), or of the vllm part "
         "(default 1,4,16,32; 1,4 with --quick)",
@@ -63,6 +67,9 @@ def _engine_run(args: argparse.Namespace) -> int:
     if args.repeats is not None and args.repeats < 1:
         console.print("[red]error:[/red] --repeats must be >= 1")
         return 2
+    if args.threads is not None and args.threads < 1:
+        console.print(f"[red]error:[/red] --threads must be >= 1, got {args.threads}")
+        return 2
     if args.workload is not None and args.warmstart is not None:
         console.print("[red]error:[/red] --workload and --warmstart both choose the sd part's policy: give one")
         return 2
@@ -90,7 +97,7 @@ def _engine_run(args: argparse.Namespace) -> int:
         if args.part in ("all", "sd"):
             sd_cfg = SdBenchConfig.quick(repeats=args.repeats or 1) if args.quick else SdBenchConfig(
                 repeats=args.repeats or 3)
-            overrides = {"warmstart": args.warmstart, "batches": args.batches,
+            overrides = {"warmstart": args.warmstart, "batches": args.batches, "threads": args.threads,
                          "workload": str(args.workload) if args.workload is not None else None}
             sd_cfg = replace(sd_cfg, **{k: v for k, v in overrides.items() if v is not None})
             result.update(run_sd_bench(sd_cfg, on_row=lambda text: status.update(text)))
