@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tlt.bench.run_cli import add_run_arguments, run_run
 
@@ -107,10 +108,7 @@ def _engine_run(args: argparse.Namespace) -> int:
             result.update(run_compiled_bench(c_cfg, on_row=lambda text: status.update(text)))
     for table in _engine_tables(result):
         console.print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
-    return 0
+    return _write_json(console, args.json, result)
 
 
 def _vllm_refusal(args: argparse.Namespace) -> str | None:
@@ -240,10 +238,7 @@ def _drafter_run(args: argparse.Namespace) -> int:
         table.add_row(row["shape"], f"{row['learning_rate']:g}", *(f"{p['agreement']:.3f}" for p in row["curve"]),
                       f"{row['final_over_warm']:.3f}")
     console.print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
-    return 0
+    return _write_json(console, args.json, result)
 
 
 def _update_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,10 +265,49 @@ def _update_run(args: argparse.Namespace) -> int:
                   f"{result['threads']} threads; update seconds recompute {statistics.median(sec['recompute']):.2f}, "
                   f"first-pass {statistics.median(sec['first-pass']):.2f} (medians); recompute / first-pass "
                   f"{ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; load before {result['load_average']['before']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
+    return _write_json(console, args.json, result)
+
+
+def _write_json(console: Any, path: Path | None, result: dict) -> int:
+    """Write `result` to `path` (when given) and say so; the bench's exit status (0)."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {path}")
     return 0
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", type=Path, default=None, help="workload file (default bench/workload.yaml)")
+    parser.add_argument("--shards", type=int, default=8, help="shards (the run's first steps' prompts), default 8")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, a Ray rollout worker's here)")
+    parser.add_argument("--quick", action="store_true", help="the workload's small version (checks the bench)")
+
+
+def _worker_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tlt.bench.run import DEFAULT_WORKLOAD
+    from tlt.bench.worker_alone import WorkerBenchConfig, run_worker_bench
+
+    console = Console()
+    workload = args.workload or DEFAULT_WORKLOAD
+    try:
+        if not Path(workload).is_file():
+            raise ValueError(f"--workload: no such file {str(workload)!r}")
+        cfg = WorkerBenchConfig(workload=Path(workload), shards=args.shards, threads=args.threads, quick=args.quick)
+        with console.status("one rollout worker alone: vanilla vs tlt"):
+            result = run_worker_bench(cfg)
+    except ValueError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    for name, v in result["variants"].items():
+        ranges = ", ".join(f"{k}: {s:.2f}" for k, s in v["decode_seconds_by_running"].items())
+        console.print(f"{name}: {v['seconds_total']:.2f} s, {v['steps_total']} decode steps; decode s by running "
+                      f"batch {ranges}")
+    console.print(f"tlt over vanilla: rollout speed-up {result['rollout_speedup']:.3f}x, steps "
+                  f"{result['steps_ratio']:.3f}, seconds per step {result['step_cost_ratio']:.3f}; "
+                  f"{result['mismatched_responses']} responses differ; load {result['load_average']}")
+    return _write_json(console, args.json, result)
 
 
 # name -> (help, add_arguments, run)
@@ -284,6 +318,8 @@ BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callabl
                 _drafter_arguments, _drafter_run),
     "update": ("the policy update with vs without a separate old-log-prob pass, interleaved pairs",
                _update_arguments, _update_run),
+    "worker": ("one rollout worker alone (no Ray): vanilla vs tlt on the same shards, interleaved",
+               _worker_arguments, _worker_run),
 }
 
 

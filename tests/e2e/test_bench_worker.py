@@ -1,0 +1,63 @@
+"""`tlt bench worker`: one rollout worker alone, vanilla vs tlt, on a tiny workload (structure, not speed)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tlt.bench.worker_alone import seconds_by_range
+from tlt.cli import main
+
+WORKLOAD = """\
+name: worker-bench-test
+warmstart: reduced
+drafterWarmstart: {prompts: 8, steps: 3, batch: 8, learningRate: 3.0e-3, maxNewTokens: 16, seed: 0}
+spec:
+  model: {maxContext: 256}
+  dataset: {source: builtin, builtin: {numTrain: 16, numEval: 8, seed: 0}}
+  algorithm: {promptsPerStep: 4, groupSize: 2, temperature: 1.0, maxNewTokens: 12, seed: 0}
+  rollout: {replicas: 2, compile: "off"}
+  speculative: {threshold: 4, buckets: [1, 4], arms: [{kind: plain}, {kind: chain, depth: 2}]}
+variants:
+  vanilla: {speculative: {mode: "off"}}
+  static: {speculative: {mode: static}}
+  tlt: {speculative: {mode: tlt}}
+  tlt-shadow: {speculative: {mode: tlt, threshold: 0}}
+repeats: 1
+heldout: {prompts: 2, depth: 2, maxNewTokens: 8}
+costs: {batches: [1], widths: [1], context: 16, repeats: 1}
+"""
+
+
+def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    path = tmp_path / "worker.json"
+    threads = torch.get_num_threads()
+    assert main(["bench", "worker", "--workload", str(workload), "--shards", "3", "--json", str(path)]) == 0
+    assert torch.get_num_threads() == threads, "the bench gives the process its threads back"
+    result = json.loads(path.read_text())
+    assert result["config"] == {"shards": 3, "threads": 1, "rows": 4}
+    vanilla, tlt = result["variants"]["vanilla"], result["variants"]["tlt"]
+    assert len(vanilla["seconds"]) == len(tlt["seconds"]) == 3
+    assert vanilla["tokens"] == tlt["tokens"] and result["mismatched_responses"] == 0, "coupled sampling: same tokens"
+    assert tlt["steps_total"] < vanilla["steps_total"], "the tlt worker drafted (fewer decode steps)"
+    assert result["rollout_speedup"] > 0 and result["step_cost_ratio"] > 0
+
+
+def test_bad_arguments_are_refused_naming_the_field(tmp_path, capsys):
+    assert main(["bench", "worker", "--workload", str(tmp_path / "none.yaml")]) == 2
+    assert "--workload: no such file" in capsys.readouterr().out
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    assert main(["bench", "worker", "--workload", str(workload), "--shards", "0"]) == 2
+    assert "shards must be >= 1, got 0" in capsys.readouterr().out
+    workload.write_text(WORKLOAD.replace("  tlt: {speculative: {mode: tlt}}\n", ""))
+    assert main(["bench", "worker", "--workload", str(workload)]) == 2
+    assert "variants must include 'tlt'" in capsys.readouterr().out
+
+
+def test_seconds_by_range_sums_each_running_batch_into_its_range():
+    assert seconds_by_range({1: 1.0, 3: 0.5, 4: 0.25, 16: 2.0, 40: 1.0}) == {
+        "1": 1.0, "2-4": 0.75, "5-8": 0, "9-16": 2.0, "17+": 1.0}
