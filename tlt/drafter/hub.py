@@ -32,12 +32,11 @@ import torch
 from transformers import LlamaConfig
 
 from tlt.drafter.async_ckpt import AsyncCheckpointer
-from tlt.drafter.objective import make_optimizer
+from tlt.drafter.objective import MAX_GRAD_NORM, make_optimizer
 from tlt.models.drafter import EagleDrafter
 
 log = logging.getLogger(__name__)
 
-MAX_GRAD_NORM = 1.0
 
 
 class DrafterHub:

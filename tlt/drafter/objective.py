@@ -98,6 +98,10 @@ def batch_loss(drafter: EagleDrafter, batch: DrafterBatch) -> DrafterLoss:
     return drafter_loss(pred, drafter.logits(pred), batch.target, target_logits, batch.mask)
 
 
+# Gradient clip of every drafter optimizer step (the hub's and the spot trainers').
+MAX_GRAD_NORM = 1.0
+
+
 def make_optimizer(drafter: EagleDrafter, lr: float) -> torch.optim.AdamW:
     """AdamW with betas (0.9, 0.95) and weight decay 0.01 over the drafter's own parameters."""
     return torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)

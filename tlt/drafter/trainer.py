@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from tlt.drafter.buffer import OnlineBuffer, PackedBatch
-from tlt.drafter.objective import drafter_loss, make_optimizer
+from tlt.drafter.objective import MAX_GRAD_NORM, drafter_loss, make_optimizer
 from tlt.models.drafter import EagleDrafter
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[in
 
 # Local optimizer steps between two syncs with the hub (one round trip each).
 SYNC_EVERY = 16
-MAX_GRAD_NORM = 1.0
 
 # The trainer thread's nice value: the lowest priority, below every rollout and serving thread.
 TRAINER_NICE = 19

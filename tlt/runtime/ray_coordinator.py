@@ -352,14 +352,14 @@ class RayTrainer:
             return {}
         agree, total = sum(r["agree"] for r in results), sum(r["agree_total"] for r in results)
         pushes = ray.get(self.actors.hub.take_pushes.remote())
+        optimizer_steps = sum(p["steps"] for p in pushes)  # optimizer steps on the drafter since the last step
         trained = [a for a in acks if a.get("was_training")]
         latencies = [a["acked_at"] - a["requested_at"] for a in trained]
         return {
             "drafter_agreement": agree / total if total else None,
             "drafter_version": pushes[-1]["version"] if pushes else None,
-            "drafter_loss": (sum(p["loss"] * p.get("steps", 1) for p in pushes) / sum(p.get("steps", 1) for p in pushes)
-                             if pushes else None),
-            "drafter_updates": sum(p.get("steps", 1) for p in pushes),
+            "drafter_loss": sum(p["loss"] * p["steps"] for p in pushes) / optimizer_steps if optimizer_steps else None,
+            "drafter_updates": optimizer_steps,
             "drafter_trainers": sorted({p["trainer"] for p in pushes}),
             "drafter_tokens": sum(p["tokens"] for p in pushes),
             "harvested_seconds": sum(a["stopped_at"] - a["started_at"] for a in trained),
