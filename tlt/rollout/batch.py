@@ -163,10 +163,15 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator:
 def _scatter(
     buf: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, values: torch.Tensor, counts: list[int]
 ) -> None:
-    """buf[rows[b], start[b] + j] = values[b, j] for j < counts[b] (and inside buf). values [B, K, ...]."""
+    """buf[rows[b], start[b] + j] = values[b, j] for j < counts[b] (and inside buf). values [B, K, ...].
+
+    Where every column fits in buf, all K are written: entries past a row's count are scratch, past what
+    the row has committed, and the row's next commit (which starts at its count) overwrites them before
+    anything reads them (completions and the drafter read committed entries only).
+    """
     b, k = values.shape[:2]
     cols = start[:, None] + torch.arange(k, device=buf.device)[None, :]  # [B, K]
-    if all(c == k for c in counts) and int(cols.max()) < buf.shape[1]:
+    if int(cols.max()) < buf.shape[1]:
         buf[rows[:, None].expand(b, k), cols] = values.to(buf.dtype)
         return
     keep = (torch.arange(k, device=buf.device)[None, :] < torch.tensor(counts, device=buf.device)[:, None]) & (

@@ -101,9 +101,10 @@ def sample_tokens(
     top_p: torch.Tensor | None,
     u: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token of each row and its log-prob. logits [B, V] -> (tokens [B] long, logprobs [B] float32).
+    """Next token of each row (and position) and its log-prob. logits [B, ..., V] -> (tokens [B, ...] long,
+    logprobs [B, ...] float32).
 
-    u [B]: each row's uniform for this token (greedy rows ignore it); None means every row is greedy.
+    u [B, ...]: the uniform of each token (greedy rows ignore it); None means every row is greedy.
     """
     scaled = scale_logits(logits, temperature)
     log_norm = scaled.logsumexp(dim=-1, keepdim=True)

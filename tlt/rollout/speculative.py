@@ -24,10 +24,10 @@ from torch import Tensor
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.drafting import Draft, Drafter
 from tlt.rollout.runner import ModelRunner
-from tlt.rollout.sampling import process_logits, sample_from, token_logprobs
+from tlt.rollout.sampling import sample_tokens
 from tlt.rollout.stepper import PlainStepper
-from tlt.rollout.tree import chain_attention_mask, compaction_slots, tree_attention_mask, tree_positions
-from tlt.rollout.verify import TreeVerdict, verify_chain_tokens, verify_tree_tokens
+from tlt.rollout.tree import DraftTree, chain_attention_mask, compaction_slots, tree_attention_mask, tree_positions
+from tlt.rollout.verify import verify_chain_tokens, verify_tree_tokens
 
 log = logging.getLogger(__name__)
 
@@ -59,31 +59,13 @@ class AcceptanceStats:
             self.per_request[rid].append(n)
 
 
-def _verify(draft: Draft, logits: Tensor, batch: RunningBatch) -> TreeVerdict:
-    """Pick the accepted path per row. logits: [B, N, V] target logits at the draft's nodes.
-
-    Greedy batches take the argmax at every node; sampling batches draw each node's token from the
-    processed target distribution with the uniform of its generated position (the coupled rule,
-    `tlt.rollout.verify`): the accepted tokens are the ones plain sampling would draw.
-    """
-    tree = draft.tree
-    if batch.sampled:
-        p = process_logits(logits, batch.temperature, batch.top_p)  # [B, N, V], as plain sampling processes
-        target = sample_from(p, batch.uniforms_at(tree.depth))  # [B, N]: node j's token at position g + depth
-    else:
-        target = logits.argmax(dim=-1)
-    if draft.chain:
-        drafts, n_draft = tree.tokens[:, 1:], tree.valid[:, 1:].sum(dim=1)
-        n_acc, next_token = verify_chain_tokens(target, drafts, n_draft)
-        return _chain_verdict(n_acc, next_token, tree.num_nodes)
-    return verify_tree_tokens(target, tree.tokens, tree.parents)
-
-
-def _chain_verdict(n_accepted: Tensor, next_token: Tensor, num_nodes: int) -> TreeVerdict:
-    """A chain's outcome in tree form: nodes 1..n_accepted accepted, the last one produced next_token."""
-    steps = torch.arange(1, num_nodes, device=n_accepted.device)[None, :]
-    path = torch.where(steps <= n_accepted[:, None], steps, -1)
-    return TreeVerdict(path, n_accepted, next_token, n_accepted)
+def _target_tokens(logits: Tensor, tree: DraftTree, batch: RunningBatch) -> tuple[Tensor, Tensor]:
+    """The target's own token at every node and its log-prob, each [B, N], from its logits [B, N, V]: the
+    argmax in a greedy batch; in a sampling batch, its draw with the uniform of the node's generated
+    position (the coupled rule, `tlt.rollout.verify`). `sample_tokens` is the plain step's own sampler, so
+    every node's token is the one a plain step at that position would draw from the same logits."""
+    u = batch.uniforms_at(tree.depth) if batch.sampled else None  # [B, N]: node j's token at position g + depth
+    return sample_tokens(logits, batch.temperature, batch.top_p, u)
 
 
 class SpeculativeStepper:
@@ -105,29 +87,36 @@ class SpeculativeStepper:
             self.stats.plain_fallbacks += 1
             return self._plain.step(batch)
         device = lengths.device
-        rows = torch.arange(B, device=device)
         span = int(lengths.max()) + N
         slots = lengths[:, None] + torch.arange(N, device=device)[None, :]  # [B, N]
         mask = (chain_attention_mask if draft.chain else tree_attention_mask)(tree, lengths, span)  # [B, N, S]
         hidden = self.runner.forward(tree.tokens, tree_positions(tree, lengths), slots, mask)  # [B, N, H]
         logits = self.runner.logits(hidden)  # [B, N, V]
-        verdict = _verify(draft, logits, batch)
-        n_acc = verdict.n_accepted
-        if not draft.chain:
+        target, target_logprobs = _target_tokens(logits, tree, batch)  # [B, N] each
+        if draft.chain:
+            n_draft = tree.valid[:, 1:].sum(dim=1)  # [B]
+            n_acc, _ = verify_chain_tokens(target, tree.tokens[:, 1:], n_draft)
+            # Exact match: accepted draft j equals the target's token at node j - 1, and the next token is
+            # the target's at node n_acc, so the new tokens are target[:, :n_acc + 1], each produced by the
+            # node at its own index (entries past n_acc are never kept).
+            new, logprobs, fed_hidden = target, target_logprobs, hidden
+            drafted = int(n_draft.sum())
+        else:
+            verdict = verify_tree_tokens(target, tree.tokens, tree.parents)
+            n_acc = verdict.n_accepted
+            rows = torch.arange(B, device=device)
             src, dst, keep = compaction_slots(verdict.path, n_acc, lengths)
             root = lengths[:, None].expand_as(src)
             self.runner.compact(rows, torch.where(keep, src, root), torch.where(keep, dst, root))
-        fed_nodes = torch.cat([torch.zeros_like(n_acc)[:, None], verdict.path.clamp_min(0)], dim=1)  # [B, N]
-        # New tokens: accepted drafts, then the next token at position n_accepted.
-        new = torch.cat([tree.tokens.gather(1, fed_nodes[:, 1:]), torch.zeros_like(n_acc)[:, None]], dim=1)
-        new[rows, n_acc] = verdict.next_token
-        # Node that produced new token j is fed node j (the root produced the first).
-        producer_logits = logits.gather(1, fed_nodes[:, :, None].expand(B, N, logits.shape[-1]))
-        logprobs = token_logprobs(producer_logits, new, batch.temperature)  # [B, N]
-        fed_hidden = hidden.gather(1, fed_nodes[:, :, None].expand(B, N, hidden.shape[-1]))
-        counts = (n_acc + 1).tolist()
+            # Fed node j (the root, then the accepted path) produced new token j: an accepted node's token
+            # equals the target's at its parent, and the next token is the target's at the last fed node.
+            fed_nodes = torch.cat([torch.zeros_like(n_acc)[:, None], verdict.path.clamp_min(0)], dim=1)  # [B, N]
+            new, logprobs = target.gather(1, fed_nodes), target_logprobs.gather(1, fed_nodes)
+            fed_hidden = hidden.gather(1, fed_nodes[:, :, None].expand(B, N, hidden.shape[-1]))
+            drafted = int(tree.valid[:, 1:].sum())
+        accepted = n_acc.tolist()
+        counts = [n + 1 for n in accepted]
         new_lists = [row[:c] for row, c in zip(new.tolist(), counts)]
-        drafted = int(tree.valid[:, 1:].sum())
-        self.stats.record([s.request.request_id for s in batch.sequences], n_acc.tolist(), drafted)
-        batch.commit(new_lists, verdict.next_token, logprobs, fed_hidden, fed=counts)
+        self.stats.record([s.request.request_id for s in batch.sequences], accepted, drafted)
+        batch.commit(new_lists, new.gather(1, n_acc[:, None])[:, 0], logprobs, fed_hidden, fed=counts)
         return B * N
