@@ -83,6 +83,7 @@ def _synthetic_runs(workload) -> list[dict]:
                       "truncation_rate": 0.25, "accept_length": 2.0 if has_drafter else None, "sd_row_steps": 5,
                       "harvested_seconds": 0.5, "idle_seconds": 1.0,
                       "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
+                      "steps_by_running": {"8": 100, "2": 50, "1": 70},
                       "sd_arms": {"chain-d4": 3} if variant == "tlt" else None}
                      for s in range(2)]
             runs.append({"variant": variant, "repeat": repeat, "steps": steps,
@@ -102,6 +103,9 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     check_consistent(report, steps=2)
     assert 1.0 <= report["ideal_speedup"] < report["ideal_speedup_free_drafter"], "drafter steps are not free"
     assert report["variants"]["tlt"]["arms_chosen"] == {"chain-d4": 18}
+    by_range = report["variants"]["vanilla"]
+    assert by_range["decode_steps_by_range"] == {"1": 420, "2-4": 300, "5-8": 600, "9-16": 0, "17+": 0}
+    assert by_range["ms_per_decode_step_by_range"] == pytest.approx({"1": 10.0, "2-4": 10.0, "5-8": 10.0})
 
 
 def test_each_repeat_rotates_the_variant_order():

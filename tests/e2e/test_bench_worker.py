@@ -43,6 +43,8 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
     assert len(vanilla["seconds"]) == len(tlt["seconds"]) == 3
     assert vanilla["tokens"] == tlt["tokens"] and result["mismatched_responses"] == 0, "coupled sampling: same tokens"
     assert tlt["steps_total"] < vanilla["steps_total"], "the tlt worker drafted (fewer decode steps)"
+    for v in (vanilla, tlt):
+        assert sum(v["decode_steps_by_running"].values()) == v["steps_total"] - 3 * 1, "one prefill per shard"
     assert result["rollout_speedup"] > 0 and result["step_cost_ratio"] > 0
 
 

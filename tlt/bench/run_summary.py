@@ -29,6 +29,7 @@ from typing import Any
 
 from tlt.adaptive.costs import CostPoint, DrafterCost, cost_ratio, drafter_ratio, ideal_speedup
 from tlt.adaptive.stepper import merge_arm_rates
+from tlt.bench.worker_alone import seconds_by_range
 from tlt.tasks.evaluate import length_stats
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
@@ -69,12 +70,18 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for s in r["steps"]:
             arms.update(s.get("sd_arms") or {})
     by_running: dict[str, list[float]] = {}
+    range_seconds: Counter[str] = Counter()
+    range_steps: Counter[str] = Counter()
     for r in runs:
         totals: Counter[str] = Counter()
+        counts: Counter[str] = Counter()
         for s in r["steps"]:
             totals.update(s.get("seconds_by_running") or {})
+            counts.update(s.get("steps_by_running") or {})
         for size, seconds in totals.items():
             by_running.setdefault(size, []).append(seconds)
+        range_seconds.update(seconds_by_range({int(k): v for k, v in totals.items()}))
+        range_steps.update(seconds_by_range({int(k): v for k, v in counts.items()}))
     stats = length_stats(lengths)
     rates = merge_arm_rates([s.get("sd_arm_rates") or {} for r in runs for s in r["steps"]])
     return {
@@ -107,6 +114,10 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "truncation_rate": statistics.fmean(s["truncation_rate"] for r in runs for s in r["steps"]),
         "final_reward": spread([r["steps"][-1]["reward_mean"] for r in runs]),
         "seconds_by_running": {k: statistics.median(by_running[k]) for k in sorted(by_running, key=int)},
+        # every repeat pooled, by running-batch range: decode steps and ms per decode step (runs that
+        # recorded steps_by_running)
+        "decode_steps_by_range": {k: int(n) for k, n in range_steps.items()},
+        "ms_per_decode_step_by_range": {k: 1e3 * range_seconds[k] / n for k, n in range_steps.items() if n},
     }
 
 

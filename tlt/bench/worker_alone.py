@@ -54,7 +54,7 @@ class _NoVerifier:
 
 
 def seconds_by_range(by_running: dict[int, float]) -> dict[str, float]:
-    """Decode seconds by running batch size -> by range ("1", "2-4", ..., "17+")."""
+    """Decode seconds (or step counts) by running batch size -> summed by range ("1", "2-4", ..., "17+")."""
     out = {}
     for lo, hi in RANGES:
         key = str(lo) if lo == hi else (f"{lo}+" if hi == 1 << 30 else f"{lo}-{hi}")
@@ -92,6 +92,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         problems = load_problems(spec.dataset, "train")
         per: dict[str, dict[str, list]] = {v: {"seconds": [], "steps": [], "tokens": []} for v in workers}
         by_running: dict[str, collections.Counter] = {v: collections.Counter() for v in workers}
+        steps_by_running: dict[str, collections.Counter] = {v: collections.Counter() for v in workers}
         tokens: dict[str, list[list[int]]] = {v: [] for v in workers}
         for step in range(1, cfg.shards + 1):
             ids = shards(steps.select_prompts(len(problems), algo.prompts_per_step, algo.seed, step),
@@ -105,6 +106,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
                 per[v]["steps"].append(len(result["trace"]))
                 per[v]["tokens"].append(sum(len(c.token_ids) for c in result["completions"]))
                 by_running[v].update(trace.decode_seconds_by_running())
+                steps_by_running[v].update(trace.decode_steps_by_running())
                 tokens[v].extend(list(c.token_ids) for c in result["completions"])
                 worker.agreement()  # the bookkeeping a worker does before its next rollout
     finally:
@@ -116,7 +118,8 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         "workload": {"path": str(cfg.workload), "name": workload.name, "quick": cfg.quick},
         "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": rows},
         "variants": {v: {**per[v], "seconds_total": total[v], "steps_total": n_steps[v],
-                         "decode_seconds_by_running": seconds_by_range(dict(by_running[v]))} for v in per},
+                         "decode_seconds_by_running": seconds_by_range(dict(by_running[v])),
+                         "decode_steps_by_running": seconds_by_range(dict(steps_by_running[v]))} for v in per},
         "rollout_speedup": total["vanilla"] / total["tlt"],
         "steps_ratio": n_steps["tlt"] / n_steps["vanilla"],
         "step_cost_ratio": (total["tlt"] / n_steps["tlt"]) / (total["vanilla"] / n_steps["vanilla"]),

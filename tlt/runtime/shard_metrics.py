@@ -35,10 +35,15 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     out["sd_arms"] = dict(sorted(arms.items()))
     out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
     by_running: dict[int, float] = {}
+    steps_by_running: dict[int, int] = {}
     for r in results:  # every worker's engine, not only the slowest
-        for size, seconds in steps.RolloutTrace(steps=list(r["trace"])).decode_seconds_by_running().items():
+        trace = steps.RolloutTrace(steps=list(r["trace"]))
+        for size, seconds in trace.decode_seconds_by_running().items():
             by_running[size] = by_running.get(size, 0.0) + seconds
+        for size, count in trace.decode_steps_by_running().items():
+            steps_by_running[size] = steps_by_running.get(size, 0) + count
     out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
+    out["steps_by_running"] = {str(k): v for k, v in sorted(steps_by_running.items())}
     out["streamed_rewards"] = sum(r["streamed"] for r in results)
     out["response_lengths"] = [len(c.token_ids) for c in completions]
     return out

@@ -128,6 +128,14 @@ class RolloutTrace:
                 out[m.running] = out.get(m.running, 0.0) + m.seconds
         return dict(sorted(out.items()))
 
+    def decode_steps_by_running(self) -> dict[int, int]:
+        """Decode steps (prefills excluded) by the number of rows running in them."""
+        out: dict[int, int] = {}
+        for m in self.steps:
+            if m.step > 0:
+                out[m.running] = out.get(m.running, 0) + 1
+        return dict(sorted(out.items()))
+
 
 class ThresholdStepper:
     """Plain decoding while the running batch is large, speculative decoding once it has shrunk to
