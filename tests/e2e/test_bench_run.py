@@ -124,10 +124,12 @@ def test_mean_ci95_brackets_the_mean_and_needs_two_values():
 
 
 @pytest.mark.slow
-def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path):
+def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatch):
     from tlt.bench.run import run_bench
+    from tlt.rollout.step_split import STEP_SPLIT_ENV
 
     workload = load_workload(quick=True)
+    monkeypatch.setenv(STEP_SPLIT_ENV, "1")  # as `--split`: the Ray workers split their decode steps
     report = run_bench(workload, work_dir=tmp_path)
     steps = int(workload.spec["algorithm"]["steps"])
     check_consistent(report, steps=steps)
@@ -140,3 +142,7 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path):
         assert all((a is not None and a >= 1.0) if run["variant"] in workload.frozen_in else a is None for a in frozen)
         assert all(s["generate_seconds"] > 0 and s["generate_seconds"] <= s["rollout_seconds"] for s in run["steps"])
     assert report["frozen_accept_drop"] is not None
+    for name, v in report["variants"].items():  # every worker's every decode step, split once
+        split_steps = sum(c["steps"] for ranges in v["step_split"].values() for c in ranges.values())
+        assert split_steps == sum(v["decode_steps_by_range"].values()) > 0, name
+    assert any(stepper.startswith("sd:") for stepper in report["variants"]["tlt"]["step_split"])

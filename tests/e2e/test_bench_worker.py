@@ -6,7 +6,6 @@ import json
 
 import torch
 
-from tlt.bench.worker_alone import seconds_by_range
 from tlt.cli import main
 
 WORKLOAD = """\
@@ -35,7 +34,7 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
     workload.write_text(WORKLOAD)
     path = tmp_path / "worker.json"
     threads = torch.get_num_threads()
-    assert main(["bench", "worker", "--workload", str(workload), "--shards", "3", "--json", str(path)]) == 0
+    assert main(["bench", "worker", "--workload", str(workload), "--shards", "3", "--split", "--json", str(path)]) == 0
     assert torch.get_num_threads() == threads, "the bench gives the process its threads back"
     result = json.loads(path.read_text())
     assert result["config"] == {"shards": 3, "threads": 1, "rows": 4}
@@ -45,6 +44,11 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
     assert tlt["steps_total"] < vanilla["steps_total"], "the tlt worker drafted (fewer decode steps)"
     for v in (vanilla, tlt):
         assert sum(v["decode_steps_by_running"].values()) == v["steps_total"] - 3 * 1, "one prefill per shard"
+    split = result["step_split"]  # every decode step counted once, under its variant
+    for name, v in (("vanilla", vanilla), ("tlt", tlt)):
+        counted = sum(c["steps"] for stepper, r in split.items() if stepper.startswith(f"{name}/") for c in r.values())
+        assert counted == v["steps_total"] - 3
+    assert any(stepper.startswith("tlt/sd:") for stepper in split) and "vanilla/plain" in split
     assert result["rollout_speedup"] > 0 and result["step_cost_ratio"] > 0
 
 
@@ -58,8 +62,3 @@ def test_bad_arguments_are_refused_naming_the_field(tmp_path, capsys):
     workload.write_text(WORKLOAD.replace("  tlt: {speculative: {mode: tlt}}\n", ""))
     assert main(["bench", "worker", "--workload", str(workload)]) == 2
     assert "variants must include 'tlt'" in capsys.readouterr().out
-
-
-def test_seconds_by_range_sums_each_running_batch_into_its_range():
-    assert seconds_by_range({1: 1.0, 3: 0.5, 4: 0.25, 16: 2.0, 40: 1.0}) == {
-        "1": 1.0, "2-4": 0.75, "5-8": 0, "9-16": 2.0, "17+": 1.0}

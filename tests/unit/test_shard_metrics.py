@@ -40,3 +40,14 @@ def test_no_speculative_steps_leave_the_accept_length_unset():
     only = _result(2.0, 1.0, [StepMetrics(0, 1, 1, 2, 0, 0.1), StepMetrics(1, 1, 1, 1, 1, 0.1)], 0, 0, {}, 1)
     out = shard_rollout_metrics(completions, torch.tensor([[1.0]]), [only], 0.0, 2.0)
     assert out["accept_length"] is None and out["sd_arms"] == {} and out["idle_seconds"] == 0.0
+
+
+def test_workers_step_splits_are_pooled_when_they_report_them():
+    completions = [Completion("r0", [1], [5, 6], torch.zeros(2), None, "stop")]
+    trace = [StepMetrics(0, 1, 1, 2, 0, 0.1), StepMetrics(1, 1, 1, 1, 1, 0.1)]
+    a = {**_result(2.0, 1.0, trace, 0, 0, {}, 1), "step_split": {"plain": {"1": {"steps": 1, "total": 2.0}}}}
+    b = {**_result(2.5, 1.0, trace, 0, 0, {}, 0), "step_split": {"plain": {"1": {"steps": 3, "total": 4.0}}}}
+    out = shard_rollout_metrics(completions * 2, torch.tensor([[1.0], [0.0]]), [a, b], 0.0, 3.0)
+    assert out["step_split"] == {"plain": {"1": {"steps": 4, "total": 3.5}}}
+    assert "step_split" not in shard_rollout_metrics(completions, torch.tensor([[1.0]]),
+                                                     [_result(2.0, 1.0, trace, 0, 0, {}, 1)], 0.0, 2.0)

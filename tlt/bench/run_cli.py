@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from tlt.rollout.step_split import STEP_SPLIT_ENV
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +18,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", type=Path, default=None, help="also write the figure here")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep each run's output folder here")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+    parser.add_argument("--split", action="store_true",
+                        help="rollout workers split each decode step's time by part (target forward, drafter, host)")
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -85,6 +90,11 @@ def print_report(report: dict[str, Any]) -> None:
     if drafter:
         console.print("drafter step / target step by batch: "
                       + ", ".join(f"{d['batch']}: {d['ratio']:.2f}" for d in drafter))
+    for name, v in report["variants"].items():
+        for stepper, ranges in (v.get("step_split") or {}).items():
+            cells = "; ".join(f"{rng}: {c['total']:.2f} ({c.get('target_forward', 0):.2f} + {c.get('draft_graph', 0):.2f} + "
+                              f"host {c['host']:.2f}) x{c['steps']}" for rng, c in ranges.items())
+            console.print(f"{name} {stepper} ms a step (target + drafter + host) x steps: {cells}")
     console.print(f"load average before/after: {report['load_average'].get('before')} / "
                   f"{report['load_average'].get('after')}")
 
@@ -94,7 +104,16 @@ def run_run(args: argparse.Namespace) -> int:
     from tlt.bench.run_plot import plot_report
 
     workload = load_workload(args.workload or DEFAULT_WORKLOAD, quick=args.quick, repeats=args.repeats)
-    report = run_bench(workload, work_dir=args.work_dir, num_cpus=args.num_cpus, progress=print)
+    before = os.environ.get(STEP_SPLIT_ENV)
+    if args.split:
+        os.environ[STEP_SPLIT_ENV] = "1"  # inherited by the local Ray cluster's workers
+    try:
+        report = run_bench(workload, work_dir=args.work_dir, num_cpus=args.num_cpus, progress=print)
+    finally:
+        if before is None:
+            os.environ.pop(STEP_SPLIT_ENV, None)
+        else:
+            os.environ[STEP_SPLIT_ENV] = before
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")

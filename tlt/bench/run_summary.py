@@ -29,7 +29,7 @@ from typing import Any
 
 from tlt.adaptive.costs import CostPoint, DrafterCost, cost_ratio, drafter_ratio, ideal_speedup
 from tlt.adaptive.stepper import merge_arm_rates
-from tlt.bench.worker_alone import seconds_by_range
+from tlt.rollout.step_split import merge_tables, seconds_by_range
 from tlt.tasks.evaluate import length_stats
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
@@ -117,6 +117,8 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # every repeat pooled, by running-batch range: decode steps and ms per decode step (runs that
         # recorded steps_by_running)
         "decode_steps_by_range": {k: int(n) for k, n in range_steps.items()},
+        # ms per decode step by stepper, range and part, every step of every repeat (runs with --split)
+        "step_split": merge_tables([s["step_split"] for r in runs for s in r["steps"] if s.get("step_split")]),
         "ms_per_decode_step_by_range": {k: 1e3 * range_seconds[k] / n for k, n in range_steps.items() if n},
     }
 

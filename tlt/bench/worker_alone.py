@@ -17,6 +17,7 @@ step ratio; and whether both produced the same tokens (T=1 sampling is coupled, 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -25,9 +26,9 @@ from typing import Any
 
 import torch
 
+from tlt.rollout.step_split import StepSplit, seconds_by_range
 from tlt.runtime import steps
 
-RANGES = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 1 << 30))
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class WorkerBenchConfig:
     shards: int = 8
     threads: int = 1
     quick: bool = False
+    split: bool = False
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -51,15 +53,6 @@ class _NoScore:
 
 class _NoVerifier:
     score = _NoScore()
-
-
-def seconds_by_range(by_running: dict[int, float]) -> dict[str, float]:
-    """Decode seconds (or step counts) by running batch size -> summed by range ("1", "2-4", ..., "17+")."""
-    out = {}
-    for lo, hi in RANGES:
-        key = str(lo) if lo == hi else (f"{lo}+" if hi == 1 << 30 else f"{lo}-{hi}")
-        out[key] = sum(s for size, s in by_running.items() if lo <= size <= hi)
-    return out
 
 
 def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
@@ -90,6 +83,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         if drafter_path is not None:
             drafter = (0, {k: v.detach().clone() for k, v in load_drafter(drafter_path, policy.config).state_dict().items()})
         problems = load_problems(spec.dataset, "train")
+        split = StepSplit() if cfg.split else None
         per: dict[str, dict[str, list]] = {v: {"seconds": [], "steps": [], "tokens": []} for v in workers}
         by_running: dict[str, collections.Counter] = {v: collections.Counter() for v in workers}
         steps_by_running: dict[str, collections.Counter] = {v: collections.Counter() for v in workers}
@@ -100,7 +94,11 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
             for v in (("vanilla", "tlt") if step % 2 else ("tlt", "vanilla")):
                 worker = workers[v]
                 started = time.perf_counter()
-                result = worker.rollout(step, ids, [problems[i] for i in ids], weights, drafter if v == "tlt" else None)
+                with split if split is not None else contextlib.nullcontext():
+                    if split is not None:
+                        split.label = f"{v}/"
+                    result = worker.rollout(step, ids, [problems[i] for i in ids], weights,
+                                            drafter if v == "tlt" else None)
                 per[v]["seconds"].append(time.perf_counter() - started)
                 trace = steps.RolloutTrace(steps=list(result["trace"]))
                 per[v]["steps"].append(len(result["trace"]))
@@ -125,4 +123,5 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         "step_cost_ratio": (total["tlt"] / n_steps["tlt"]) / (total["vanilla"] / n_steps["vanilla"]),
         "mismatched_responses": mismatched,
         "load_average": {"before": load_before, "after": _load_average()},
+        **({"step_split": split.table()} if split is not None else {}),
     }

@@ -281,6 +281,8 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", type=int, default=8, help="shards (the run's first steps' prompts), default 8")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, a Ray rollout worker's here)")
     parser.add_argument("--quick", action="store_true", help="the workload's small version (checks the bench)")
+    parser.add_argument("--split", action="store_true",
+                        help="also split each decode step's time by part (target forward, drafter, host work)")
 
 
 def _worker_run(args: argparse.Namespace) -> int:
@@ -294,7 +296,8 @@ def _worker_run(args: argparse.Namespace) -> int:
     try:
         if not Path(workload).is_file():
             raise ValueError(f"--workload: no such file {str(workload)!r}")
-        cfg = WorkerBenchConfig(workload=Path(workload), shards=args.shards, threads=args.threads, quick=args.quick)
+        cfg = WorkerBenchConfig(workload=Path(workload), shards=args.shards, threads=args.threads, quick=args.quick,
+                                split=args.split)
         with console.status("one rollout worker alone: vanilla vs tlt"):
             result = run_worker_bench(cfg)
     except ValueError as exc:
@@ -304,6 +307,10 @@ def _worker_run(args: argparse.Namespace) -> int:
         ranges = ", ".join(f"{k}: {s:.2f}" for k, s in v["decode_seconds_by_running"].items())
         console.print(f"{name}: {v['seconds_total']:.2f} s, {v['steps_total']} decode steps; decode s by running "
                       f"batch {ranges}")
+    for name, ranges in result.get("step_split", {}).items():
+        for rng, cell in ranges.items():
+            parts = ", ".join(f"{p} {cell[p]:.2f}" for p in ("target_forward", "draft_graph", "host") if p in cell)
+            console.print(f"  {name} at {rng} rows: {cell['steps']} steps, {cell['total']:.2f} ms a step ({parts})")
     console.print(f"tlt over vanilla: rollout speed-up {result['rollout_speedup']:.3f}x, steps "
                   f"{result['steps_ratio']:.3f}, seconds per step {result['step_cost_ratio']:.3f}; "
                   f"{result['mismatched_responses']} responses differ; load {result['load_average']}")

@@ -16,6 +16,7 @@ Rollout uses the step building blocks of `tlt.runtime.steps` (requests, rollout 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -42,6 +43,7 @@ from tlt.rollout.batch import RunningBatch
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
+from tlt.rollout.step_split import STEP_SPLIT_ENV, StepSplit
 from tlt.rollout.stepper import Stepper
 from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
@@ -219,8 +221,10 @@ class RolloutWorker:
             self._bandit_state = None
         self.engine.stepper = FinishWatcher(stepper, send)
         generate_started = time.time()
+        split = StepSplit() if os.environ.get(STEP_SPLIT_ENV) == "1" else None  # `tlt bench run --split`
         try:
-            completions = self.engine.generate(requests, on_step=on_step)
+            with split if split is not None else contextlib.nullcontext():
+                completions = self.engine.generate(requests, on_step=on_step)
         finally:
             self.engine.stepper = self.plain_stepper
             self.running = 0
@@ -250,7 +254,8 @@ class RolloutWorker:
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
                 "sd_arms": summary["arms_chosen"],
-                "sd_arm_rates": summary["arm_rates"]}
+                "sd_arm_rates": summary["arm_rates"],
+                **({"step_split": split.table()} if split is not None else {})}
 
     def _index_waves(self, waves: list[list[Sequence]]) -> None:
         assert self.history is not None

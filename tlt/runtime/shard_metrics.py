@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from tlt.adaptive.stepper import merge_arm_rates
+from tlt.rollout.step_split import merge_tables
 from tlt.runtime import steps
 
 
@@ -44,6 +45,9 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
             steps_by_running[size] = steps_by_running.get(size, 0) + count
     out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
     out["steps_by_running"] = {str(k): v for k, v in sorted(steps_by_running.items())}
+    splits = [r["step_split"] for r in results if "step_split" in r]
+    if splits:
+        out["step_split"] = merge_tables(splits)
     out["streamed_rewards"] = sum(r["streamed"] for r in results)
     out["response_lengths"] = [len(c.token_ids) for c in completions]
     return out
