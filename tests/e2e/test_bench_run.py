@@ -84,6 +84,7 @@ def _synthetic_runs(workload) -> list[dict]:
                       "harvested_seconds": 0.5, "idle_seconds": 1.0,
                       "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
                       "steps_by_running": {"8": 100, "2": 50, "1": 70},
+                      "rollout_overhead_parts": {"dispatch": 0.5 * repeat, "settle_wait": 0.25},
                       "sd_arms": {"chain-d4": 3} if variant == "tlt" else None}
                      for s in range(2)]
             runs.append({"variant": variant, "repeat": repeat, "steps": steps,
@@ -103,6 +104,8 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     check_consistent(report, steps=2)
     assert 1.0 <= report["ideal_speedup"] < report["ideal_speedup_free_drafter"], "drafter steps are not free"
     assert report["variants"]["tlt"]["arms_chosen"] == {"chain-d4": 18}
+    # per repeat summed over 2 steps (dispatch 0, 1, 2; settle 0.5 each), then the median over repeats
+    assert report["variants"]["tlt"]["rollout_overhead_parts"] == {"dispatch": 1.0, "settle_wait": 0.5}
     by_range = report["variants"]["vanilla"]
     assert by_range["decode_steps_by_range"] == {"1": 420, "2-4": 300, "5-8": 600, "9-16": 0, "17+": 0}
     assert by_range["ms_per_decode_step_by_range"] == pytest.approx({"1": 10.0, "2-4": 10.0, "5-8": 10.0})
@@ -141,6 +144,11 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatc
         frozen = run["frozen_accept_length"]
         assert all((a is not None and a >= 1.0) if run["variant"] in workload.frozen_in else a is None for a in frozen)
         assert all(s["generate_seconds"] > 0 and s["generate_seconds"] <= s["rollout_seconds"] for s in run["steps"])
+        for s in run["steps"]:  # the slowest worker's overhead, part by part, adds up to the step's rollout
+            parts = s["rollout_overhead_parts"]
+            assert set(parts) == {"dispatch", "settle_wait", "history_wait", "load_weights", "load_drafter", "stepper",
+                                  "return"} and min(parts.values()) >= 0
+            assert sum(parts.values()) <= s["rollout_seconds"] + 1e-6
     assert report["frozen_accept_drop"] is not None
     for name, v in report["variants"].items():  # every worker's every decode step, split once
         split_steps = sum(c["steps"] for ranges in v["step_split"].values() for c in ranges.values())

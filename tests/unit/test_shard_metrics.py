@@ -51,3 +51,13 @@ def test_workers_step_splits_are_pooled_when_they_report_them():
     assert out["step_split"] == {"plain": {"1": {"steps": 4, "total": 3.5}}}
     assert "step_split" not in shard_rollout_metrics(completions, torch.tensor([[1.0]]),
                                                      [_result(2.0, 1.0, trace, 0, 0, {}, 1)], 0.0, 2.0)
+
+
+def test_the_slowest_workers_overhead_is_split_into_its_parts():
+    completions = [Completion("r0", [1], [5, 6], torch.zeros(2), None, "stop")]
+    trace = [StepMetrics(0, 1, 1, 2, 0, 0.1), StepMetrics(1, 1, 1, 1, 1, 0.1)]
+    setup = {"settle_wait": 0.25, "history_wait": 0.0, "load_weights": 0.125, "load_drafter": 0.0625, "stepper": 0.0}
+    fast = {**_result(3.0, 1.0, trace, 0, 0, {}, 1), "called_at": 10.5, "setup_seconds": dict.fromkeys(setup, 0.0)}
+    slow = {**_result(14.0, 3.0, trace, 0, 0, {}, 0), "called_at": 10.25, "setup_seconds": setup}
+    out = shard_rollout_metrics(completions * 2, torch.tensor([[1.0], [0.0]]), [fast, slow], 10.0, 15.0)
+    assert out["rollout_overhead_parts"] == {"dispatch": 0.25, **setup, "return": 1.0}

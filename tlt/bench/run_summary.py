@@ -117,10 +117,25 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # every repeat pooled, by running-batch range: decode steps and ms per decode step (runs that
         # recorded steps_by_running)
         "decode_steps_by_range": {k: int(n) for k, n in range_steps.items()},
+        # the slowest worker's rollout overhead by part, summed over steps, median over repeats
+        "rollout_overhead_parts": _median_parts([s.get("rollout_overhead_parts") or {} for s in r["steps"]]
+                                                for r in runs),
         # ms per decode step by stepper, range and part, every step of every repeat (runs with --split)
         "step_split": merge_tables([s["step_split"] for r in runs for s in r["steps"] if s.get("step_split")]),
         "ms_per_decode_step_by_range": {k: 1e3 * range_seconds[k] / n for k, n in range_steps.items() if n},
     }
+
+
+def _median_parts(runs: Any) -> dict[str, float]:
+    """Per run, each part summed over its steps; then each part's median over the runs."""
+    sums: list[Counter[str]] = []
+    for steps in runs:
+        total: Counter[str] = Counter()
+        for parts in steps:
+            total.update(parts)
+        sums.append(total)
+    keys = sorted({k for total in sums for k in total})
+    return {k: statistics.median(total.get(k, 0.0) for total in sums) for k in keys}
 
 
 def ideal_rollout_speedup(seconds_by_running: dict[str, float], points: list[CostPoint], *, threshold: int,

@@ -181,15 +181,20 @@ class RolloutWorker:
             raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
         if self.drafter is not None and self.trainer is None and self.sidecar is None:
             raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
+        stamps = [time.time()]  # the set-up before generating, part by part (`setup_seconds`)
         self.agreement()  # the previous rollout's bookkeeping is done before its drafter changes
+        stamps.append(time.time())
         self._history_indexed()
+        stamps.append(time.time())
         self._set_state(GENERATING)
         started = time.time()
         self.engine.load_weights(weights)
+        stamps.append(time.time())
         if drafter is not None and self.trainer is not None:
             self.trainer.load(*drafter)
         elif drafter is not None and self.drafter is not None:
             self.drafter.load_state_dict(drafter[1])
+        stamps.append(time.time())
         by_request: dict[str, Problem] = {}
         requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
@@ -249,7 +254,9 @@ class RolloutWorker:
         return {"worker": self.name, "completions": [replace(c, hidden=None) for c in completions],
                 "rewards": [rewards[c.request_id] for c in completions], "streamed": streamed,
                 "trace": trace.steps, "started_at": started, "finished_at": finished,
-                "generate_seconds": generate_seconds,
+                "generate_seconds": generate_seconds, "called_at": stamps[0],
+                "setup_seconds": dict(zip(("settle_wait", "history_wait", "load_weights", "load_drafter", "stepper"),
+                                          (b - a for a, b in zip(stamps, [*stamps[1:], generate_started])))),
                 "first_response_at": first_done[0] if first_done else finished,
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,

@@ -26,6 +26,9 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     # dispatch, weight and drafter loading, the stepper's set-up, and the work before results return.
     out["generate_seconds"] = max(r.get("generate_seconds", 0.0) for r in results)
     out["rollout_overhead_seconds"] = (rollout_end - started) - out["generate_seconds"]
+    if "called_at" in slowest:  # the slowest worker's overhead, part by part (its critical path)
+        out["rollout_overhead_parts"] = {"dispatch": slowest["called_at"] - started, **slowest["setup_seconds"],
+                                         "return": rollout_end - slowest["finished_at"]}
     row_steps = sum(r["sd_row_steps"] for r in results)
     out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
     out["sd_row_steps"] = row_steps
