@@ -61,3 +61,6 @@ def test_the_slowest_workers_overhead_is_split_into_its_parts():
     slow = {**_result(14.0, 3.0, trace, 0, 0, {}, 0), "called_at": 10.25, "setup_seconds": setup}
     out = shard_rollout_metrics(completions * 2, torch.tensor([[1.0], [0.0]]), [fast, slow], 10.0, 15.0)
     assert out["rollout_overhead_parts"] == {"dispatch": 0.25, **setup, "return": 1.0}
+    prepare = {"put_weights": 0.0625, "stop_trainers": 0.125}  # the coordinator's part of the dispatch delay
+    out = shard_rollout_metrics(completions * 2, torch.tensor([[1.0], [0.0]]), [fast, slow], 10.0, 15.0, prepare)
+    assert out["rollout_overhead_parts"] == {**prepare, "dispatch": 0.0625, **setup, "return": 1.0}

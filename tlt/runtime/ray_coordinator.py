@@ -230,10 +230,14 @@ class RayTrainer:
         ids = steps.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
         engine_dtype = resolve_dtype(self.spec.model.dtype)
         weights = ray.put({k: v.detach().to(engine_dtype) for k, v in self.policy.state_dict().items()})
+        stamps = [started, time.time()]  # what the step does before dispatching (`rollout_overhead_parts`)
         carried = self._stop_trainers(self._running_trainers)
         self._running_trainers = {}
+        stamps.append(time.time())
         drafter, candidate = self._drafters(actors)
         dispatched = time.time()
+        prepare = dict(zip(("put_weights", "stop_trainers", "drafters"),
+                           (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))))
         futures = {}
         for worker, shard in zip(actors.rollout, shards(ids, len(actors.rollout))):
             if shard:
@@ -260,7 +264,7 @@ class RayTrainer:
         # The workers buffered their samples and scored the drafters while the policy updated.
         for result, agreement in zip(results, ray.get([futures[ref].agreement.remote() for ref in futures])):
             result.update(agreement)
-        metrics = {"step": step, **shard_rollout_metrics(completions, rewards, results, started, rollout_end),
+        metrics = {"step": step, **shard_rollout_metrics(completions, rewards, results, started, rollout_end, prepare),
                    **update, "update_seconds": update_seconds, "update_started_at": update_started,
                    "rollout_dispatched_at": dispatched,
                    **self._drafter_metrics(results, acks, rollout_end), "step_seconds": time.time() - started}

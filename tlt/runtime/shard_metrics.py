@@ -12,12 +12,13 @@ from tlt.runtime import steps
 
 
 def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
-                          started: float, rollout_end: float) -> dict[str, Any]:
+                          started: float, rollout_end: float, prepare: dict[str, float] | None = None) -> dict[str, Any]:
     """steps.rollout_metrics over all shards; the tail is the slowest worker's (the critical path).
 
     completions: every shard's, in order; rewards [P, G]; results: each worker's `RolloutWorker.rollout`
     result (finished_at, generate_seconds, trace, sd_* counts and arm rates, streamed); started /
-    rollout_end: the step's start and the arrival of the last shard (wall seconds)."""
+    rollout_end: the step's start and the arrival of the last shard (wall seconds); prepare: the seconds
+    the coordinator spent, part by part, between the start and dispatching the shards (its sum)."""
     slowest = max(results, key=lambda r: r["finished_at"])
     trace = steps.RolloutTrace(steps=list(slowest["trace"]))
     out = steps.rollout_metrics(completions, rewards, trace, rollout_end - started)
@@ -27,8 +28,9 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     out["generate_seconds"] = max(r.get("generate_seconds", 0.0) for r in results)
     out["rollout_overhead_seconds"] = (rollout_end - started) - out["generate_seconds"]
     if "called_at" in slowest:  # the slowest worker's overhead, part by part (its critical path)
-        out["rollout_overhead_parts"] = {"dispatch": slowest["called_at"] - started, **slowest["setup_seconds"],
-                                         "return": rollout_end - slowest["finished_at"]}
+        prepare = prepare or {}
+        out["rollout_overhead_parts"] = {**prepare, "dispatch": slowest["called_at"] - started - sum(prepare.values()),
+                                         **slowest["setup_seconds"], "return": rollout_end - slowest["finished_at"]}
     row_steps = sum(r["sd_row_steps"] for r in results)
     out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
     out["sd_row_steps"] = row_steps
