@@ -280,10 +280,15 @@ class RayTrainer:
         return metrics
 
     def _collect_rollouts(self, futures: dict[Any, Any], step: int) -> tuple[list[dict[str, Any]], dict[Any, float]]:
-        """Wait for every shard; start each finished worker's trainer when allowed. Results in shard order."""
+        """Wait for every shard; start each finished worker's trainer when allowed. Results in shard order.
+
+        A trainer start is not waited for while other shards are still out (the next result is collected at
+        once); every start has completed (its errors raised) before this returns, so no later stop can
+        overtake it on the worker's concurrent actor."""
         order = list(futures)
         done: dict[Any, dict[str, Any]] = {}
         trainers: dict[Any, float] = {}
+        starts = []
         train = trains_drafter(self.spec, step) and self.actors is not None and self.actors.hub is not None
         pending = list(order)
         while pending:
@@ -294,10 +299,11 @@ class RayTrainer:
                 worker = futures[ref]
                 if train and len(trainers) < self.spec.drafter.max_trainers and self.slots.enabled(result["worker"]):
                     requested = time.time()
-                    ray.get(worker.start_training.remote(step))
+                    starts.append(worker.start_training.remote(step))
                     trainers[worker] = requested
                     self._emit("trainer", worker=result["worker"], action="start", requested_at=requested)
             self._emit_workers()
+        ray.get(starts)
         return [done[ref] for ref in order], trainers
 
     def _emit_workers(self) -> None:
