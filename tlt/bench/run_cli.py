@@ -74,6 +74,14 @@ def print_report(report: dict[str, Any]) -> None:
     by_running = report["variants"]["vanilla"]["seconds_by_running"]
     console.print("vanilla decode seconds by running batch: "
                   + ", ".join(f"{k}: {s:.2f}" for k, s in by_running.items()))
+    for n, v in report["variants"].items():
+        per_step = v.get("ms_per_decode_step_by_range") or {}
+        if per_step:
+            console.print(f"{n} decode steps by running batch (ms a step): " + ", ".join(
+                f"{k}: {v['decode_steps_by_range'][k]} ({ms:.2f})" for k, ms in per_step.items()))
+        parts = v.get("rollout_overhead_parts") or {}
+        if parts:
+            console.print(f"{n} rollout overhead by part (s): " + ", ".join(f"{k} {x:.2f}" for k, x in parts.items()))
     for name in ("static", "tlt"):
         rates = report["variants"].get(name, {}).get("arm_rates") or {}
         if rates:
