@@ -94,7 +94,7 @@ def _history(folder: Path) -> list[dict[str, Any]]:
 
 def _validate(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
     from tlt.sim.calibrate import compare_run
-    from tlt.sim.validate import h20_check, scale_sweep
+    from tlt.sim.validate import h20_check, paper_sweep
 
     out: dict[str, Any] = {"local_error": None}
     if args.calibrate_run is not None and args.hardware.endswith(".json"):
@@ -104,7 +104,7 @@ def _validate(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
     out["h20"] = h20_check("h20")
     out["h100_contrast"] = h20_check("h100")
     out["h20_sd_off"] = out["h20"]["sd_off"]
-    out["paper"] = scale_sweep()
+    out["paper"] = paper_sweep()
     return out
 
 

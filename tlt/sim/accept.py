@@ -57,3 +57,18 @@ def drafter_steps(arm: ArmSpec) -> tuple[int, int]:
     if arm.kind in ("chain", "tree"):
         return arm.depth, arm.topk if arm.kind == "tree" else 1
     return 0, 1
+
+
+def alpha_for_accept(arm: ArmSpec, target: float) -> float:
+    """The per-token acceptance at which `arm` yields `target` tokens per round (bisection; the accept
+    length rises with alpha). Raises ValueError for a target the arm cannot reach."""
+    if arm.kind in ("plain", "ngram"):
+        raise ValueError(f"arm kind {arm.kind!r} does not depend on the learned drafter's acceptance")
+    low, high = 0.0, 1.0 - 1e-12
+    if not accept_length(arm, low, 0.0) <= target <= accept_length(arm, high, 0.0):
+        raise ValueError(f"accept length {target} is outside what a {arm.kind} of depth {arm.depth} yields "
+                         f"({accept_length(arm, low, 0.0):.2f} .. {accept_length(arm, high, 0.0):.2f})")
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if accept_length(arm, mid, 0.0) < target else (low, mid)
+    return (low + high) / 2
