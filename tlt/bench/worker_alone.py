@@ -60,7 +60,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
     from tlt.bench.run import _load_average, load_workload, variant_run, warm_drafter
     from tlt.models.drafter import load_drafter
     from tlt.models.loading import load_policy
-    from tlt.runtime.ray_coordinator import shards
+    from tlt.runtime.steps import shards
     from tlt.runtime.ray_workers import RolloutWorker
     from tlt.tasks.datasets import load_problems
     from tlt.tasks.warmstart import warm_start

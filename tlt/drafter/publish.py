@@ -44,3 +44,23 @@ def promote(served: tuple[int, int], candidate: tuple[int, int]) -> bool:
     if total_s == 0 or total_c == 0:
         return False
     return agree_c * total_s >= agree_s * total_c
+
+
+def publish_outcome(served: Drafter | None, candidate: Drafter | None, results: list[dict[str, Any]]
+                    ) -> tuple[dict[str, Any], Drafter | None]:
+    """The step's publish metrics and the drafter served from the next step on.
+
+    served / candidate: the step's (`step_drafters`); results: the rollout workers' results, each with
+    the served drafter's `agree` / `agree_total` positions and, when a candidate was scored beside it,
+    `candidate_agree` / `candidate_total`. The candidate is served next if `promote` says so."""
+    out: dict[str, Any] = {"drafter_served_version": served[0] if served is not None else None,
+                           "drafter_candidate_version": None, "drafter_candidate_agreement": None,
+                           "drafter_promoted": None}
+    if candidate is None:
+        return out, served
+    scored = (sum(r["agree"] for r in results), sum(r["agree_total"] for r in results))
+    tried = (sum(r.get("candidate_agree", 0) for r in results), sum(r.get("candidate_total", 0) for r in results))
+    promoted = promote(scored, tried)
+    out.update(drafter_candidate_version=candidate[0], drafter_promoted=promoted,
+               drafter_candidate_agreement=tried[0] / tried[1] if tried[1] else None)
+    return out, (candidate if promoted else served)

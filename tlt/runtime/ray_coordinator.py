@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -43,15 +42,16 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-from tlt.config import RunSpec, TLTTrainingRun
+from tlt.config import TLTTrainingRun
 from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR, write_served_drafter
-from tlt.drafter.publish import promote, step_drafters
+from tlt.drafter.publish import publish_outcome, step_drafters
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
+from tlt.runtime.drafter_metrics import drafter_step_metrics
 from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.ray_slots import SlotSource
@@ -69,21 +69,6 @@ EventFn = Callable[[dict[str, Any]], None]
 
 class RunFailed(RuntimeError):
     """The run failed more often than `runPolicy.backoffLimit` allows."""
-
-
-def shards(ids: list[int], workers: int) -> list[list[int]]:
-    """Split prompt ids into `workers` contiguous, near-equal shards (prompt-major order kept)."""
-    size = math.ceil(len(ids) / workers)
-    return [ids[i * size : (i + 1) * size] for i in range(workers)]
-
-
-def trains_drafter(spec: RunSpec, step: int) -> bool:
-    """Whether trainers may run in `step`'s idle time: mode tlt with drafter.training on; mode static
-    only in the run's first step and only when it does not start from speculative.drafterPath."""
-    mode = spec.speculative.mode
-    if mode == "tlt":
-        return spec.drafter.training
-    return mode == "static" and step == 1 and spec.speculative.drafter_path is None
 
 
 def policy_path(run: TLTTrainingRun, warmstart: WarmstartConfig | None) -> str:
@@ -239,7 +224,7 @@ class RayTrainer:
         prepare = dict(zip(("put_weights", "stop_trainers", "drafters"),
                            (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))))
         futures = {}
-        for worker, shard in zip(actors.rollout, shards(ids, len(actors.rollout))):
+        for worker, shard in zip(actors.rollout, steps.shards(ids, len(actors.rollout))):
             if shard:
                 ref = worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter,
                                             candidate)
@@ -267,7 +252,7 @@ class RayTrainer:
         metrics = {"step": step, **shard_rollout_metrics(completions, rewards, results, started, rollout_end, prepare),
                    **update, "update_seconds": update_seconds, "update_started_at": update_started,
                    "rollout_dispatched_at": dispatched,
-                   **self._drafter_metrics(results, acks, rollout_end), "step_seconds": time.time() - started}
+                   **self._drafter_metrics(results, acks), "step_seconds": time.time() - started}
         if self.spec.verifier.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
         if actors.hub is not None:
@@ -289,7 +274,7 @@ class RayTrainer:
         done: dict[Any, dict[str, Any]] = {}
         trainers: dict[Any, float] = {}
         starts = []
-        train = trains_drafter(self.spec, step) and self.actors is not None and self.actors.hub is not None
+        train = steps.trains_drafter(self.spec, step) and self.actors is not None and self.actors.hub is not None
         pending = list(order)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
@@ -338,46 +323,13 @@ class RayTrainer:
                                                      ray.get(actors.hub.pull.remote()))
         return ray.put(self.served), (ray.put(self._candidate) if self._candidate is not None else None)
 
-    def _publish(self, results: list[dict[str, Any]]) -> dict[str, Any]:
-        """Serve the candidate from the next step on if it agreed at least as often (`promote`)."""
-        served_version = self.served[0] if self.served is not None else None
-        out: dict[str, Any] = {"drafter_served_version": served_version, "drafter_candidate_version": None,
-                               "drafter_candidate_agreement": None, "drafter_promoted": None}
-        if self._candidate is None:
-            return out
-        served = (sum(r["agree"] for r in results), sum(r["agree_total"] for r in results))
-        candidate = (sum(r.get("candidate_agree", 0) for r in results),
-                     sum(r.get("candidate_total", 0) for r in results))
-        promoted = promote(served, candidate)
-        out.update(drafter_candidate_version=self._candidate[0], drafter_promoted=promoted,
-                   drafter_candidate_agreement=candidate[0] / candidate[1] if candidate[1] else None)
-        if promoted:
-            self.served = self._candidate
-        self._candidate = None
-        return out
-
-    def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]],
-                         rollout_end: float) -> dict[str, Any]:
+    def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]]) -> dict[str, Any]:
         if self.actors is None or self.actors.hub is None:
             return {}
-        agree, total = sum(r["agree"] for r in results), sum(r["agree_total"] for r in results)
         pushes = ray.get(self.actors.hub.take_pushes.remote())
-        optimizer_steps = sum(p["steps"] for p in pushes)  # optimizer steps on the drafter since the last step
-        trained = [a for a in acks if a.get("was_training")]
-        latencies = [a["acked_at"] - a["requested_at"] for a in trained]
-        return {
-            "drafter_agreement": agree / total if total else None,
-            "drafter_version": pushes[-1]["version"] if pushes else None,
-            "drafter_loss": sum(p["loss"] * p["steps"] for p in pushes) / optimizer_steps if optimizer_steps else None,
-            "drafter_updates": optimizer_steps,
-            "drafter_trainers": sorted({p["trainer"] for p in pushes}),
-            "drafter_tokens": sum(p["tokens"] for p in pushes),
-            "harvested_seconds": sum(a["stopped_at"] - a["started_at"] for a in trained),
-            "stop_latency_max": max(latencies) if latencies else None,
-            "trainer_acks": trained,
-            "hub_pushes": pushes,
-            **self._publish(results),
-        }
+        published, self.served = publish_outcome(self.served, self._candidate, results)
+        self._candidate = None
+        return {**drafter_step_metrics(results, acks, pushes), **published}
 
     def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run the remaining steps with checkpoints and restarts; write the final policy and, with a drafter,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.config import AlgorithmSpec
+from tlt.config import AlgorithmSpec, RunSpec
 from tlt.rl.grpo import group_advantages
 from tlt.rl.packing import micro_batches
 from tlt.rl.rewards import score
@@ -343,3 +344,18 @@ def logprob_gap(engine_logprobs: torch.Tensor, policy_logprobs_: torch.Tensor, b
     if not bool(mask.any()):
         return 0.0
     return float((engine_logprobs.double() - policy_logprobs_.double()).abs()[mask].max())
+
+
+def shards(ids: list[int], workers: int) -> list[list[int]]:
+    """Split prompt ids into `workers` contiguous, near-equal shards (prompt-major order kept)."""
+    size = math.ceil(len(ids) / workers)
+    return [ids[i * size : (i + 1) * size] for i in range(workers)]
+
+
+def trains_drafter(spec: RunSpec, step: int) -> bool:
+    """Whether trainers may run in `step`'s idle time: mode tlt with drafter.training on; mode static
+    only in the run's first step and only when it does not start from speculative.drafterPath."""
+    mode = spec.speculative.mode
+    if mode == "tlt":
+        return spec.drafter.training
+    return mode == "static" and step == 1 and spec.speculative.drafter_path is None
