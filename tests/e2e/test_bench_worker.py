@@ -34,20 +34,27 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
     workload.write_text(WORKLOAD)
     path = tmp_path / "worker.json"
     threads = torch.get_num_threads()
-    assert main(["bench", "worker", "--workload", str(workload), "--shards", "3", "--split", "--json", str(path)]) == 0
+    assert main(["bench", "worker", "--workload", str(workload), "--shards", "3", "--repeats", "2", "--split",
+                 "--json", str(path)]) == 0
     assert torch.get_num_threads() == threads, "the bench gives the process its threads back"
     result = json.loads(path.read_text())
-    assert result["config"] == {"shards": 3, "threads": 1, "rows": 4}
+    assert result["config"] == {"shards": 3, "threads": 1, "rows": 4, "repeats": 2}
     vanilla, tlt = result["variants"]["vanilla"], result["variants"]["tlt"]
-    assert len(vanilla["seconds"]) == len(tlt["seconds"]) == 3
+    assert len(vanilla["seconds"]) == len(tlt["seconds"]) == 6, "3 shards in each of 2 repeats"
+    assert len(result["repeats"]) == 2
+    low, high = result["rollout_speedup_range"]
+    assert low <= result["rollout_speedup"] <= high
+    assert sorted(r["rollout_speedup"] for r in result["repeats"]) == [low, high]
+    for r in result["repeats"]:
+        assert r["rollout_speedup"] == r["vanilla_seconds"] / r["tlt_seconds"]
     assert vanilla["tokens"] == tlt["tokens"] and result["mismatched_responses"] == 0, "coupled sampling: same tokens"
     assert tlt["steps_total"] < vanilla["steps_total"], "the tlt worker drafted (fewer decode steps)"
     for v in (vanilla, tlt):
-        assert sum(v["decode_steps_by_running"].values()) == v["steps_total"] - 3 * 1, "one prefill per shard"
+        assert sum(v["decode_steps_by_running"].values()) == v["steps_total"] - 6, "one prefill per shard"
     split = result["step_split"]  # every decode step counted once, under its variant
     for name, v in (("vanilla", vanilla), ("tlt", tlt)):
         counted = sum(c["steps"] for stepper, r in split.items() if stepper.startswith(f"{name}/") for c in r.values())
-        assert counted == v["steps_total"] - 3
+        assert counted == v["steps_total"] - 6
     assert any(stepper.startswith("tlt/sd:") for stepper in split) and "vanilla/plain" in split
     assert result["rollout_speedup"] > 0 and result["step_cost_ratio"] > 0
 
@@ -59,6 +66,8 @@ def test_bad_arguments_are_refused_naming_the_field(tmp_path, capsys):
     workload.write_text(WORKLOAD)
     assert main(["bench", "worker", "--workload", str(workload), "--shards", "0"]) == 2
     assert "shards must be >= 1, got 0" in capsys.readouterr().out
+    assert main(["bench", "worker", "--workload", str(workload), "--repeats", "0"]) == 2
+    assert "repeats must be >= 1, got 0" in capsys.readouterr().out
     workload.write_text(WORKLOAD.replace("  tlt: {speculative: {mode: tlt}}\n", ""))
     assert main(["bench", "worker", "--workload", str(workload)]) == 2
     assert "variants must include 'tlt'" in capsys.readouterr().out

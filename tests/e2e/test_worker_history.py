@@ -43,10 +43,10 @@ def test_responses_enter_the_history_store_after_the_rollout_and_before_the_next
     worker, weights, problems = _worker()
     first = worker.rollout(1, [0, 1], problems[:2], weights, None)
     assert len(first["completions"]) == 4
-    worker._history_indexed()
+    worker.wait_history_indexed()
     assert worker.history.num_docs == 4, "every finished response is history once the rollout is settled"
     worker.rollout(2, [0, 1], problems[:2], weights, None)  # waits for step 1's indexing before drafting
-    worker._history_indexed()
+    worker.wait_history_indexed()
     assert worker.history.num_docs == 8
     assert worker._waves == [] and worker._indexing is None
 
@@ -63,5 +63,5 @@ def test_a_rollout_returns_before_its_responses_are_indexed():
         assert worker._indexing is not None and not worker._indexing.done()
     finally:
         gate.set()
-    worker._history_indexed()
+    worker.wait_history_indexed()
     assert worker.history.num_docs == 4

@@ -8,10 +8,14 @@ steps that rollout worker 0 would get. The tlt worker drafts with the workload's
 handed over as the coordinator hands it, and keeps its bandit and history store from shard to shard
 as a worker does across steps. The policy stays fixed (no update): this measures the rollout engine.
 Variants alternate shard by shard, the order flipped every shard. Verifiers are replaced by a no-op.
+`repeats` times over, each with fresh workers: the bandit's choices follow measured step times, so two
+repeats of the same shards take different arm paths (measured: 1.09x and 1.21x in two runs of one
+repeat each), and one repeat says little.
 
-Reports per variant: seconds and decode steps per shard, decode seconds by running-batch range; and
-tlt over vanilla: rollout speed-up (vanilla seconds / tlt seconds), steps ratio, seconds per decode
-step ratio; and whether both produced the same tokens (T=1 sampling is coupled, so they should).
+Reports per variant (pooled over repeats): seconds and decode steps per shard, decode seconds by
+running-batch range; tlt over vanilla per repeat: rollout speed-up (vanilla seconds / tlt seconds),
+steps ratio, seconds per decode step ratio, and their medians (the speed-up's range too); and whether
+both produced the same tokens (T=1 sampling is coupled, so they should).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +35,6 @@ from tlt.rollout.step_split import StepSplit, seconds_by_range
 from tlt.runtime import steps
 
 
-
 @dataclass(frozen=True)
 class WorkerBenchConfig:
     workload: Path
@@ -38,10 +42,13 @@ class WorkerBenchConfig:
     threads: int = 1
     quick: bool = False
     split: bool = False
+    repeats: int = 3
 
     def __post_init__(self) -> None:
         if self.shards < 1:
             raise ValueError(f"shards must be >= 1, got {self.shards}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
@@ -60,8 +67,6 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
     from tlt.bench.run import _load_average, load_workload, variant_run, warm_drafter
     from tlt.models.drafter import load_drafter
     from tlt.models.loading import load_policy
-    from tlt.runtime.steps import shards
-    from tlt.runtime.ray_workers import RolloutWorker
     from tlt.tasks.datasets import load_problems
     from tlt.tasks.warmstart import warm_start
 
@@ -74,54 +79,106 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
     spec = runs["tlt"].spec
     algo = spec.algorithm
     rows = math.ceil(algo.prompts_per_step / max(spec.rollout.replicas, 1)) * algo.group_size  # as create_actors
+    policy = load_policy(str(folder), spec.model.dtype)[0]
+    weights = {k: v.detach() for k, v in policy.state_dict().items()}
+    drafter = None
+    if drafter_path is not None:
+        drafter = (0, {k: v.detach().clone() for k, v in load_drafter(drafter_path, policy.config).state_dict().items()})
+    problems = load_problems(spec.dataset, "train")
+    split = StepSplit() if cfg.split else None
+    inputs = _Inputs(runs, str(folder), rows, weights, drafter, problems, split)
     try:
-        workers = {v: RolloutWorker(0, run.spec, str(folder), rows, [_NoVerifier()], None, threads=cfg.threads)
-                   for v, run in runs.items()}
-        policy = load_policy(str(folder), spec.model.dtype)[0]
-        weights = {k: v.detach() for k, v in policy.state_dict().items()}
-        drafter = None
-        if drafter_path is not None:
-            drafter = (0, {k: v.detach().clone() for k, v in load_drafter(drafter_path, policy.config).state_dict().items()})
-        problems = load_problems(spec.dataset, "train")
-        split = StepSplit() if cfg.split else None
-        per: dict[str, dict[str, list]] = {v: {"seconds": [], "steps": [], "tokens": []} for v in workers}
-        by_running: dict[str, collections.Counter] = {v: collections.Counter() for v in workers}
-        steps_by_running: dict[str, collections.Counter] = {v: collections.Counter() for v in workers}
-        tokens: dict[str, list[list[int]]] = {v: [] for v in workers}
-        for step in range(1, cfg.shards + 1):
-            ids = shards(steps.select_prompts(len(problems), algo.prompts_per_step, algo.seed, step),
-                         spec.rollout.replicas)[0]
-            for v in (("vanilla", "tlt") if step % 2 else ("tlt", "vanilla")):
-                worker = workers[v]
-                started = time.perf_counter()
-                with split if split is not None else contextlib.nullcontext():
-                    if split is not None:
-                        split.label = f"{v}/"
-                    result = worker.rollout(step, ids, [problems[i] for i in ids], weights,
-                                            drafter if v == "tlt" else None)
-                per[v]["seconds"].append(time.perf_counter() - started)
-                trace = steps.RolloutTrace(steps=list(result["trace"]))
-                per[v]["steps"].append(len(result["trace"]))
-                per[v]["tokens"].append(sum(len(c.token_ids) for c in result["completions"]))
-                by_running[v].update(trace.decode_seconds_by_running())
-                steps_by_running[v].update(trace.decode_steps_by_running())
-                tokens[v].extend(list(c.token_ids) for c in result["completions"])
-                worker.agreement()  # the bookkeeping a worker does before its next rollout
+        repeats = [_repeat(cfg, inputs, r) for r in range(cfg.repeats)]
     finally:
         torch.set_num_threads(threads_before)
-    total = {v: sum(per[v]["seconds"]) for v in per}
-    n_steps = {v: sum(per[v]["steps"]) for v in per}
-    mismatched = sum(a != b for a, b in zip(tokens["vanilla"], tokens["tlt"]))
+    variants = {v: _pooled([rep[v] for rep in repeats]) for v in ("vanilla", "tlt")}
+    ratios = [_ratios(rep) for rep in repeats]
+    speedups = sorted(r["rollout_speedup"] for r in ratios)
+    tokens = {v: [t for rep in repeats for t in rep[v]["token_ids"]] for v in variants}
     return {
         "workload": {"path": str(cfg.workload), "name": workload.name, "quick": cfg.quick},
-        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": rows},
-        "variants": {v: {**per[v], "seconds_total": total[v], "steps_total": n_steps[v],
-                         "decode_seconds_by_running": seconds_by_range(dict(by_running[v])),
-                         "decode_steps_by_running": seconds_by_range(dict(steps_by_running[v]))} for v in per},
-        "rollout_speedup": total["vanilla"] / total["tlt"],
-        "steps_ratio": n_steps["tlt"] / n_steps["vanilla"],
-        "step_cost_ratio": (total["tlt"] / n_steps["tlt"]) / (total["vanilla"] / n_steps["vanilla"]),
-        "mismatched_responses": mismatched,
+        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": rows, "repeats": cfg.repeats},
+        "variants": variants,
+        "rollout_speedup": statistics.median(speedups),
+        "rollout_speedup_range": [speedups[0], speedups[-1]],
+        "steps_ratio": statistics.median(r["steps_ratio"] for r in ratios),
+        "step_cost_ratio": statistics.median(r["step_cost_ratio"] for r in ratios),
+        "repeats": ratios,
+        "mismatched_responses": sum(a != b for a, b in zip(tokens["vanilla"], tokens["tlt"])),
         "load_average": {"before": load_before, "after": _load_average()},
         **({"step_split": split.table()} if split is not None else {}),
     }
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every repeat's workers take: the variants' runs, the policy folder and weights, the warm drafter."""
+
+    runs: dict[str, Any]
+    folder: str
+    rows: int
+    weights: dict[str, torch.Tensor]
+    drafter: tuple[int, dict[str, torch.Tensor]] | None
+    problems: list[Any]
+    split: StepSplit | None
+
+
+def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, dict[str, Any]]:
+    """One repeat: fresh workers (a new bandit and history store each), every shard run by both variants,
+    the order flipped every shard and every repeat. Per variant: seconds, steps, tokens per shard, decode
+    seconds and steps by running batch, every response's tokens."""
+    from tlt.runtime.ray_workers import RolloutWorker
+    from tlt.runtime.steps import shards
+
+    algo = inputs.runs["tlt"].spec.algorithm
+    replicas = inputs.runs["tlt"].spec.rollout.replicas
+    workers = {v: RolloutWorker(0, run.spec, inputs.folder, inputs.rows, [_NoVerifier()], None, threads=cfg.threads)
+               for v, run in inputs.runs.items()}
+    out: dict[str, dict[str, Any]] = {v: {"seconds": [], "steps": [], "tokens": [], "token_ids": [],
+                                          "by_running": collections.Counter(),
+                                          "steps_by_running": collections.Counter()} for v in workers}
+    for step in range(1, cfg.shards + 1):
+        ids = shards(steps.select_prompts(len(inputs.problems), algo.prompts_per_step, algo.seed, step), replicas)[0]
+        for v in (("vanilla", "tlt") if (step + repeat) % 2 else ("tlt", "vanilla")):
+            worker = workers[v]
+            started = time.perf_counter()
+            with inputs.split if inputs.split is not None else contextlib.nullcontext():
+                if inputs.split is not None:
+                    inputs.split.label = f"{v}/"
+                result = worker.rollout(step, ids, [inputs.problems[i] for i in ids], inputs.weights,
+                                        inputs.drafter if v == "tlt" else None)
+            out[v]["seconds"].append(time.perf_counter() - started)
+            trace = steps.RolloutTrace(steps=list(result["trace"]))
+            out[v]["steps"].append(len(result["trace"]))
+            out[v]["tokens"].append(sum(len(c.token_ids) for c in result["completions"]))
+            out[v]["by_running"].update(trace.decode_seconds_by_running())
+            out[v]["steps_by_running"].update(trace.decode_steps_by_running())
+            out[v]["token_ids"].extend(list(c.token_ids) for c in result["completions"])
+            # The bookkeeping a worker does before its next rollout (buffer and agreement, history index),
+            # finished here, so that no thread of one variant runs in the other's timed rollout (one process:
+            # the GIL and the cores are shared). Measured without the history wait: the same within noise.
+            worker.agreement()
+            worker.wait_history_indexed()
+    return out
+
+
+def _pooled(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's shards over every repeat, with totals."""
+    by_running: collections.Counter = collections.Counter()
+    steps_by_running: collections.Counter = collections.Counter()
+    for rep in reps:
+        by_running.update(rep["by_running"])
+        steps_by_running.update(rep["steps_by_running"])
+    pooled = {k: [x for rep in reps for x in rep[k]] for k in ("seconds", "steps", "tokens")}
+    return {**pooled, "seconds_total": sum(pooled["seconds"]), "steps_total": sum(pooled["steps"]),
+            "decode_seconds_by_running": seconds_by_range(dict(by_running)),
+            "decode_steps_by_running": seconds_by_range(dict(steps_by_running))}
+
+
+def _ratios(rep: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """tlt over vanilla in one repeat: rollout speed-up, decode-step count ratio, seconds-per-step ratio."""
+    seconds = {v: sum(rep[v]["seconds"]) for v in rep}
+    n_steps = {v: sum(rep[v]["steps"]) for v in rep}
+    return {"rollout_speedup": seconds["vanilla"] / seconds["tlt"], "steps_ratio": n_steps["tlt"] / n_steps["vanilla"],
+            "step_cost_ratio": (seconds["tlt"] / n_steps["tlt"]) / (seconds["vanilla"] / n_steps["vanilla"]),
+            "vanilla_seconds": seconds["vanilla"], "tlt_seconds": seconds["tlt"]}

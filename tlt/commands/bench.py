@@ -279,6 +279,7 @@ def _write_json(console: Any, path: Path | None, result: dict) -> int:
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", type=Path, default=None, help="workload file (default bench/workload.yaml)")
     parser.add_argument("--shards", type=int, default=8, help="shards (the run's first steps' prompts), default 8")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats, each with fresh workers (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, a Ray rollout worker's here)")
     parser.add_argument("--quick", action="store_true", help="the workload's small version (checks the bench)")
     parser.add_argument("--split", action="store_true",
@@ -297,7 +298,7 @@ def _worker_run(args: argparse.Namespace) -> int:
         if not Path(workload).is_file():
             raise ValueError(f"--workload: no such file {str(workload)!r}")
         cfg = WorkerBenchConfig(workload=Path(workload), shards=args.shards, threads=args.threads, quick=args.quick,
-                                split=args.split)
+                                split=args.split, repeats=args.repeats)
         with console.status("one rollout worker alone: vanilla vs tlt"):
             result = run_worker_bench(cfg)
     except ValueError as exc:
@@ -311,7 +312,9 @@ def _worker_run(args: argparse.Namespace) -> int:
         for rng, cell in ranges.items():
             parts = ", ".join(f"{p} {cell[p]:.2f}" for p in ("target_forward", "draft_graph", "host") if p in cell)
             console.print(f"  {name} at {rng} rows: {cell['steps']} steps, {cell['total']:.2f} ms a step ({parts})")
-    console.print(f"tlt over vanilla: rollout speed-up {result['rollout_speedup']:.3f}x, steps "
+    low, high = result["rollout_speedup_range"]
+    console.print(f"tlt over vanilla (median of {len(result['repeats'])} repeats): rollout speed-up "
+                  f"{result['rollout_speedup']:.3f}x (range {low:.3f}-{high:.3f}), steps "
                   f"{result['steps_ratio']:.3f}, seconds per step {result['step_cost_ratio']:.3f}; "
                   f"{result['mismatched_responses']} responses differ; load {result['load_average']}")
     return _write_json(console, args.json, result)

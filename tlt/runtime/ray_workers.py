@@ -184,7 +184,7 @@ class RolloutWorker:
         stamps = [time.time()]  # the set-up before generating, part by part (`setup_seconds`)
         self.agreement()  # the previous rollout's bookkeeping is done before its drafter changes
         stamps.append(time.time())
-        self._history_indexed()
+        self.wait_history_indexed()
         stamps.append(time.time())
         self._set_state(GENERATING)
         started = time.time()
@@ -269,7 +269,7 @@ class RolloutWorker:
         for sequences in waves:
             self.history.observe(sequences)
 
-    def _history_indexed(self) -> None:
+    def wait_history_indexed(self) -> None:
         """Wait for the last rollout's responses to enter the history store (before it drafts again)."""
         if self._indexing is not None:
             self._indexing.result()
