@@ -6,7 +6,8 @@ import pytest
 
 from tlt.config import ArmSpec
 from tlt.sim.accept import accept_length, alpha_for_accept
-from tlt.sim.validate import PAPER_ACCEPT, PAPER_SETUPS, amdahl, paper_curve, paper_spec, paper_sweep
+from tlt.sim.validate import (PAPER_ACCEPT, PAPER_SETUPS, amdahl, implied_sd_share, paper_curve, paper_spec, paper_sweep,
+                               round_speedup)
 
 
 @pytest.mark.parametrize("arm", [ArmSpec(kind="chain", depth=4), ArmSpec(kind="tree", depth=8, topk=4)])
@@ -53,3 +54,23 @@ def test_the_7b_speedup_rises_with_the_cluster_as_published():
     for row in (lo, hi):
         assert row["at_paper_rollout_share"] == pytest.approx(amdahl(0.85, row["rollout_speedup"]))
         assert 0.0 < row["vanilla_decode_share_sd_eligible"] < 1.0
+
+
+def test_implied_sd_share_inverts_amdahl_twice():
+    # 60% of the decode speculative at 3x per round: rollout 1 / (0.4 + 0.2) = 1.667x; at an 85% share the
+    # step is amdahl(0.85, 1.667) faster, and that step speed-up implies the same 60% back
+    step = amdahl(0.85, 1.0 / (0.4 + 0.6 / 3.0))
+    assert implied_sd_share(step, 0.85, 3.0) == pytest.approx(0.6)
+    assert implied_sd_share(1.0, 0.85, 3.0) == pytest.approx(0.0)
+
+
+def test_round_speedup_follows_the_cost_model():
+    class Flat:  # every forward 1 s, every drafter pass 0.1 s
+        def target_seconds(self, batch, width, context):
+            return 1.0
+
+        def drafter_seconds(self, batch, context):
+            return 0.1
+
+    arm = ArmSpec(kind="tree", depth=8, topk=4, verify_tokens=48)
+    assert round_speedup(Flat(), arm, 6.53, 2048) == pytest.approx(6.53 / (1.0 + 8 * 0.1))

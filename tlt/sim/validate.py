@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tlt.adaptive.arms import verify_width
 from tlt.config import ArmSpec, SpeculativeSpec
-from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept
+from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept, drafter_steps
+from tlt.sim.cost import CostModel
 from tlt.sim.profiles import load_cost_model
 from tlt.sim.simulator import build_variants, simulate
 from tlt.sim.step import ClusterConfig
@@ -108,6 +110,8 @@ PAPER_TRACE = "lognormal:median=1500,sigma=0.8,n={n},max=32768"
 PAPER_ACCEPT = {"static": 4.59, "adaptive": 6.53}
 # The rollout's share of a veRL step in the paper's setting ("about 85%").
 PAPER_ROLLOUT_SHARE = 0.85
+# The context of the one-row speculative round in `implied_sd_share` (prompt + the tail's median, rounded).
+PAPER_CONTEXT = 2048
 
 
 def paper_spec() -> SpeculativeSpec:
@@ -152,7 +156,29 @@ def paper_sweep(gpu: str = "h100", steps: int = 3, setups: tuple[PaperSetup, ...
             "vanilla_decode_share_sd_eligible": 1.0 - decode_share_from(result.steps["vanilla"], spec.threshold + 1),
             "final_accept_length": accept_length(spec.arms[0], summary["tlt"]["final_alpha"], curve.ngram),
         }
+        # What the published number implies, with the paper's rollout share and the cost model's own
+        # speculative round at one row (the paper's accept length, a context of PAPER_CONTEXT tokens).
+        speedup_1 = round_speedup(cost, spec.arms[0], PAPER_ACCEPT["adaptive"], PAPER_CONTEXT)
+        out[f"{setup.model}@{setup.gpus}"].update(
+            round_speedup_batch1=speedup_1,
+            implied_sd_share=implied_sd_share(setup.published, PAPER_ROLLOUT_SHARE, speedup_1))
     return out
+
+
+def implied_sd_share(published: float, rollout_share: float, round_speedup: float) -> float:
+    """The share of the rollout's decode time that must run speculatively, each round `round_speedup` times
+    faster than a plain one, for a step whose rollout is `rollout_share` of it to speed up `published`
+    times (Amdahl twice; the rest of the decode and of the step as before). Above 1: not reachable so."""
+    needed = rollout_share / (1.0 / published - (1.0 - rollout_share))  # the rollout speed-up it takes
+    return (1.0 - 1.0 / needed) / (1.0 - 1.0 / round_speedup)
+
+
+def round_speedup(cost: CostModel, arm: ArmSpec, accept: float, context: int) -> float:
+    """One row's speed-up of a speculative round of `arm` yielding `accept` tokens over plain rounds, from
+    the cost model: accept x plain forward / (verify forward + depth drafter passes over topk rows)."""
+    passes, rows = drafter_steps(arm)
+    plain = cost.target_seconds(1, 1, context)
+    return accept * plain / (cost.target_seconds(1, verify_width(arm), context) + passes * cost.drafter_seconds(rows, context))
 
 
 def amdahl(share: float, speedup: float) -> float:
