@@ -38,3 +38,13 @@ def test_report_is_written_beside_both_runs(tmp_path):
     path, c = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt")
     text = path.read_text()
     assert "| rollout seconds | 4.0 | 2.0 | 2.00x |" in text and (tmp_path / "side_by_side.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("tlt_reward, same", [(0.5, True), (0.6, False)])
+def test_report_says_whether_the_samples_matched(tmp_path, tlt_reward, same):
+    for name, steps in (("vanilla", _steps([4.0], [0.5])), ("tlt", _steps([2.0], [tlt_reward], accept=[3.0]))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    text = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt")[0].read_text()
+    assert ("TLT generated what vanilla generated, step for step" in text) is same
+    assert ("here some samples differ" in text) is not same
