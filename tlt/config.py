@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tlt.config_base import PathStr, Spec
+from tlt.config_base import (IMAGE_PATTERN, QUALIFIED_NAME, LabelValue, Name, PathStr, QualifiedName, Quantity,
+                             ShortStr, Spec)
 # The speculative and drafter sections live in their own module; imported from here as every section is.
 from tlt.config_speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec
 
@@ -24,9 +25,6 @@ KIND = "TLTTrainingRun"
 PLURAL = "tltrainingruns"
 SHORT_NAME = "tltrun"
 
-Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
-Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
-ShortStr = Annotated[str, Field(max_length=253)]
 PARENT_SEGMENT = r"(^|/)\.\.(/|$)"
 MSG_CHECKPOINT_PATH = ("checkpoint.path must not contain a '..' segment (it would leave the working directory or "
                        "the volume)")
@@ -44,18 +42,6 @@ MSG_METRICS_PORT = (f"monitoring.metricsPort must differ from Ray's ports on the
 RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
 MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
                 "own keys: run, role, rank, spec hash, progress, worker state)")
-# An image reference (the distribution grammar, simplified): optional registry host[:port], a lowercase
-# path of components joined by '/', an optional tag, an optional sha256 digest.
-IMAGE_PATTERN = (r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*"
-                 r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
-# A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and
-# ending with a letter or digit.
-LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
-# A label or taint key (a qualified name): an optional DNS-subdomain prefix and '/', then a name of at
-# most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
-_QUALIFIED_NAME = (
-    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-QualifiedName = Annotated[str, Field(max_length=316, pattern=f"^{_QUALIFIED_NAME}$")]
 
 
 class ModelSpec(Spec):
@@ -225,7 +211,7 @@ class PodOverrides(Spec):
         # The CRD cannot check map keys cheaply (a CEL regex over unbounded keys fails the apiserver's
         # cost check); the apiserver refuses such a pod later (the run shows Created=False).
         bad = sorted(k for k in [*self.labels, *self.annotations, *self.node_selector]
-                     if not re.fullmatch(_QUALIFIED_NAME, k))
+                     if not re.fullmatch(QUALIFIED_NAME, k))
         if bad:
             raise ValueError(f"podTemplate label, annotation and nodeSelector keys must be qualified names (an "
                              "optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' and '.', starting "

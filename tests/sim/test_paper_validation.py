@@ -6,8 +6,9 @@ import pytest
 
 from tlt.config import ArmSpec
 from tlt.sim.accept import accept_length, alpha_for_accept
-from tlt.sim.validate import (PAPER_ACCEPT, PAPER_SETUPS, amdahl, implied_sd_share, paper_curve, paper_spec, paper_sweep,
-                               round_speedup)
+from tlt.adaptive.costs import amdahl
+from tlt.sim.validate import (PAPER_ACCEPT, PAPER_SETUPS, implied_sd_share, paper_curve, paper_spec, paper_sweep,
+                              round_speedup)
 
 
 @pytest.mark.parametrize("arm", [ArmSpec(kind="chain", depth=4), ArmSpec(kind="tree", depth=8, topk=4)])
@@ -62,6 +63,9 @@ def test_implied_sd_share_inverts_amdahl_twice():
     step = amdahl(0.85, 1.0 / (0.4 + 0.6 / 3.0))
     assert implied_sd_share(step, 0.85, 3.0) == pytest.approx(0.6)
     assert implied_sd_share(1.0, 0.85, 3.0) == pytest.approx(0.0)
+    assert implied_sd_share(10.0, 0.85, 3.0) == float("inf"), "past Amdahl's bound of 1 / 0.15"
+    with pytest.raises(ValueError, match="round_speedup > 1"):
+        implied_sd_share(1.5, 0.85, 1.0)
 
 
 def test_round_speedup_follows_the_cost_model():
@@ -74,3 +78,21 @@ def test_round_speedup_follows_the_cost_model():
 
     arm = ArmSpec(kind="tree", depth=8, topk=4, verify_tokens=48)
     assert round_speedup(Flat(), arm, 6.53, 2048) == pytest.approx(6.53 / (1.0 + 8 * 0.1))
+
+
+def test_tlt_simulate_validate_writes_the_three_checks(tmp_path):
+    import json
+
+    from tlt.cli import main
+
+    path = tmp_path / "val.json"
+    assert main(["simulate", "--validate", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert result["local_error"] is None, "no run to compare without --calibrate-run and a costs JSON"
+    assert result["h20_sd_off"] is True
+    assert set(result["paper"]) == {f"{s.model}@{s.gpus}" for s in PAPER_SETUPS}
+    for setup in PAPER_SETUPS:
+        row = result["paper"][f"{setup.model}@{setup.gpus}"]
+        assert row["published"] == setup.published and row["predicted"] > 1.0
+        assert row["implied_sd_share"] == pytest.approx(
+            implied_sd_share(setup.published, 0.85, row["round_speedup_batch1"]))

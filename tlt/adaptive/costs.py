@@ -196,6 +196,13 @@ def _interp(x: float, xs: list[int], ys: list[float]) -> float:
     raise ValueError(f"measured points must be ascending, got {xs}")
 
 
+def amdahl(share: float, speedup: float) -> float:
+    """Whole speed-up when a `share` of the time runs `speedup` times faster and the rest as before."""
+    if not 0.0 <= share <= 1.0 or speedup <= 0:
+        raise ValueError(f"share must be in [0, 1] and speedup > 0, got {share} and {speedup}")
+    return 1.0 / (1.0 - share + share / speedup)
+
+
 def ideal_speedup(accept_length: float, ratio: float, drafter_steps: float = 0.0) -> float:
     """Speedup of SD over plain decoding: tokens per step over the step's cost relative to a plain
     step (accept_length counts the target's own next token, so >= 1). `ratio` is the verify cost;

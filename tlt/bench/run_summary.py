@@ -27,7 +27,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from tlt.adaptive.costs import CostPoint, DrafterCost, cost_ratio, drafter_ratio, ideal_speedup
+from tlt.adaptive.costs import CostPoint, DrafterCost, amdahl, cost_ratio, drafter_ratio, ideal_speedup
 from tlt.adaptive.stepper import merge_arm_rates
 from tlt.rollout.step_split import merge_tables, seconds_by_range
 from tlt.tasks.evaluate import length_stats
@@ -188,7 +188,7 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "rollout_speedup": rollout_speedup,
         "e2e_speedup": van["step_seconds"]["median"] / tlt["step_seconds"]["median"],
         "vanilla_rollout_share": share,
-        "amdahl_e2e_bound": 1.0 / ((1.0 - share) + share / rollout_speedup),
+        "amdahl_e2e_bound": amdahl(share, rollout_speedup),
         "accept_length_ratio": tlt_accept / static_accept if tlt_accept is not None and static_accept else None,
         "interference_fraction": interference_mean,
         "interference_ci95": interference_ci,

@@ -56,6 +56,13 @@ class ReplicaRollout:
     end: float
 
 
+def round_seconds(cost: CostModel, arm: ArmSpec, running: int, context: int) -> float:
+    """Seconds of one speculative round of `arm` over `running` rows: the verify forward over its width
+    and the drafter's passes (each over `running` x its fan-out rows)."""
+    passes, fan = drafter_steps(arm)
+    return cost.target_seconds(running, verify_width(arm), context) + passes * cost.drafter_seconds(running * fan, context)
+
+
 def _round(cost: CostModel, drafting: Drafting | None, running: int,
            context: float) -> tuple[int | None, int | None, float, float]:
     """(bucket, arm, tokens per row per round, seconds per round) of the next chunk; bucket and arm are
@@ -65,10 +72,8 @@ def _round(cost: CostModel, drafting: Drafting | None, running: int,
         return None, None, 1.0, cost.target_seconds(running, 1, int(context))
     arm = drafting.bandit.choose(bucket)
     spec = drafting.arms[arm]
-    steps, fan = drafter_steps(spec)
-    seconds = (cost.target_seconds(running, verify_width(spec), int(context))
-               + steps * cost.drafter_seconds(running * fan, int(context)))
-    return bucket, arm, accept_length(spec, drafting.alpha, drafting.ngram_alpha), seconds
+    return bucket, arm, accept_length(spec, drafting.alpha, drafting.ngram_alpha), round_seconds(
+        cost, spec, running, int(context))
 
 
 def decode_shard(lengths: list[int], cost: CostModel, *, prompt_len: int, drafting: Drafting | None,

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tlt.adaptive.arms import verify_width
+from tlt.adaptive.costs import amdahl
 from tlt.config import ArmSpec, SpeculativeSpec
-from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept, drafter_steps
+from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept
 from tlt.sim.cost import CostModel
 from tlt.sim.profiles import load_cost_model
+from tlt.sim.replica import round_seconds
 from tlt.sim.simulator import build_variants, simulate
 from tlt.sim.step import ClusterConfig
 from tlt.sim.trace import parametric_trace
@@ -36,19 +37,25 @@ def _wide_spec(with_plain: bool) -> SpeculativeSpec:
     return base.model_copy(update={"threshold": 256, "buckets": WIDE_BUCKETS, "arms": arms})
 
 
-def decode_share_from(result_steps: list, min_batch: int) -> float:
-    """Of the engines' decode time (plain and SD rounds), the share at running batch >= min_batch."""
-    spans = [s for step in result_steps for row in step.timelines for s in row if s.kind in ("decode", "sd")]
+def _decode_spans(result_steps: list) -> list:
+    """Every engine's decode segments (plain and SD rounds) over the steps."""
+    return [s for step in result_steps for row in step.timelines for s in row if s.kind in ("decode", "sd")]
+
+
+def _share(spans: list, part: Any, empty: float) -> float:
     total = sum(s.end - s.start for s in spans)
-    return sum(s.end - s.start for s in spans if s.batch >= min_batch) / total if total else 0.0
+    return sum(s.end - s.start for s in spans if part(s)) / total if total else empty
+
+
+def decode_share_at_most(result_steps: list, max_batch: int) -> float:
+    """Of the engines' decode time, the share at running batch <= max_batch."""
+    return _share(_decode_spans(result_steps), lambda s: s.batch <= max_batch, 0.0)
 
 
 def plain_share(result_steps: list, min_batch: int) -> float:
     """Of the decode time at running batch >= min_batch, the share without drafts."""
-    spans = [s for step in result_steps for row in step.timelines for s in row
-             if s.kind in ("decode", "sd") and s.batch >= min_batch]
-    total = sum(s.end - s.start for s in spans)
-    return sum(s.end - s.start for s in spans if s.kind == "decode") / total if total else 1.0
+    spans = [s for s in _decode_spans(result_steps) if s.batch >= min_batch]
+    return _share(spans, lambda s: s.kind == "decode", 1.0)
 
 
 def h20_check(gpu: str = "h20", model: str = "qwen2.5-7b", gpus: int = 8, steps: int = 3) -> dict[str, Any]:
@@ -77,7 +84,7 @@ class PaperSetup:
     """One published TLT-over-veRL measurement and the cluster it ran on (H100, colocated).
 
     tp: the rollout engines' tensor-parallel width; responses: responses per RL step (prompts x 8);
-    published: TLT's end-to-end speedup over veRL as reported (see PAPER_SOURCE)."""
+    published: TLT's end-to-end speedup over veRL as reported (arXiv 2511.16665, see below)."""
 
     model: str
     gpus: int
@@ -91,7 +98,6 @@ class PaperSetup:
 # Fig. 11 (end-to-end at 8 nodes). Batch and parallelism as in the public TLT code's GRPO scripts
 # (examples/grpo_7B.sh: 64 prompts x 8 a node, rollout TP 4; grpo_32B_multi_nodes.sh: 32 x 8 a node,
 # TP 8; max response 32K); Llama-3.3-70B assumed set up as the 32B.
-PAPER_SOURCE = "arXiv 2511.16665 Table 3 and Fig. 11 (H100, end to end over veRL)"
 PAPER_SETUPS = (
     PaperSetup("qwen2.5-7b", 8, 4, 512, 1.21),
     PaperSetup("qwen2.5-7b", 16, 4, 1024, 1.45),
@@ -153,7 +159,7 @@ def paper_sweep(gpu: str = "h100", steps: int = 3, setups: tuple[PaperSetup, ...
             # The same rollout speed-up had the rollout been the paper's share of veRL's step (Amdahl).
             "at_paper_rollout_share": amdahl(PAPER_ROLLOUT_SHARE, rollout_speedup),
             # Of vanilla's engine decode time, the share at running batches SD may run at (<= threshold).
-            "vanilla_decode_share_sd_eligible": 1.0 - decode_share_from(result.steps["vanilla"], spec.threshold + 1),
+            "vanilla_decode_share_sd_eligible": decode_share_at_most(result.steps["vanilla"], spec.threshold),
             "final_accept_length": accept_length(spec.arms[0], summary["tlt"]["final_alpha"], curve.ngram),
         }
         # What the published number implies, with the paper's rollout share and the cost model's own
@@ -169,20 +175,16 @@ def implied_sd_share(published: float, rollout_share: float, round_speedup: floa
     """The share of the rollout's decode time that must run speculatively, each round `round_speedup` times
     faster than a plain one, for a step whose rollout is `rollout_share` of it to speed up `published`
     times (Amdahl twice; the rest of the decode and of the step as before). Above 1: not reachable so."""
+    if not 0.0 < rollout_share <= 1.0 or published < 1.0 or round_speedup <= 1.0:
+        raise ValueError(f"need 0 < rollout_share <= 1, published >= 1 and round_speedup > 1, got {rollout_share}, "
+                         f"{published} and {round_speedup}")
+    if 1.0 / published <= 1.0 - rollout_share:
+        return float("inf")  # past Amdahl's bound: no rollout speed-up gives it
     needed = rollout_share / (1.0 / published - (1.0 - rollout_share))  # the rollout speed-up it takes
     return (1.0 - 1.0 / needed) / (1.0 - 1.0 / round_speedup)
 
 
 def round_speedup(cost: CostModel, arm: ArmSpec, accept: float, context: int) -> float:
     """One row's speed-up of a speculative round of `arm` yielding `accept` tokens over plain rounds, from
-    the cost model: accept x plain forward / (verify forward + depth drafter passes over topk rows)."""
-    passes, rows = drafter_steps(arm)
-    plain = cost.target_seconds(1, 1, context)
-    return accept * plain / (cost.target_seconds(1, verify_width(arm), context) + passes * cost.drafter_seconds(rows, context))
-
-
-def amdahl(share: float, speedup: float) -> float:
-    """End-to-end speed-up when a `share` of the step runs `speedup` times faster and the rest as before."""
-    if not 0.0 <= share <= 1.0 or speedup <= 0:
-        raise ValueError(f"share must be in [0, 1] and speedup > 0, got {share} and {speedup}")
-    return 1.0 / (1.0 - share + share / speedup)
+    the cost model (the simulator's own round, `round_seconds`)."""
+    return accept * cost.target_seconds(1, 1, context) / round_seconds(cost, arm, 1, context)
