@@ -8,7 +8,8 @@ does not depend on the values) and batch:
 - one compiled drafter step / one compiled target step;
 - the weight-read bound: bytes a decode step must read (every weight once, the LM head included, plus
   the KV cache of `context` slots per row) over the read bandwidth the bench measures on this machine;
-- graphs compiled during warm-up and during the timed rounds (steady-state recompiles, expected 0);
+- graphs compiled during warm-up and during the timed rounds (steady-state recompiles, expected 0), and
+  the timed target calls that ran dynamo's full guard check (expected 0: a warm step skips it);
 - the whole shape set's compile time cold (an empty inductor cache) and warm (the same cache, a new
   process), each in a fresh subprocess (`tlt.bench.compile_probe`);
 - the host-side share of a compiled speculative step (EAGLE chain, batch 1): the step's wall time
@@ -171,10 +172,12 @@ def bench_shape(shape: Shape, cfg: CompiledBenchConfig, bandwidth: float, on_row
     compiled = runners["compiled"].compiled
     seconds = _interleaved(fns, 1)  # warm-up (compiles) + one round
     warm_compiles = compiled.compiles + sum(s.compiles for s in drafter_states)
+    warm_guarded = compiled.guarded_calls
     on_row(f"{shape.name}: {cfg.repeats} timed rounds")
     more = _interleaved(fns, cfg.repeats)
     seconds = {key: more[key] for key in seconds}
     recompiles = compiled.compiles + sum(s.compiles for s in drafter_states) - warm_compiles
+    guarded = compiled.guarded_calls - warm_guarded  # timed target calls that ran dynamo's full guard check
     lo, hi = cfg.hf_tokens
     hf_step = {b: [(t2 - t1) / (hi - lo) for t1, t2 in zip(seconds[("hf", b, lo)], seconds[("hf", b, hi)])]
                for b in cfg.batches}
@@ -204,6 +207,7 @@ def bench_shape(shape: Shape, cfg: CompiledBenchConfig, bandwidth: float, on_row
         "per_batch": per_batch,
         "graphs_compiled_warmup": warm_compiles,
         "recompiles": recompiles,
+        "full_guard_calls_timed": guarded,
         "host_overhead": host_overhead(model, cfg),
     }
 
