@@ -71,7 +71,9 @@ def measure_costs(
     """Time a forward of `width` tokens per row for `batch` rows after `context` cached slots.
 
     Width 1 (plain decoding) is always measured. One warm-up round, then `repeats` rounds, each
-    running every (batch, width) once. clock: "cpu" (process CPU time; see the module docstring)
+    running every (batch, width) twice and timing the second call: a decode loop runs a shape back to
+    back, and a call timed right after another shape's pays for what that one evicted (measured: the
+    first width after a switch of batch read up to 1.3x slow, biasing every ratio to it). clock: "cpu" (process CPU time; see the module docstring)
     or "wall". compile: time the compiled step (as `Engine(compile=True)` runs). Returns one
     CostPoint per pair, batch-major.
     """
@@ -91,6 +93,7 @@ def measure_costs(
     seconds: dict[tuple[int, int], list[float]] = {key: [] for key in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
+            fn()
             t0 = now()
             fn()
             seconds[key].append(max(now() - t0, 1e-9))
@@ -159,6 +162,7 @@ def measure_drafter_costs(
     seconds: dict[tuple[int, str], list[float]] = {key: [] for key in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
+            fn()
             t0 = now()
             fn()
             seconds[key].append(max(now() - t0, 1e-9))
