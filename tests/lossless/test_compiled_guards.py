@@ -85,3 +85,17 @@ def test_skipping_guards_computes_what_full_guards_compute():
             classes.add(shape_class(m.model, len(cache.k), (tokens, slots, slots, mask, cache.k[0], cache.v[0])))
     assert fast.guarded_calls == len(classes) < len(plan), "only a class's first call runs every guard"
     assert full.guarded_calls == len(plan)
+
+
+def test_every_width_and_batch_shares_four_graphs():
+    """The graph set stays bounded with every guard checked: widths 2..5 and batches 2..4 reuse the (B > 1 |
+    B = 1) x (Q > 1 | Q = 1) graphs (a change that specialises a size, e.g. a region whose inputs lose
+    their dynamic marks, compiles a graph per width and fails here)."""
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, num_layers=2, seed=7, hidden_size=40)
+    cache = _cache(model)
+    step = CompiledStep(decoder_forward, name="bounded", skip_guards=False)
+    with torch.no_grad():
+        for i, (rows, width) in enumerate([(r, w) for r in (1, 2, 3, 4) for w in (1, 2, 3, 4, 5)]):
+            tokens, slots, mask = _call_inputs(model, rows, width, 4, seed=i)
+            step(model.model, tokens, slots, slots, mask, cache.k, cache.v)
+    assert step.compiles <= 4, f"{step.compiles} graphs for 4 shape classes"
