@@ -99,3 +99,21 @@ def test_every_width_and_batch_shares_four_graphs():
             tokens, slots, mask = _call_inputs(model, rows, width, 4, seed=i)
             step(model.model, tokens, slots, slots, mask, cache.k, cache.v)
     assert step.compiles <= 4, f"{step.compiles} graphs for 4 shape classes"
+
+
+def test_a_class_wrongly_taken_as_served_falls_back_to_full_guards():
+    """If `shape_class` ever called two graphs' inputs one class, dynamo refuses to compile under the
+    skip-guards stance; the step then calls again with every guard, and computes what eager computes."""
+    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, num_layers=2, seed=8, hidden_size=24)
+    cache = _cache(model)
+    step = CompiledStep(decoder_forward, name="fallback")
+    with torch.no_grad():
+        tokens, slots, mask = _call_inputs(model, 1, 1, 4, seed=0)
+        step(model.model, tokens, slots, slots, mask, cache.k, cache.v)  # compiles the batch-1 decode graph
+        tokens, slots, mask = _call_inputs(model, 3, 2, 6, seed=1)  # a class never compiled ...
+        step._served.add(shape_class(model.model, len(cache.k), (tokens, slots, slots, mask, cache.k[0], cache.v[0])))
+        guarded = step.guarded_calls
+        got = step(model.model, tokens, slots, slots, mask, cache.k, cache.v)  # ... taken as served
+        want = decoder_forward(model.model, tokens, slots, slots, mask, cache.k, cache.v)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert step.guarded_calls == guarded + 1, "the refused call ran again with every guard"

@@ -15,6 +15,7 @@ SD would reach (`measure_drafter_costs` times a drafter step against a target st
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,6 +58,20 @@ def forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
     return go
 
 
+def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float]) -> dict:
+    """`repeats` rounds; in each, every fn called twice in a row and the second call timed: key -> [seconds].
+    A decode loop runs a shape back to back; a call timed right after another shape's pays for what that
+    one evicted (measured: up to 1.3x slow)."""
+    seconds: dict = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            fn()
+            t0 = now()
+            fn()
+            seconds[key].append(max(now() - t0, 1e-9))
+    return seconds
+
+
 @torch.no_grad()
 def measure_costs(
     model: PreTrainedModel,
@@ -73,8 +88,8 @@ def measure_costs(
     Width 1 (plain decoding) is always measured. One warm-up round, then `repeats` rounds, each
     running every (batch, width) twice and timing the second call: a decode loop runs a shape back to
     back, and a call timed right after another shape's pays for what that one evicted (measured: the
-    first width after a switch of batch read up to 1.3x slow, biasing every ratio to it). clock: "cpu" (process CPU time; see the module docstring)
-    or "wall". compile: time the compiled step (as `Engine(compile=True)` runs). Returns one
+    first width after a switch of batch read up to 1.3x slow, biasing every ratio to it). clock: "cpu"
+    (process CPU time; see the module docstring) or "wall". compile: time the compiled step (as `Engine(compile=True)` runs). Returns one
     CostPoint per pair, batch-major.
     """
     if repeats < 1:
@@ -90,13 +105,7 @@ def measure_costs(
     fns = {(b, w): forward_fn(runner, b, w, context) for b in batches for w in widths}
     for fn in fns.values():
         fn()
-    seconds: dict[tuple[int, int], list[float]] = {key: [] for key in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            fn()
-            t0 = now()
-            fn()
-            seconds[key].append(max(now() - t0, 1e-9))
+    seconds = _timed_rounds(fns, repeats, now)
     out = []
     for b in batches:
         base = seconds[(b, 1)]
@@ -159,13 +168,7 @@ def measure_drafter_costs(
            for b in batches for kind in ("drafter", "target")}
     for fn in fns.values():
         fn()
-    seconds: dict[tuple[int, str], list[float]] = {key: [] for key in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            fn()
-            t0 = now()
-            fn()
-            seconds[key].append(max(now() - t0, 1e-9))
+    seconds = _timed_rounds(fns, repeats, now)
     return [DrafterCost(b, min(seconds[(b, "drafter")]), min(seconds[(b, "drafter")]) / min(seconds[(b, "target")]))
             for b in batches]
 

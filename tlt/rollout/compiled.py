@@ -175,13 +175,26 @@ class CompiledStep:
                 _mark_cache_dynamic(ks, vs)
             self.guarded_calls += 1
         before, t0 = _COMPILES[0], time.perf_counter()
+        out = None
         if warm:
             prior = _set_stance(_SKIP_GUARDS)
             try:
                 out = self._fn(module, token_ids, positions, write_slots, attn_mask, ks, vs, *extra)
+            except RuntimeError as err:
+                # dynamo found no graph for the call and refuses to compile under the stance (before running
+                # anything): the class was not what `shape_class` said. Run it again with every guard.
+                if "skip_guard_eval_unsafe" not in str(err):
+                    raise
+                log.warning("%s step: a served input class needs another graph; calling with full guards",
+                            self.name)
             finally:
                 _set_stance(prior)
-        else:
+        if out is None:
+            if warm:  # the fallback: marks and count as the first call of a class gets them
+                if not self.padded:
+                    _mark_dynamic(token_ids, positions, write_slots, attn_mask, *extra)
+                    _mark_cache_dynamic(ks, vs)
+                self.guarded_calls += 1
             out = self._fn(module, token_ids, positions, write_slots, attn_mask, ks, vs, *extra)
             if key is not None:
                 self._served.add(key)
@@ -222,6 +235,7 @@ def shape_class(module: torch.nn.Module, layers: int, tensors: tuple[torch.Tenso
     sizes = tuple([-s if s < 2 else labels.setdefault(s, len(labels) + 1) for t in tensors for s in t.shape])
     return (id(module), torch.is_grad_enabled(), torch.is_inference_mode_enabled(), layers, sizes,
             tuple([(t.dtype, t.device, t.dim(), t.is_contiguous()) for t in tensors]))
+
 
 def _mark_dynamic(
     token_ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor, *extra: torch.Tensor
