@@ -111,6 +111,9 @@ def _compiled(fn: StepFn, mode: str | None) -> Callable:
         torch._dynamo.config.accumulated_cache_size_limit = max(
             torch._dynamo.config.accumulated_cache_size_limit, _CACHE_SIZE_LIMIT
         )
+        # Decoder layers are nested compile regions (`tlt.rollout.runner.decoder_layer_region`): traced once,
+        # then inlined back into one flat graph for AOTAutograd and inductor (see there why).
+        torch._dynamo.config.inline_invoke_subgraph = True
         # Round where eager rounds: HF norms and RoPE compute in float32 and cast back; without this,
         # inductor fuses the casts away and the compiled step is (slightly) more precise than eager.
         patches: dict = {"emulate_precision_casts": True}
