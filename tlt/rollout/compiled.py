@@ -8,10 +8,11 @@ at max_context), so one graph serves every step of a shape class.
 Shapes. Two modes:
 - dynamic (CPU, the default there): batch B, query width Q and attended span S are symbolic. Dynamo
   specialises a size of 1, so four graphs cover everything: (B = 1 | B > 1) x (Q = 1 | Q > 1), with
-  decode (Q = 1), every verify width and prefill all served. Measured here (24 layers x 128, 1
-  thread): ~150 s to compile the four cold, ~20 s warm from inductor's on-disk cache (its default,
-  /tmp/torchinductor_<user>, or TORCHINDUCTOR_CACHE_DIR), so the cold cost is paid once per machine
-  (per pod on a cluster, where /tmp is the pod's emptyDir).
+  decode (Q = 1), every verify width and prefill all served. Dynamo traces one decoder layer and
+  stamps it out for the rest (`tlt.rollout.runner.decoder_layer_region`). Measured here (24 layers x
+  128, 1 thread, the bench's shape set): 175 s to compile cold, 17 s warm from inductor's on-disk cache
+  (its default, /tmp/torchinductor_<user>, or TORCHINDUCTOR_CACHE_DIR), so the cold cost is paid once per
+  machine (per pod on a cluster, where /tmp is the pod's emptyDir).
 - padded (CUDA, with `mode="reduce-overhead"` CUDA graphs, which replay fixed shapes): B is padded up
   to the next power of two (as vLLM pads to its capture sizes) and S to the cache's full capacity;
   padded rows write scratch rows of the cache past the running ones and their output is dropped.
