@@ -46,15 +46,15 @@ from tlt.runtime import steps
 from tlt.rollout.compiled import resolve_compile
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_policy, reduced_config, warm_start
+from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
 WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {
-    "reduced": reduced_config, "default": WarmstartConfig, "deep": deep_config,
+    "reduced": reduced_config, "default": WarmstartConfig, "deep": deep_config, "deep-v3": deep_v3_config,
 }
-# The drafter warm start of bench/workload-deep-v2.yaml, also what `tlt demo` starts TLT from.
+# The drafter warm start of bench/workload-deep-v2.yaml and -v3.yaml, also what `tlt demo` starts TLT from.
 DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
 DRAFTER_WARMSTART_KEYS = ("prompts", "steps", "batch", "learningRate", "maxNewTokens", "seed")
 Progress = Callable[[str], None]

@@ -1,6 +1,7 @@
 """`tlt demo [--out DIR]`: the same RL run twice on a local Ray cluster, vanilla then TLT, side by side.
 
-`examples/demo.yaml` (built-in task, the deep warm-started policy) runs with `speculative.mode: off`
+`examples/demo.yaml` (built-in task, the bench workload countdown-deep-v3's settings and warm-started
+16-layer policy, which still learns under RL) runs with `speculative.mode: off`
 into OUT/vanilla and with the file's mode (tlt) into OUT/tlt, same prompts, seeds and steps, each
 with its live display and own report; then OUT/report.md compares them (`tlt.runtime.demo_report`).
 The warm start is trained and cached on first use (minutes on 2 CPU cores), and so is the drafter
@@ -16,14 +17,15 @@ import sys
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
-WARMSTARTS = ("deep", "reduced", "default")
+WARMSTARTS = ("deep-v3", "deep", "reduced", "default")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, default=EXAMPLE, help=f"run file (default: {EXAMPLE})")
     parser.add_argument("--out", type=Path, default=Path("runs") / "demo", help="output folder (default: runs/demo)")
-    parser.add_argument("--warmstart", choices=WARMSTARTS, default="deep",
-                        help="built-in policy when the file sets no model.path (default: deep, 16 layers)")
+    parser.add_argument("--warmstart", choices=WARMSTARTS, default="deep-v3",
+                        help="built-in policy when the file sets no model.path (default: deep-v3, 16 layers, "
+                             "the bench workload countdown-deep-v3's)")
     parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the file's)")
 
 
