@@ -125,3 +125,18 @@ def test_chain_attention_mask_equals_the_tree_mask_of_the_chain():
         tree = chain_tree(root, draft, n_draft)
         prefix = torch.tensor([4, 0, 9])
         assert torch.equal(chain_attention_mask(tree, prefix, 14), tree_attention_mask(tree, prefix, 14))
+
+
+def test_a_full_chain_is_the_chain_with_every_draft_counted():
+    """The constant layout of full chains (no n_draft) equals the general path's with n_draft = K, and a
+    second chain of the same shape reuses it without changing the first tree."""
+    root = torch.tensor([5, 6])
+    draft = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    full = chain_tree(root, draft)
+    general = chain_tree(root, draft, torch.tensor([3, 3]))
+    assert full.full_chain and not general.full_chain
+    for name in ("tokens", "parents", "depth", "valid"):
+        assert torch.equal(getattr(full, name), getattr(general, name)), name
+    again = chain_tree(torch.tensor([8, 9]), torch.tensor([[7, 7, 7], [0, 0, 0]]))
+    assert torch.equal(full.tokens, torch.tensor([[5, 1, 2, 3], [6, 4, 5, 6]]))
+    assert again.tokens[1].tolist() == [9, 0, 0, 0] and bool(again.valid.all())

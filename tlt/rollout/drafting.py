@@ -61,15 +61,15 @@ def context_tokens(batch: RunningBatch) -> tuple[Tensor, Tensor]:
     return tokens, lengths
 
 
-def tokens_at(batch: RunningBatch, positions: Tensor) -> Tensor:
-    """[B, Q] token ids at `positions` [B, Q] of each row's prompt + generated tokens (all in range);
-    reads only those positions, not the whole context."""
+def tokens_after(batch: RunningBatch, positions: list[list[int]], device: torch.device) -> Tensor:
+    """[B, Q] token ids at positions p + 1 of each row's prompt + generated tokens, for p in `positions`
+    (per row, all in range); reads only those positions, not the whole context."""
     out = []
-    for seq, row in zip(batch.sequences, positions.tolist()):
+    for seq, row in zip(batch.sequences, positions):
         prompt, generated = seq.request.prompt_ids, seq.tokens
         n = len(prompt)
-        out.append([prompt[p] if p < n else generated[p - n] for p in row])
-    return torch.tensor(out, dtype=torch.long, device=positions.device)
+        out.append([prompt[p + 1] if p + 1 < n else generated[p + 1 - n] for p in row])
+    return torch.tensor(out, dtype=torch.long, device=device)
 
 
 class NgramDrafter:
@@ -190,19 +190,24 @@ class EagleCache:
         if batch.hidden_buf is None:
             raise ValueError("EAGLE drafting reads the target's hidden states: build the Engine with return_hidden=True")
         self.sync(batch)
-        target_len = batch.lengths()  # [B] committed target slots L
-        seen = torch.tensor(self.cache.lengths, dtype=torch.long, device=target_len.device)
+        device = batch.device
+        # Per row, on Python ints (a few rows: cheaper than a dozen tiny tensor ops a step).
+        length = list(batch.cache.lengths)  # committed target slots L
         # Re-feed at least the newest position: its output is the f-hat the first draft comes from.
-        seen = torch.minimum(seen, target_len - 1)
-        todo = target_len - seen  # [B] >= 1
-        q = max(int(todo.max()), 2 if self.compiled is not None else 1)
-        offs = torch.arange(q, device=target_len.device)[None, :]
-        t = (seen[:, None] + offs).clamp_max(target_len[:, None] - 1)  # [B, Q] positions (padding repeats the last)
-        tokens = tokens_at(batch, t + 1)  # x[t+1]
+        seen = [min(s, n - 1) for s, n in zip(self.cache.lengths, length)]
+        todo = [n - s for s, n in zip(seen, length)]  # >= 1
+        q = max(max(todo), 2 if self.compiled is not None else 1)
+        # positions t (padding repeats the row's last) and their cache slots (padding rewrites the last's)
+        t_rows = [[min(s + o, n - 1) for o in range(q)] for s, n in zip(seen, length)]
+        slot_rows = [[s + min(o, d - 1) for o in range(q)] for s, d in zip(seen, todo)]
+        t = torch.tensor(t_rows, dtype=torch.long, device=device)  # [B, Q]
+        tokens = tokens_after(batch, t_rows, device)  # x[t+1]
         features = batch.hidden_buf[batch.wave_rows[:, None], t]  # f[t]: [B, Q, H]
-        slots = seen[:, None] + torch.minimum(offs, (todo - 1)[:, None])
-        mask = causal_mask(seen, q, int(target_len.max()) + extra_span)
-        return tokens, features, t, slots, mask, todo, target_len
+        slots = torch.tensor(slot_rows, dtype=torch.long, device=device)
+        seen_t = torch.tensor(seen, dtype=torch.long, device=device)
+        mask = causal_mask(seen_t, q, max(length) + extra_span)
+        return (tokens, features, t, slots, mask, torch.tensor(todo, dtype=torch.long, device=device),
+                torch.tensor(length, dtype=torch.long, device=device))
 
     @torch.no_grad()
     def catch_up(self, batch: RunningBatch) -> Tensor:

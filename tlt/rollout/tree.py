@@ -23,15 +23,34 @@ class DraftTree:
     parents: Tensor  # [B, N] int64; -1 for the root and padding nodes, else an index < own index
     depth: Tensor  # [B, N] int64; root 0, padding 0
     valid: Tensor  # [B, N] bool; root always valid
+    full_chain: bool = False  # every row a chain of N - 1 drafts (node j at depth j, all valid); lets
+    # `chain_attention_mask` skip the padding case. False is always safe.
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
 
+_FULL_CHAINS: dict[tuple, tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def _full_chain_layout(B: int, N: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(parents, depth, valid) [B, N] of B chains of N nodes, all valid; built once per shape (read-only:
+    nothing downstream writes a tree's layout in place)."""
+    key = (B, N, device)
+    if key not in _FULL_CHAINS:
+        idx = torch.arange(N, device=device)
+        _FULL_CHAINS[key] = ((idx - 1).expand(B, N).contiguous(), idx.expand(B, N).contiguous(),
+                             torch.ones(B, N, dtype=torch.bool, device=device))
+    return _FULL_CHAINS[key]
+
+
 def chain_tree(root_token: Tensor, draft: Tensor, n_draft: Tensor | None = None) -> DraftTree:
     """A chain as a tree. root_token: [B]; draft: [B, K]; n_draft: [B] real drafts per row (default K)."""
     B, K = draft.shape
+    if n_draft is None:  # every row drafts K (the EAGLE chains): the layout is a constant of (B, K)
+        parents, depth, valid = _full_chain_layout(B, K + 1, draft.device)
+        return DraftTree(torch.cat([root_token[:, None], draft], dim=1), parents, depth, valid, full_chain=True)
     idx = torch.arange(K + 1, device=draft.device)
     n = torch.full((B,), K, dtype=torch.long, device=draft.device) if n_draft is None else n_draft
     valid = idx[None, :] <= n[:, None]  # [B, K+1]
@@ -167,4 +186,6 @@ def chain_attention_mask(tree: DraftTree, prefix_len: Tensor, cache_len: int) ->
         raise ValueError(f"cache_len={cache_len} is too small for prefix_len + {N} tree nodes")
     rel = torch.arange(cache_len, device=prefix_len.device)[None, :] - prefix_len[:, None]  # [B, S]
     node = torch.arange(N, device=prefix_len.device)[None, :, None]  # [1, N, 1]
+    if tree.full_chain:  # no padding nodes
+        return rel[:, None, :] <= node
     return torch.where(tree.valid[:, :, None], rel[:, None, :] <= node, rel[:, None, :] == node)
