@@ -84,6 +84,7 @@ def _synthetic_runs(workload) -> list[dict]:
                       "harvested_seconds": 0.5, "idle_seconds": 1.0,
                       "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
                       "steps_by_running": {"8": 100, "2": 50, "1": 70},
+                      "tokens_by_running": {"8": 800, "2": 100 * (1 + i), "1": 70 * (1 + i)},
                       "rollout_overhead_parts": {"dispatch": 0.5 * repeat, "settle_wait": 0.25},
                       "sd_arms": {"chain-d4": 3} if variant == "tlt" else None}
                      for s in range(2)]
@@ -109,6 +110,11 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     by_range = report["variants"]["vanilla"]
     assert by_range["decode_steps_by_range"] == {"1": 420, "2-4": 300, "5-8": 600, "9-16": 0, "17+": 0}
     assert by_range["ms_per_decode_step_by_range"] == pytest.approx({"1": 10.0, "2-4": 10.0, "5-8": 10.0})
+    # per token: vanilla (variant 0) kept 70 tokens at one row per step, in 0.7 s: 10 ms a token
+    assert by_range["decode_tokens_by_range"] == {"1": 420, "2-4": 600, "5-8": 4800, "9-16": 0, "17+": 0}
+    assert by_range["ms_per_token_by_range"] == pytest.approx({"1": 10.0, "2-4": 5.0, "5-8": 1.25})
+    i = list(workload.variants).index("tlt")  # tlt kept 1 + i times the tokens in the same seconds
+    assert report["tlt_speedup_per_token_by_range"] == pytest.approx({"1": 1 + i, "2-4": 1 + i, "5-8": 1.0})
 
 
 def test_each_repeat_rotates_the_variant_order():

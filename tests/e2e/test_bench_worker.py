@@ -51,6 +51,9 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
     assert tlt["steps_total"] < vanilla["steps_total"], "the tlt worker drafted (fewer decode steps)"
     for v in (vanilla, tlt):
         assert sum(v["decode_steps_by_running"].values()) == v["steps_total"] - 6, "one prefill per shard"
+    # the same tokens, kept at other running sizes: per-token rates compare like with like
+    assert sum(vanilla["decode_tokens_by_running"].values()) == sum(tlt["decode_tokens_by_running"].values()) > 0
+    assert result["speedup_per_token_by_running"] and all(x > 0 for x in result["speedup_per_token_by_running"].values())
     split = result["step_split"]  # every decode step counted once, under its variant
     for name, v in (("vanilla", vanilla), ("tlt", tlt)):
         counted = sum(c["steps"] for stepper, r in split.items() if stepper.startswith(f"{name}/") for c in r.values())

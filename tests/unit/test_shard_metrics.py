@@ -31,6 +31,7 @@ def test_the_slowest_shard_sets_the_tail_and_every_shard_counts_in_the_totals():
     assert out["sd_arms"] == {"chain-d2": 2, "plain": 1}
     assert out["seconds_by_running"] == {"1": pytest.approx(2.4), "2": pytest.approx(1.3)}
     assert out["steps_by_running"] == {"1": 2, "2": 2}  # decode steps of both shards, prefills excluded
+    assert out["tokens_by_running"] == {"1": 4, "2": 6}  # tokens kept in those steps (prefills excluded)
     assert out["streamed_rewards"] == 4 and out["response_lengths"] == [3, 1, 4, 2]
     assert out["generated_tokens"] == 10 and out["reward_mean"] == 0.25
 

@@ -82,6 +82,10 @@ def print_report(report: dict[str, Any]) -> None:
         parts = v.get("rollout_overhead_parts") or {}
         if parts:
             console.print(f"{n} rollout overhead by part (s): " + ", ".join(f"{k} {x:.2f}" for k, x in parts.items()))
+    per_token = report.get("tlt_speedup_per_token_by_range") or {}
+    if per_token:
+        console.print("tlt speed-up per generated token by running batch (decode steps): "
+                      + ", ".join(f"{k}: {x:.2f}x" for k, x in per_token.items()))
     for name in ("static", "tlt"):
         rates = report["variants"].get(name, {}).get("arm_rates") or {}
         if rates:

@@ -72,12 +72,17 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     by_running: dict[str, list[float]] = {}
     range_seconds: Counter[str] = Counter()
     range_steps: Counter[str] = Counter()
+    range_tokens: Counter[str] = Counter()
+    range_token_seconds: Counter[str] = Counter()  # decode seconds of the steps whose tokens were counted
     for r in runs:
         totals: Counter[str] = Counter()
         counts: Counter[str] = Counter()
         for s in r["steps"]:
             totals.update(s.get("seconds_by_running") or {})
             counts.update(s.get("steps_by_running") or {})
+            if s.get("tokens_by_running"):
+                range_tokens.update(seconds_by_range({int(k): v for k, v in s["tokens_by_running"].items()}))
+                range_token_seconds.update(seconds_by_range({int(k): v for k, v in s["seconds_by_running"].items()}))
         for size, seconds in totals.items():
             by_running.setdefault(size, []).append(seconds)
         range_seconds.update(seconds_by_range({int(k): v for k, v in totals.items()}))
@@ -123,6 +128,11 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # ms per decode step by stepper, range and part, every step of every repeat (runs with --split)
         "step_split": merge_tables([s["step_split"] for r in runs for s in r["steps"] if s.get("step_split")]),
         "ms_per_decode_step_by_range": {k: 1e3 * range_seconds[k] / n for k, n in range_steps.items() if n},
+        # every repeat pooled: tokens the rows kept in decode steps at each running-batch range, and ms per
+        # token there (a variant that drafts drains its rows at other times, so seconds alone by range mix
+        # how many tokens each variant generated there; runs that recorded tokens_by_running)
+        "decode_tokens_by_range": {k: int(n) for k, n in range_tokens.items()},
+        "ms_per_token_by_range": {k: 1e3 * range_token_seconds[k] / n for k, n in range_tokens.items() if n},
     }
 
 
@@ -198,6 +208,8 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "ideal_speedup": ideal,
         "tlt_fraction_of_ideal": rollout_speedup / ideal if ideal else None,
         "ideal_speedup_free_drafter": ideal_free,
+        # vanilla's ms per generated token / tlt's, per running-batch range (decode steps, every repeat pooled)
+        "tlt_speedup_per_token_by_range": per_token_speedup(van, tlt),
         "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept,
                          "drafter_cost": "measured" if drafter else "free"},
         "variants": variants,
@@ -206,6 +218,12 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "load_average": load,
         "runs": runs,
     }
+
+
+def per_token_speedup(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """{range: base's ms per token / other's} over the running-batch ranges where both generated tokens."""
+    a, b = base.get("ms_per_token_by_range") or {}, other.get("ms_per_token_by_range") or {}
+    return {k: a[k] / b[k] for k in a if k in b and b[k] > 0}
 
 
 def frozen_drop(series: list[float | None]) -> float | None:

@@ -105,6 +105,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         "step_cost_ratio": statistics.median(r["step_cost_ratio"] for r in ratios),
         "repeats": ratios,
         "mismatched_responses": sum(a != b for a, b in zip(tokens["vanilla"], tokens["tlt"])),
+        "speedup_per_token_by_running": per_token_by_range(variants["vanilla"], variants["tlt"]),
         "load_average": {"before": load_before, "after": _load_average()},
         **({"step_split": split.table()} if split is not None else {}),
     }
@@ -136,7 +137,8 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
                for v, run in inputs.runs.items()}
     out: dict[str, dict[str, Any]] = {v: {"seconds": [], "steps": [], "tokens": [], "token_ids": [],
                                           "by_running": collections.Counter(),
-                                          "steps_by_running": collections.Counter()} for v in workers}
+                                          "steps_by_running": collections.Counter(),
+                                          "tokens_by_running": collections.Counter()} for v in workers}
     for step in range(1, cfg.shards + 1):
         ids = shards(steps.select_prompts(len(inputs.problems), algo.prompts_per_step, algo.seed, step), replicas)[0]
         for v in (("vanilla", "tlt") if (step + repeat) % 2 else ("tlt", "vanilla")):
@@ -153,6 +155,7 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
             out[v]["tokens"].append(sum(len(c.token_ids) for c in result["completions"]))
             out[v]["by_running"].update(trace.decode_seconds_by_running())
             out[v]["steps_by_running"].update(trace.decode_steps_by_running())
+            out[v]["tokens_by_running"].update(trace.decode_tokens_by_running())
             out[v]["token_ids"].extend(list(c.token_ids) for c in result["completions"])
             # The bookkeeping a worker does before its next rollout (buffer and agreement, history index),
             # finished here, so that no thread of one variant runs in the other's timed rollout (one process:
@@ -166,13 +169,27 @@ def _pooled(reps: list[dict[str, Any]]) -> dict[str, Any]:
     """One variant's shards over every repeat, with totals."""
     by_running: collections.Counter = collections.Counter()
     steps_by_running: collections.Counter = collections.Counter()
+    tokens_by_running: collections.Counter = collections.Counter()
     for rep in reps:
         by_running.update(rep["by_running"])
         steps_by_running.update(rep["steps_by_running"])
+        tokens_by_running.update(rep["tokens_by_running"])
     pooled = {k: [x for rep in reps for x in rep[k]] for k in ("seconds", "steps", "tokens")}
     return {**pooled, "seconds_total": sum(pooled["seconds"]), "steps_total": sum(pooled["steps"]),
             "decode_seconds_by_running": seconds_by_range(dict(by_running)),
-            "decode_steps_by_running": seconds_by_range(dict(steps_by_running))}
+            "decode_steps_by_running": seconds_by_range(dict(steps_by_running)),
+            "decode_tokens_by_running": seconds_by_range(dict(tokens_by_running))}
+
+
+def per_token_by_range(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """{running-batch range: base's decode seconds per token kept / other's} where both kept tokens there
+    (`_pooled` summaries: a drafting variant drains its rows at other times, so seconds alone mix how many
+    tokens each generated in a range)."""
+    def per_token(v: dict[str, Any]) -> dict[str, float]:
+        return {k: v["decode_seconds_by_running"][k] / n for k, n in v["decode_tokens_by_running"].items() if n}
+
+    a, b = per_token(base), per_token(other)
+    return {k: a[k] / b[k] for k in a if b.get(k)}
 
 
 def _ratios(rep: dict[str, dict[str, Any]]) -> dict[str, float]:

@@ -312,6 +312,10 @@ def _worker_run(args: argparse.Namespace) -> int:
         for rng, cell in ranges.items():
             parts = ", ".join(f"{p} {cell[p]:.2f}" for p in ("target_forward", "draft_graph", "host") if p in cell)
             console.print(f"  {name} at {rng} rows: {cell['steps']} steps, {cell['total']:.2f} ms a step ({parts})")
+    per_token = result.get("speedup_per_token_by_running") or {}
+    if per_token:
+        console.print("tlt speed-up per generated token by running batch (decode steps): "
+                      + ", ".join(f"{k}: {x:.2f}x" for k, x in per_token.items()))
     low, high = result["rollout_speedup_range"]
     console.print(f"tlt over vanilla (median of {len(result['repeats'])} repeats): rollout speed-up "
                   f"{result['rollout_speedup']:.3f}x (range {low:.3f}-{high:.3f}), steps "

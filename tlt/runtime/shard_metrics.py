@@ -42,14 +42,18 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
     by_running: dict[int, float] = {}
     steps_by_running: dict[int, int] = {}
+    tokens_by_running: dict[int, int] = {}
     for r in results:  # every worker's engine, not only the slowest
         trace = steps.RolloutTrace(steps=list(r["trace"]))
         for size, seconds in trace.decode_seconds_by_running().items():
             by_running[size] = by_running.get(size, 0.0) + seconds
         for size, count in trace.decode_steps_by_running().items():
             steps_by_running[size] = steps_by_running.get(size, 0) + count
+        for size, count in trace.decode_tokens_by_running().items():
+            tokens_by_running[size] = tokens_by_running.get(size, 0) + count
     out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
     out["steps_by_running"] = {str(k): v for k, v in sorted(steps_by_running.items())}
+    out["tokens_by_running"] = {str(k): v for k, v in sorted(tokens_by_running.items())}
     splits = [r["step_split"] for r in results if "step_split" in r]
     if splits:
         out["step_split"] = merge_tables(splits)

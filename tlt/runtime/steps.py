@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -123,18 +123,21 @@ class RolloutTrace:
 
     def decode_seconds_by_running(self) -> dict[int, float]:
         """Wall seconds of decode steps (prefills excluded) by the number of rows running in them."""
-        out: dict[int, float] = {}
-        for m in self.steps:
-            if m.step > 0:
-                out[m.running] = out.get(m.running, 0.0) + m.seconds
-        return dict(sorted(out.items()))
+        return self._decode_by_running(lambda m: m.seconds)
+
+    def decode_tokens_by_running(self) -> dict[int, int]:
+        """Tokens the sequences kept in decode steps (prefills excluded) by the number of rows running."""
+        return self._decode_by_running(lambda m: m.new_tokens)
 
     def decode_steps_by_running(self) -> dict[int, int]:
         """Decode steps (prefills excluded) by the number of rows running in them."""
-        out: dict[int, int] = {}
+        return self._decode_by_running(lambda m: 1)
+
+    def _decode_by_running(self, value: Callable[[StepMetrics], float]) -> dict:
+        out: dict = {}
         for m in self.steps:
             if m.step > 0:
-                out[m.running] = out.get(m.running, 0) + 1
+                out[m.running] = out.get(m.running, 0) + value(m)
         return dict(sorted(out.items()))
 
 
