@@ -159,4 +159,8 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatc
     for name, v in report["variants"].items():  # every worker's every decode step, split once
         split_steps = sum(c["steps"] for ranges in v["step_split"].values() for c in ranges.values())
         assert split_steps == sum(v["decode_steps_by_range"].values()) > 0, name
+    # coupled sampling: every variant kept the same tokens in its decode steps, at its own running sizes
+    kept = {name: sum(v["decode_tokens_by_range"].values()) for name, v in report["variants"].items()}
+    assert len(set(kept.values())) == 1 and min(kept.values()) > 0, kept
+    assert report["tlt_speedup_per_token_by_range"], "per-token comparison by running-batch range"
     assert any(stepper.startswith("sd:") for stepper in report["variants"]["tlt"]["step_split"])
