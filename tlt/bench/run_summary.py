@@ -209,7 +209,7 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "tlt_fraction_of_ideal": rollout_speedup / ideal if ideal else None,
         "ideal_speedup_free_drafter": ideal_free,
         # vanilla's ms per generated token / tlt's, per running-batch range (decode steps, every repeat pooled)
-        "tlt_speedup_per_token_by_range": per_token_speedup(van, tlt),
+        "tlt_speedup_per_token_by_range": per_token_speedup(van["ms_per_token_by_range"], tlt["ms_per_token_by_range"]),
         "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept,
                          "drafter_cost": "measured" if drafter else "free"},
         "variants": variants,
@@ -220,10 +220,10 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
     }
 
 
-def per_token_speedup(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
-    """{range: base's ms per token / other's} over the running-batch ranges where both generated tokens."""
-    a, b = base.get("ms_per_token_by_range") or {}, other.get("ms_per_token_by_range") or {}
-    return {k: a[k] / b[k] for k in a if k in b and b[k] > 0}
+def per_token_speedup(base: dict[str, float], other: dict[str, float]) -> dict[str, float]:
+    """{range: base's time per token / other's} from two {running-batch range: time per token} tables, over
+    the ranges where both generated tokens (`tlt bench run` and `tlt bench worker`)."""
+    return {k: base[k] / other[k] for k in base if other.get(k)}
 
 
 def frozen_drop(series: list[float | None]) -> float | None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from tlt.bench.run_summary import per_token_speedup
 from tlt.rollout.step_split import StepSplit, seconds_by_range
 from tlt.runtime import steps
 
@@ -105,7 +106,8 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         "step_cost_ratio": statistics.median(r["step_cost_ratio"] for r in ratios),
         "repeats": ratios,
         "mismatched_responses": sum(a != b for a, b in zip(tokens["vanilla"], tokens["tlt"])),
-        "speedup_per_token_by_running": per_token_by_range(variants["vanilla"], variants["tlt"]),
+        "speedup_per_token_by_running": per_token_speedup(variants["vanilla"]["ms_per_token_by_running"],
+                                                          variants["tlt"]["ms_per_token_by_running"]),
         "load_average": {"before": load_before, "after": _load_average()},
         **({"step_split": split.table()} if split is not None else {}),
     }
@@ -175,21 +177,14 @@ def _pooled(reps: list[dict[str, Any]]) -> dict[str, Any]:
         steps_by_running.update(rep["steps_by_running"])
         tokens_by_running.update(rep["tokens_by_running"])
     pooled = {k: [x for rep in reps for x in rep[k]] for k in ("seconds", "steps", "tokens")}
+    seconds, tokens = seconds_by_range(dict(by_running)), seconds_by_range(dict(tokens_by_running))
     return {**pooled, "seconds_total": sum(pooled["seconds"]), "steps_total": sum(pooled["steps"]),
-            "decode_seconds_by_running": seconds_by_range(dict(by_running)),
+            "decode_seconds_by_running": seconds,
             "decode_steps_by_running": seconds_by_range(dict(steps_by_running)),
-            "decode_tokens_by_running": seconds_by_range(dict(tokens_by_running))}
-
-
-def per_token_by_range(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
-    """{running-batch range: base's decode seconds per token kept / other's} where both kept tokens there
-    (`_pooled` summaries: a drafting variant drains its rows at other times, so seconds alone mix how many
-    tokens each generated in a range)."""
-    def per_token(v: dict[str, Any]) -> dict[str, float]:
-        return {k: v["decode_seconds_by_running"][k] / n for k, n in v["decode_tokens_by_running"].items() if n}
-
-    a, b = per_token(base), per_token(other)
-    return {k: a[k] / b[k] for k in a if b.get(k)}
+            "decode_tokens_by_running": tokens,
+            # decode ms per token kept, by range (a drafting variant drains its rows at other times, so
+            # seconds alone by range mix how many tokens each variant generated there)
+            "ms_per_token_by_running": {k: 1e3 * seconds[k] / n for k, n in tokens.items() if n}}
 
 
 def _ratios(rep: dict[str, dict[str, Any]]) -> dict[str, float]:

@@ -52,8 +52,7 @@ def chain_tree(root_token: Tensor, draft: Tensor, n_draft: Tensor | None = None)
         parents, depth, valid = _full_chain_layout(B, K + 1, draft.device)
         return DraftTree(torch.cat([root_token[:, None], draft], dim=1), parents, depth, valid, full_chain=True)
     idx = torch.arange(K + 1, device=draft.device)
-    n = torch.full((B,), K, dtype=torch.long, device=draft.device) if n_draft is None else n_draft
-    valid = idx[None, :] <= n[:, None]  # [B, K+1]
+    valid = idx[None, :] <= n_draft[:, None]  # [B, K+1]
     tokens = torch.cat([root_token[:, None], draft], dim=1).masked_fill(~valid, 0)
     parents = (idx - 1).expand(B, K + 1).masked_fill(~valid, -1)
     depth = idx.expand(B, K + 1).masked_fill(~valid, 0)
