@@ -74,3 +74,14 @@ def test_greedy_logprobs_use_temperature_one():
     tokens, logprobs = sample_tokens(logits, torch.zeros(1), None, None)
     assert tokens.item() == logits.argmax().item()
     torch.testing.assert_close(logprobs, token_logprobs(logits, tokens, torch.ones(1)))
+
+
+def test_all_greedy_fast_path_equals_the_general_path_at_temperature_zero():
+    """u=None (every row greedy) skips the scaling pass: same tokens, same log-probs as a sampling call whose
+    rows all have temperature 0 (those ignore their uniforms)."""
+    logits = torch.randn(3, 4, 17, dtype=torch.float64)
+    zero = torch.zeros(3, dtype=torch.float64)
+    fast = sample_tokens(logits, zero, None, None)
+    general = sample_tokens(logits, zero, None, torch.full((3, 4), 0.5, dtype=torch.float64))
+    assert torch.equal(fast[0], general[0])
+    torch.testing.assert_close(fast[1], general[1], rtol=0, atol=1e-12)

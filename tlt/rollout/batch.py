@@ -23,6 +23,9 @@ def _move(t: torch.Tensor, moves: list[tuple[int, int]], num_rows: int) -> torch
     return t[:num_rows]
 
 
+_WINDOW = 8  # uniform_window reads at least this many positions (as cheap as fewer; covers most drafts)
+
+
 class RunningBatch:
     """Sequences in flight and their sampling state; buffers hold what each row produced.
 
@@ -67,6 +70,7 @@ class RunningBatch:
         self.hidden_buf = (
             torch.zeros(len(sequences), positions, hidden_size, dtype=dtype, device=device) if return_hidden else None
         )
+        self._window: torch.Tensor | None = None  # uniform_window's read of this step
 
     @property
     def num_rows(self) -> int:
@@ -82,9 +86,21 @@ class RunningBatch:
         row (offsets [B, N] >= 0; positions past the row's limit, whose tokens are never kept, read its last)."""
         if self.uniform_buf is None:
             raise ValueError("every row of this batch is greedy: it draws no uniforms")
-        generated = torch.tensor([len(s.tokens) for s in self.sequences], device=self.device)
-        cols = (generated[:, None] + offsets).clamp(max=self.uniform_buf.shape[1] - 1)
-        return self.uniform_buf[self.wave_rows[:, None], cols]
+        return self.uniform_window(int(offsets.max()) + 1).gather(1, offsets)
+
+    def uniform_window(self, n: int) -> torch.Tensor:
+        """[B, n] uniforms of each running row's next n generated positions (offsets 0 .. n - 1, past the
+        limit: the row's last). Read once per step and kept until the batch changes (commit, drop), so the
+        drafter's guesses and the target's verification share one read."""
+        if self.uniform_buf is None:
+            raise ValueError("every row of this batch is greedy: it draws no uniforms")
+        if self._window is None or self._window.shape[1] < n:
+            width = max(n, _WINDOW)
+            generated = torch.tensor([len(s.tokens) for s in self.sequences], device=self.device)
+            cols = (generated[:, None] + torch.arange(width, device=self.device)[None, :]).clamp(
+                max=self.uniform_buf.shape[1] - 1)
+            self._window = self.uniform_buf[self.wave_rows[:, None], cols]
+        return self._window[:, :n]
 
     def lengths(self) -> torch.Tensor:
         """[B] long: committed cache slots (= tokens fed) per running row."""
@@ -108,12 +124,12 @@ class RunningBatch:
         """
         counts = [len(t) for t in new_tokens]
         fed = counts if fed is None else fed
-        generated = torch.tensor([len(s.tokens) for s in self.sequences], device=self.device)
-        _scatter(self.logprob_buf, self.wave_rows, generated, logprobs, counts)
+        _scatter(self.logprob_buf, self.wave_rows, [len(s.tokens) for s in self.sequences], logprobs, counts)
         if self.hidden_buf is not None and hidden is not None:
-            _scatter(self.hidden_buf, self.wave_rows, self.lengths(), hidden, fed)
+            _scatter(self.hidden_buf, self.wave_rows, list(self.cache.lengths), hidden, fed)
         self.cache.advance(fed)
         self.last_token = last_token
+        self._window = None
         return sum(seq.append(toks) for seq, toks in zip(self.sequences, new_tokens))
 
     def drop_finished(self) -> int:
@@ -121,6 +137,7 @@ class RunningBatch:
         finished = [i for i, s in enumerate(self.sequences) if s.finished]
         if not finished:
             return 0
+        self._window = None
         moves = self.cache.remove_rows(finished)
         n = self.cache.num_rows
         for src, dst in moves:
@@ -161,7 +178,7 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator:
 
 
 def _scatter(
-    buf: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, values: torch.Tensor, counts: list[int]
+    buf: torch.Tensor, rows: torch.Tensor, start: list[int], values: torch.Tensor, counts: list[int]
 ) -> None:
     """buf[rows[b], start[b] + j] = values[b, j] for j < counts[b] (and inside buf). values [B, K, ...].
 
@@ -170,8 +187,8 @@ def _scatter(
     anything reads them (completions and the drafter read committed entries only).
     """
     b, k = values.shape[:2]
-    cols = start[:, None] + torch.arange(k, device=buf.device)[None, :]  # [B, K]
-    if int(cols.max()) < buf.shape[1]:
+    cols = torch.tensor(start, device=buf.device)[:, None] + torch.arange(k, device=buf.device)[None, :]  # [B, K]
+    if max(start) + k <= buf.shape[1]:
         buf[rows[:, None].expand(b, k), cols] = values.to(buf.dtype)
         return
     keep = (torch.arange(k, device=buf.device)[None, :] < torch.tensor(counts, device=buf.device)[:, None]) & (

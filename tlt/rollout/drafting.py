@@ -30,7 +30,7 @@ from tlt.rollout.compiled import CompiledStep
 from tlt.rollout.guess import GUESSES, coupled_guess, guess_inputs
 from tlt.rollout.kv_cache import KVCache
 from tlt.rollout.ngram import ngram_draft_batch
-from tlt.rollout.runner import causal_mask, run_layers
+from tlt.rollout.runner import run_layers
 from tlt.rollout.tree import DraftTree, build_tree, chain_tree
 
 
@@ -182,8 +182,8 @@ class EagleCache:
         """The catch-up pass's inputs: every committed position the drafter has not seen, per row.
 
         Returns tokens [B, Q] (x[t+1]), features [B, Q, H] (f[t]), positions t [B, Q], slots [B, Q], mask
-        [B, Q, max(L) + extra_span], todo [B] (real entries per row, >= 1) and L [B] (committed target
-        slots). Padding entries repeat the row's last real (token, feature, position, slot), so they
+        [B, Q, max(L) + extra_span], and as Python lists todo (real entries per row, >= 1) and L (committed
+        target slots). Padding entries repeat the row's last real (token, feature, position, slot), so they
         compute the same k/v as it: they rewrite its slot, never one past the row's committed region.
         A compiled cache pads Q to >= 2: one graph for every catch-up width.
         """
@@ -200,14 +200,15 @@ class EagleCache:
         # positions t (padding repeats the row's last) and their cache slots (padding rewrites the last's)
         t_rows = [[min(s + o, n - 1) for o in range(q)] for s, n in zip(seen, length)]
         slot_rows = [[s + min(o, d - 1) for o in range(q)] for s, d in zip(seen, todo)]
-        t = torch.tensor(t_rows, dtype=torch.long, device=device)  # [B, Q]
+        # entry o of row b sees slots [0, seen[b] + o] (as `tlt.rollout.runner.causal_mask` builds it)
+        last_rows = [[s + o for o in range(q)] for s in seen]
+        ints = torch.tensor(t_rows + slot_rows + last_rows, dtype=torch.long, device=device)  # [3B, Q]: one copy
+        rows = len(seen)
+        t, slots, last = ints[:rows], ints[rows : 2 * rows], ints[2 * rows :]  # [B, Q] each
         tokens = tokens_after(batch, t_rows, device)  # x[t+1]
         features = batch.hidden_buf[batch.wave_rows[:, None], t]  # f[t]: [B, Q, H]
-        slots = torch.tensor(slot_rows, dtype=torch.long, device=device)
-        seen_t = torch.tensor(seen, dtype=torch.long, device=device)
-        mask = causal_mask(seen_t, q, max(length) + extra_span)
-        return (tokens, features, t, slots, mask, torch.tensor(todo, dtype=torch.long, device=device),
-                torch.tensor(length, dtype=torch.long, device=device))
+        mask = torch.arange(max(length) + extra_span, device=device)[None, None, :] <= last[:, :, None]
+        return tokens, features, t, slots, mask, todo, length
 
     @torch.no_grad()
     def catch_up(self, batch: RunningBatch) -> Tensor:
@@ -215,8 +216,8 @@ class EagleCache:
         position [B, H] (the prediction of the newest token's target state)."""
         tokens, features, t, slots, mask, todo, target_len = self._catch_up_inputs(batch)
         out = self.forward(tokens, features, t, slots, mask)  # [B, Q, H]
-        self.cache.lengths = target_len.tolist()
-        return out[torch.arange(out.shape[0], device=out.device), todo - 1]
+        self.cache.lengths = target_len
+        return out[torch.arange(out.shape[0], device=out.device), torch.tensor(todo, device=out.device) - 1]
 
     @torch.no_grad()
     def chain(self, batch: RunningBatch, k: int, guess: str = "coupled") -> Tensor:
@@ -226,10 +227,10 @@ class EagleCache:
         guess: "coupled" drafts, in a sampling batch, the drafter's own draw with the uniform the target
         will use at that position (`coupled_guess`); "argmax" (and every greedy batch) its argmax."""
         tokens, features, t, slots, mask, _, target_len = self._catch_up_inputs(batch, extra_span=k - 1)
-        self.cache.ensure_capacity(max(mask.shape[-1], int(slots.max()) + 1))
+        self.cache.ensure_capacity(mask.shape[-1])  # >= max(L) > every slot
         extra = guess_inputs(batch, k) if guess == "coupled" and batch.sampled else ()  # else: argmax drafts
         drafts = self._chain_step(k)(self.step, tokens, t, slots, mask, self.cache.k, self.cache.v, features, *extra)
-        self.cache.lengths = target_len.tolist()
+        self.cache.lengths = target_len
         return drafts
 
     def _chain_step(self, k: int) -> Callable[..., Tensor]:

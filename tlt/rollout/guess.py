@@ -29,7 +29,7 @@ def coupled_guess(logits: Tensor, u: Tensor, temperature: Tensor) -> Tensor:
 
 def guess_inputs(batch: RunningBatch, k: int) -> tuple[Tensor, Tensor]:
     """(u, temperature) [B, k] of a chain of k in a sampling batch: draft i + 1 is judged against the
-    target's token at node i, drawn with the uniform of generated offset i (`RunningBatch.uniforms_at`)."""
+    target's token at node i, drawn with the uniform of generated offset i (`RunningBatch.uniform_window`:
+    the same read the verification takes)."""
     rows = len(batch.sequences)
-    offsets = torch.arange(k, device=batch.device)[None, :].expand(rows, k).contiguous()
-    return batch.uniforms_at(offsets), batch.temperature[:, None].expand(rows, k).contiguous()
+    return batch.uniform_window(k).contiguous(), batch.temperature[:, None].expand(rows, k).contiguous()

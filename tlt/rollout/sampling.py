@@ -104,14 +104,13 @@ def sample_tokens(
     """Next token of each row (and position) and its log-prob. logits [B, ..., V] -> (tokens [B, ...] long,
     logprobs [B, ...] float32).
 
-    u [B, ...]: the uniform of each token (greedy rows ignore it); None means every row is greedy.
+    u [B, ...]: the uniform of each token (greedy rows ignore it); None means every row is greedy, so
+    every temperature is 0 and counts as 1: the log-probs are of softmax(logits), with no scaling pass.
     """
-    scaled = scale_logits(logits, temperature)
-    log_norm = scaled.logsumexp(dim=-1, keepdim=True)
-    if u is None:
+    if u is None:  # logits as scale_logits gives them at temperature 0, exactly
+        logp = torch.log_softmax(logits.to(_compute_dtype(logits)), dim=-1)
         tokens = logits.argmax(dim=-1)
     else:
-        probs = _finish_probs(logits, (scaled - log_norm).exp_(), temperature, top_p)
-        tokens = sample_from(probs, u)
-    picked = scaled.gather(-1, tokens.unsqueeze(-1)) - log_norm
-    return tokens, picked.squeeze(-1).float()
+        logp = torch.log_softmax(scale_logits(logits, temperature), dim=-1)
+        tokens = sample_from(_finish_probs(logits, logp.exp(), temperature, top_p), u)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()

@@ -64,7 +64,10 @@ def _target_tokens(logits: Tensor, tree: DraftTree, batch: RunningBatch) -> tupl
     argmax in a greedy batch; in a sampling batch, its draw with the uniform of the node's generated
     position (the coupled rule, `tlt.rollout.verify`). `sample_tokens` is the plain step's own sampler, so
     every node's token is the one a plain step at that position would draw from the same logits."""
-    u = batch.uniforms_at(tree.depth) if batch.sampled else None  # [B, N]: node j's token at position g + depth
+    if not batch.sampled:
+        u = None
+    else:  # [B, N]: node j's token at generated position g + depth[j] (a full chain: depth j)
+        u = batch.uniform_window(tree.depth.shape[1]) if tree.full_chain else batch.uniforms_at(tree.depth)
     return sample_tokens(logits, batch.temperature, batch.top_p, u)
 
 
@@ -78,29 +81,30 @@ class SpeculativeStepper:
         self._plain = PlainStepper(runner)
 
     def step(self, batch: RunningBatch) -> int:
-        lengths = batch.lengths()  # [B] committed slots
+        longest = max(batch.cache.lengths)  # committed slots of the fullest row
         draft = self.drafter.propose(batch)
         tree = draft.tree
         B, N = tree.tokens.shape
-        if int(lengths.max()) + N > self.runner.cache.max_capacity:
+        if longest + N > self.runner.cache.max_capacity:
             # No room for the tree near the context limit: a plain step is exact too.
             self.stats.plain_fallbacks += 1
             return self._plain.step(batch)
+        lengths = batch.lengths()  # [B] committed slots
         device = lengths.device
-        span = int(lengths.max()) + N
         slots = lengths[:, None] + torch.arange(N, device=device)[None, :]  # [B, N]
-        mask = (chain_attention_mask if draft.chain else tree_attention_mask)(tree, lengths, span)  # [B, N, S]
-        hidden = self.runner.forward(tree.tokens, tree_positions(tree, lengths), slots, mask)  # [B, N, H]
+        positions = slots if tree.full_chain else tree_positions(tree, lengths)  # full chain: depth j at slot j
+        mask = (chain_attention_mask if draft.chain else tree_attention_mask)(tree, lengths, longest + N)  # [B, N, S]
+        hidden = self.runner.forward(tree.tokens, positions, slots, mask)  # [B, N, H]
         logits = self.runner.logits(hidden)  # [B, N, V]
         target, target_logprobs = _target_tokens(logits, tree, batch)  # [B, N] each
         if draft.chain:
-            n_draft = tree.valid[:, 1:].sum(dim=1)  # [B]
+            n_draft = None if tree.full_chain else tree.valid[:, 1:].sum(dim=1)  # [B] (None: all N - 1)
             n_acc, _ = verify_chain_tokens(target, tree.tokens[:, 1:], n_draft)
             # Exact match: accepted draft j equals the target's token at node j - 1, and the next token is
             # the target's at node n_acc, so the new tokens are target[:, :n_acc + 1], each produced by the
             # node at its own index (entries past n_acc are never kept).
             new, logprobs, fed_hidden = target, target_logprobs, hidden
-            drafted = int(n_draft.sum())
+            drafted = B * (N - 1) if n_draft is None else int(n_draft.sum())
         else:
             verdict = verify_tree_tokens(target, tree.tokens, tree.parents)
             n_acc = verdict.n_accepted
@@ -118,5 +122,6 @@ class SpeculativeStepper:
         counts = [n + 1 for n in accepted]
         new_lists = [row[:c] for row, c in zip(new.tolist(), counts)]
         self.stats.record([s.request.request_id for s in batch.sequences], accepted, drafted)
-        batch.commit(new_lists, new.gather(1, n_acc[:, None])[:, 0], logprobs, fed_hidden, fed=counts)
+        last = torch.tensor([row[-1] for row in new_lists], dtype=torch.long, device=device)  # [B]
+        batch.commit(new_lists, last, logprobs, fed_hidden, fed=counts)
         return B * N

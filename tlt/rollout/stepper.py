@@ -66,4 +66,4 @@ def _next_uniform(batch: RunningBatch) -> torch.Tensor | None:
     """[B] the uniform of each row's next token, None when every row is greedy."""
     if not batch.sampled:
         return None
-    return batch.uniforms_at(torch.zeros(batch.num_rows, 1, dtype=torch.long, device=batch.device))[:, 0]
+    return batch.uniform_window(1)[:, 0]

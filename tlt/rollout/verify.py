@@ -111,9 +111,11 @@ def verify_chain_tokens(target_tokens: Tensor, draft: Tensor, n_draft: Tensor | 
     if target_tokens.dim() != 2 or draft.dim() != 2 or target_tokens.shape != (draft.shape[0], draft.shape[1] + 1):
         raise ValueError(f"target_tokens must be [B, K+1] and draft [B, K]; got {tuple(target_tokens.shape)} and "
                          f"{tuple(draft.shape)}")
-    mask, _ = _draft_mask(draft, n_draft)
+    match = target_tokens[:, :-1] == draft  # [B, K]
+    if n_draft is not None:  # else every draft is real
+        match &= _draft_mask(draft, n_draft)[0]
     # Accept draft i while it equals the target's token at its position; stop at the first mismatch.
-    n_accepted = _accepted_prefix((target_tokens[:, :-1] == draft) & mask)
+    n_accepted = _accepted_prefix(match)
     # The next token is the target's own token right after the accepted drafts.
     next_token = target_tokens.gather(1, n_accepted[:, None]).squeeze(1)
     return ChainVerdict(n_accepted, next_token)
