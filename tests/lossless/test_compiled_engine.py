@@ -192,11 +192,16 @@ def test_warm_up_compiles_every_shape_class_before_the_first_generate():
     compiled_before = engine.runner.compiled.compiles
     chain = EagleChainDrafter(drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
                               compile=True)
+    drafter_before = chain.state.compiles
     engine.stepper = SpeculativeStepper(engine.runner, chain)
     engine.generate(_requests())
     # a sampling batch drafts coupled guesses: the chain's second graph, warmed up as well
     engine.generate([Request(f"s{i}", p, SamplingParams(temperature=1.0, max_new_tokens=9, seed=i))
                      for i, p in enumerate(PROMPTS)])
+    # one row alone (the long tail), then three: the drafter's graphs were met at both as well
+    engine.generate([Request("one", PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=7, seed=9))])
+    engine.generate(_requests())
     assert engine.runner.compiled.compiles == compiled_before
+    assert chain.state.compiles == drafter_before
     assert chain.state.compiles == 0, "the fused catch-up + chain graphs of depth 3 were warmed up"
     assert set(chain.state._chains) == {3}

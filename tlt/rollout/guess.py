@@ -32,4 +32,7 @@ def guess_inputs(batch: RunningBatch, k: int) -> tuple[Tensor, Tensor]:
     target's token at node i, drawn with the uniform of generated offset i (`RunningBatch.uniform_window`:
     the same read the verification takes)."""
     rows = len(batch.sequences)
-    return batch.uniform_window(k).contiguous(), batch.temperature[:, None].expand(rows, k).contiguous()
+    # a copy with row-major strides: a compiled chain's guards include them, and `.contiguous()` keeps a
+    # one-row slice's stride (window width, not k)
+    u = batch.uniform_window(k).clone(memory_format=torch.contiguous_format)
+    return u, batch.temperature[:, None].expand(rows, k).contiguous()
