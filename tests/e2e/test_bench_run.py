@@ -115,6 +115,15 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     assert by_range["ms_per_token_by_range"] == pytest.approx({"1": 10.0, "2-4": 5.0, "5-8": 1.25})
     i = list(workload.variants).index("tlt")  # tlt kept 1 + i times the tokens in the same seconds
     assert report["tlt_speedup_per_token_by_range"] == pytest.approx({"1": 1 + i, "2-4": 1 + i, "5-8": 1.0})
+    # step parts: per run 2 steps of 6 + v + 0.5 r seconds (median 13 + 2v), rollout 8 + 2v + 2r (10 + 2v), update 2
+    j = list(workload.variants).index("tlt-shadow")
+    assert report["step_parts"]["tlt-shadow"] == pytest.approx({"generate": 0.0, "rollout_overhead": 0.0,
+                                                                 "update": 2.0, "other": 1.0})
+    assert report["interference_by_part"] == pytest.approx({"generate": 0.0, "rollout_overhead": 0.0,
+                                                             "update": 0.0, "other": 0.0})
+    # shadow kept 1 + j times vanilla's tokens at 1 and 2-4 rows in the same seconds
+    assert report["interference_per_token_by_range"] == pytest.approx(
+        {"1": 1 / (1 + j) - 1, "2-4": 1 / (1 + j) - 1, "5-8": 0.0})
 
 
 def test_each_repeat_rotates_the_variant_order():
@@ -164,3 +173,19 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatc
     assert len(set(kept.values())) == 1 and min(kept.values()) > 0, kept
     assert report["tlt_speedup_per_token_by_range"], "per-token comparison by running-batch range"
     assert any(stepper.startswith("sd:") for stepper in report["variants"]["tlt"]["step_split"])
+
+
+def test_interference_parts_say_which_part_of_the_step_grew():
+    from tlt.bench.run_summary import part_deltas, step_parts
+
+    def summary(step, rollout, generate, overhead, update):
+        return {k: {"median": v} for k, v in (("step_seconds", step), ("rollout_seconds", rollout),
+                                              ("generate_seconds", generate), ("rollout_overhead_seconds", overhead),
+                                              ("update_seconds", update))}
+
+    vanilla = step_parts(summary(20.0, 10.0, 9.0, 1.0, 9.5))
+    shadow = step_parts(summary(22.0, 11.0, 9.6, 1.4, 10.0))
+    assert vanilla == pytest.approx({"generate": 9.0, "rollout_overhead": 1.0, "update": 9.5, "other": 0.5})
+    assert part_deltas(vanilla, shadow, 20.0) == pytest.approx(
+        {"generate": 0.03, "rollout_overhead": 0.02, "update": 0.025, "other": 0.025})
+    assert part_deltas(vanilla, shadow, 0.0) == {}

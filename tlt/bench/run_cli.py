@@ -86,6 +86,14 @@ def print_report(report: dict[str, Any]) -> None:
     if per_token:
         console.print("tlt speed-up per generated token by running batch (decode steps): "
                       + ", ".join(f"{k}: {x:.2f}x" for k, x in per_token.items()))
+    by_part = report.get("interference_by_part") or {}
+    if by_part:
+        console.print("interference by part (tlt-shadow - vanilla, share of vanilla's step): "
+                      + ", ".join(f"{k} {x:+.3f}" for k, x in by_part.items()))
+    slower = report.get("interference_per_token_by_range") or {}
+    if slower:
+        console.print("tlt-shadow time per decoded token over vanilla's by running batch: "
+                      + ", ".join(f"{k}: {x:+.3f}" for k, x in slower.items()))
     for name in ("static", "tlt"):
         rates = report["variants"].get(name, {}).get("arm_rates") or {}
         if rates:

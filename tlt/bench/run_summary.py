@@ -18,6 +18,13 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
   of this shape can reach); tlt_fraction_of_ideal = rollout_speedup / ideal_speedup.
 - arm_rates (per variant): tokens per second of every arm the bandit ran in every bucket, from
   the workers' own step timings (the plain arm is the same run's baseline).
+- step_parts (per variant): its step time split into the decode loops (generate), the rest of the
+  rollout (rollout_overhead), the policy update and the rest of the step (other), each a median over
+  repeats of per-run sums; interference_by_part: tlt-shadow's part minus vanilla's, over vanilla's step
+  time (where the interference fraction comes from; medians, so the parts need not add up to the
+  paired mean exactly); interference_per_token_by_range: tlt-shadow's time per decoded token over
+  vanilla's, minus 1, per running-batch range (its trainer runs only in the tail, while a worker whose
+  shard is done idles; the rest is what TLT's engine mode costs plain steps).
 """
 
 from __future__ import annotations
@@ -172,6 +179,7 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
     """The report: per-variant summaries, the headline ratios (module docstring), costs and load."""
     variants = {v: variant_summary([r for r in runs if r["variant"] == v]) for v in workload["variants"]}
     van, tlt, static = variants["vanilla"], variants["tlt"], variants["static"]
+    shadow = variants.get("tlt-shadow")
     rollout_speedup = van["rollout_seconds"]["median"] / tlt["rollout_seconds"]["median"]
     share = van["rollout_share"]["median"]
     paired = {}
@@ -210,6 +218,11 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "ideal_speedup_free_drafter": ideal_free,
         # vanilla's ms per generated token / tlt's, per running-batch range (decode steps, every repeat pooled)
         "tlt_speedup_per_token_by_range": per_token_speedup(van["ms_per_token_by_range"], tlt["ms_per_token_by_range"]),
+        "step_parts": {name: step_parts(v) for name, v in variants.items()},
+        "interference_by_part": part_deltas(step_parts(van), step_parts(shadow), van["step_seconds"]["median"])
+        if shadow else None,
+        "interference_per_token_by_range": {k: 1.0 / x - 1.0 for k, x in per_token_speedup(
+            van["ms_per_token_by_range"], shadow["ms_per_token_by_range"]).items()} if shadow else None,
         "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept,
                          "drafter_cost": "measured" if drafter else "free"},
         "variants": variants,
@@ -224,6 +237,20 @@ def per_token_speedup(base: dict[str, float], other: dict[str, float]) -> dict[s
     """{range: base's time per token / other's} from two {running-batch range: time per token} tables, over
     the ranges where both generated tokens (`tlt bench run` and `tlt bench worker`)."""
     return {k: base[k] / other[k] for k in base if other.get(k)}
+
+
+def step_parts(summary: dict[str, Any]) -> dict[str, float]:
+    """A variant's step seconds by part (module docstring), from its `variant_summary`."""
+    med = {k: summary[k]["median"] for k in ("step_seconds", "rollout_seconds", "generate_seconds",
+                                             "rollout_overhead_seconds", "update_seconds")}
+    return {"generate": med["generate_seconds"], "rollout_overhead": med["rollout_overhead_seconds"],
+            "update": med["update_seconds"],
+            "other": med["step_seconds"] - med["rollout_seconds"] - med["update_seconds"]}
+
+
+def part_deltas(base: dict[str, float], other: dict[str, float], base_step: float) -> dict[str, float]:
+    """{part: (other's seconds - base's) / base_step} over the parts both have."""
+    return {k: (other[k] - base[k]) / base_step for k in base if k in other} if base_step > 0 else {}
 
 
 def frozen_drop(series: list[float | None]) -> float | None:
