@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -40,20 +41,14 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
             arms[arm] = arms.get(arm, 0) + count
     out["sd_arms"] = dict(sorted(arms.items()))
     out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
-    by_running: dict[int, float] = {}
-    steps_by_running: dict[int, int] = {}
-    tokens_by_running: dict[int, int] = {}
+    totals = {"seconds_by_running": Counter(), "steps_by_running": Counter(), "tokens_by_running": Counter()}
     for r in results:  # every worker's engine, not only the slowest
         trace = steps.RolloutTrace(steps=list(r["trace"]))
-        for size, seconds in trace.decode_seconds_by_running().items():
-            by_running[size] = by_running.get(size, 0.0) + seconds
-        for size, count in trace.decode_steps_by_running().items():
-            steps_by_running[size] = steps_by_running.get(size, 0) + count
-        for size, count in trace.decode_tokens_by_running().items():
-            tokens_by_running[size] = tokens_by_running.get(size, 0) + count
-    out["seconds_by_running"] = {str(k): v for k, v in sorted(by_running.items())}
-    out["steps_by_running"] = {str(k): v for k, v in sorted(steps_by_running.items())}
-    out["tokens_by_running"] = {str(k): v for k, v in sorted(tokens_by_running.items())}
+        totals["seconds_by_running"].update(trace.decode_seconds_by_running())
+        totals["steps_by_running"].update(trace.decode_steps_by_running())
+        totals["tokens_by_running"].update(trace.decode_tokens_by_running())
+    for key, total in totals.items():
+        out[key] = {str(k): v for k, v in sorted(total.items())}
     splits = [r["step_split"] for r in results if "step_split" in r]
     if splits:
         out["step_split"] = merge_tables(splits)
