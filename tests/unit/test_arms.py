@@ -128,3 +128,21 @@ def test_history_arms_share_one_store_and_mixed_shares_the_eagle_cache(model):
 def test_history_arm_deeper_than_max_draft_is_refused():
     with pytest.raises(ValueError, match="kind history or mixed must have depth <= speculative.history.maxDraft"):
         SpeculativeSpec(arms=[ArmSpec(kind="history", depth=9)])
+
+
+def test_a_shared_drafter_cache_must_fit_the_arm(model):
+    """An EAGLE arm given the arms' shared cache uses it (no cache of its own); one of another drafter, or
+    with too few scratch slots for the arm's drafts, is refused with the reason."""
+    from tlt.rollout.drafting import EagleCache
+
+    drafter, embed = _drafter(model), model.get_input_embeddings()
+    shared = EagleCache(drafter, embed, 2, 64, scratch=2)
+    chain = EagleChainDrafter(drafter, embed, 3, max_batch_size=2, max_context=64, state=shared)
+    assert chain.state is shared
+    with pytest.raises(ValueError, match="scratch"):
+        EagleChainDrafter(drafter, embed, 4, max_batch_size=2, max_context=64, state=shared)
+    with pytest.raises(ValueError, match="scratch"):
+        EagleTreeDrafter(drafter, embed, topk=2, depth=3, budget=4, max_batch_size=2, max_context=64, state=shared)
+    other = EagleCache(_drafter(model), embed, 2, 64, scratch=2)
+    with pytest.raises(ValueError, match="same drafter"):
+        EagleChainDrafter(drafter, embed, 2, max_batch_size=2, max_context=64, state=other)

@@ -168,20 +168,15 @@ def _drafter(
         return HistoryDrafter(history, arm.depth)
     if drafter is None or shared is None:
         raise ValueError(f"arm kind {arm.kind!r} needs the learned drafter")
-    built: EagleChainDrafter | EagleTreeDrafter
     if arm.kind == "mixed" and history is not None:
-        eagle = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context)
-        eagle.state = shared
+        eagle = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context,
+                                  state=shared)
         return MixedDrafter(history, eagle, arm.depth)
     if arm.kind == "chain":
-        built = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context)
-    elif arm.kind == "tree":
-        built = EagleTreeDrafter(
-            drafter, embed, topk=arm.topk, depth=arm.depth, budget=tree_budget(arm),
-            max_batch_size=max_batch_size, max_context=max_context,
-        )
-    else:
-        raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'plain', "
-                         f"got {arm.kind!r}")
-    built.state = shared
-    return built
+        return EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context,
+                                 state=shared)
+    if arm.kind == "tree":
+        return EagleTreeDrafter(drafter, embed, topk=arm.topk, depth=arm.depth, budget=tree_budget(arm),
+                                max_batch_size=max_batch_size, max_context=max_context, state=shared)
+    raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'plain', "
+                     f"got {arm.kind!r}")

@@ -137,6 +137,7 @@ class EagleCache:
         weight = drafter.fc.weight
         self.drafter = drafter
         self.embed = embed
+        self.scratch = scratch
         self.step = EagleStep(drafter, embed)
         self.compiled = CompiledStep(eagle_forward, name="drafter") if compile else None
         self.cache = KVCache(
@@ -285,6 +286,17 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
     return _CHAIN_FNS[k]
 
 
+def _own_or_shared(state: EagleCache | None, scratch: int, drafter: EagleDrafter, embed: torch.nn.Embedding,
+                   max_batch_size: int, max_context: int, compile: bool) -> EagleCache:
+    """`state` (checked: same drafter, room for `scratch` draft slots) or a new cache of the drafter's own."""
+    if state is None:
+        return EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch)
+    if state.drafter is not drafter or state.scratch < scratch:
+        raise ValueError(f"a shared drafter cache must belong to the same drafter and hold >= {scratch} scratch "
+                         f"slots, it holds {state.scratch}")
+    return state
+
+
 class EagleChainDrafter:
     """Chains of k drafts from the EAGLE drafter, verified by exact match: in a sampling batch each is the
     drafter's coupled guess of the target's sample (`guess="coupled"`, the default) or its argmax."""
@@ -298,13 +310,16 @@ class EagleChainDrafter:
         max_context: int,
         compile: bool = False,
         guess: str = "coupled",
+        state: EagleCache | None = None,
     ) -> None:
+        """state: a drafter cache to share with other arms (its scratch must hold k - 1 drafts); a new one
+        of this drafter's own when None."""
         if k < 1:
             raise ValueError(f"k (draft length) must be >= 1, got {k}")
         if guess not in GUESSES:
             raise ValueError(f"guess must be one of {GUESSES}, got {guess!r}")
         self.k, self.guess = k, guess
-        self.state = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch=k - 1)
+        self.state = _own_or_shared(state, k - 1, drafter, embed, max_batch_size, max_context, compile)
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
@@ -329,11 +344,13 @@ class EagleTreeDrafter:
         max_batch_size: int,
         max_context: int,
         compile: bool = False,
+        state: EagleCache | None = None,
     ) -> None:
+        """state: as `EagleChainDrafter`'s (its scratch must hold topk * (depth - 1) drafts)."""
         if topk < 1 or depth < 1 or budget < 1:
             raise ValueError(f"topk, depth and budget must be >= 1, got topk={topk}, depth={depth}, budget={budget}")
         self.topk, self.depth, self.budget = topk, depth, budget
-        self.state = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch=topk * (depth - 1))
+        self.state = _own_or_shared(state, topk * (depth - 1), drafter, embed, max_batch_size, max_context, compile)
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
