@@ -111,6 +111,21 @@ def test_every_trainer_acknowledges_stop_before_the_policy_update(finished_run):
     print(f"stop latency over {latency['count']} stops: p50 {latency['p50']:.4f}s p99 {latency['p99']:.4f}s")
 
 
+def test_each_step_sees_the_hub_drafter_its_trainers_left(finished_run):
+    """The coordinator pulls the next step's drafter when a step ends (trainers stopped before the update):
+    every step's newest drafter (the candidate under `drafter.publish: validated`, else the served one) is
+    the hub's version after the last push of the steps before it, none older."""
+    _, _, history, _ = finished_run
+    assert any(m["hub_pushes"] for m in history[:-1]), "no trainer pushed before the last step"
+    version, served = 0, 0
+    for m in history:
+        newest = m["drafter_candidate_version"] if m["drafter_candidate_version"] is not None else m["drafter_served_version"]
+        assert newest == version, f"step {m['step']} saw a stale hub drafter"
+        assert m["drafter_served_version"] == served
+        served = newest if m["drafter_promoted"] else served
+        version = max([version, *(p["version"] for p in m["hub_pushes"])])
+
+
 def test_online_training_raises_accept_length_and_agreement_on_fresh_rollouts(finished_run):
     """Same prompts, same seeds, same policy (the run's final one): the drafter the hub started from
     versus the hub's last snapshot, by accept length of speculative decoding and by top-1 agreement."""

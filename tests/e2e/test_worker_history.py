@@ -60,7 +60,12 @@ def test_a_rollout_returns_before_its_responses_are_indexed():
         result = worker.rollout(1, [0, 1], problems[:2], weights, None)
         assert len(result["completions"]) == 4
         assert worker.history.num_docs == 0, "the rollout returned before its responses were indexed"
+        assert worker._indexing is None, "indexing starts when the coordinator holds the results (`settle`)"
+        worker.settle()
         assert worker._indexing is not None and not worker._indexing.done()
+        assert worker._settling is not None and not worker._settling.done()
+        worker.settle()  # idempotent: nothing is submitted twice
+        assert worker._settler._work_queue.qsize() == 2
     finally:
         gate.set()
     worker.wait_history_indexed()

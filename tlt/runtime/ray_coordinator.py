@@ -88,6 +88,7 @@ class RayTrainer:
             raise ValueError(f"stop_trainers_at must be 'update' or 'rollout', got {stop_trainers_at!r}")
         self.stop_trainers_at = stop_trainers_at
         self._running_trainers: dict[Any, float] = {}
+        self._newest: Any | None = None  # a hub pull issued when the last step ended (`_prefetch_drafter`)
         self.run = run
         self.spec = run.spec
         self.algo = run.spec.algorithm
@@ -183,6 +184,7 @@ class RayTrainer:
         ray.get([getattr(w, method).remote(state) for w, state in zip(workers, states)])
 
     def shutdown(self) -> None:
+        self._newest = None
         if self.actors is not None:
             self.actors.kill()
             self.actors = None
@@ -259,6 +261,7 @@ class RayTrainer:
             actors.hub.snapshot.remote(step)
         metrics["worker_states"] = {name: states for name, states in zip(
             [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()]))}
+        self._prefetch_drafter(actors)
         self.step = step
         self.history.append(metrics)
         self.loggers.log_step(metrics)
@@ -284,9 +287,13 @@ class RayTrainer:
                 worker = futures[ref]
                 if train and len(trainers) < self.spec.drafter.max_trainers and self.slots.enabled(result["worker"]):
                     requested = time.time()
-                    starts.append(worker.start_training.remote(step))
+                    starts.append(worker.start_training.remote(step))  # settles first: see below
                     trainers[worker] = requested
                     self._emit("trainer", worker=result["worker"], action="start", requested_at=requested)
+                elif self.actors is not None and self.actors.hub is not None:
+                    # the worker buffers its samples and scores the drafters now that its results are here
+                    # (started before returning them, that work slowed the return); errors surface in `agreement`
+                    worker.settle.remote()
             self._emit_workers()
         ray.get(starts)
         return [done[ref] for ref in order], trainers
@@ -319,9 +326,22 @@ class RayTrainer:
         self._candidate = None
         if actors.hub is None:
             return None, None
-        self.served, self._candidate = step_drafters(self.spec.drafter.publish, self.served,
-                                                     ray.get(actors.hub.pull.remote()))
-        return ray.put(self.served), (ray.put(self._candidate) if self._candidate is not None else None)
+        pulled = self._newest if self._newest is not None else actors.hub.pull.remote()
+        self._newest = None
+        newest = ray.get(pulled)
+        self.served, self._candidate = step_drafters(self.spec.drafter.publish, self.served, newest)
+
+        def ref(drafter: Any) -> Any:  # the hub's newest is already an object: no second copy
+            return None if drafter is None else pulled if drafter is newest else ray.put(drafter)
+        return ref(self.served), ref(self._candidate)
+
+    def _prefetch_drafter(self, actors: Actors) -> None:
+        """Pull the hub's newest drafter now, for the next step, when nothing can change it before then:
+        no trainer runs (`stop_trainers_at="update"` stopped them before the update) and no push is in
+        flight (every stop was acknowledged). With trainers running through the update, the next step
+        pulls after stopping them, as before. Saves the next rollout a round trip to the hub."""
+        if actors.hub is not None and not self._running_trainers:
+            self._newest = actors.hub.pull.remote()
 
     def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]]) -> dict[str, Any]:
         if self.actors is None or self.actors.hub is None:

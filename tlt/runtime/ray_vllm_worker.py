@@ -114,7 +114,7 @@ class VllmRolloutWorker(RolloutWorker):
             rewards.append(verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record),
                                                  completion.request_id))
         self.vllm.release()
-        self._settling = self._settle(completions, step, drafter, candidate)
+        self._leave_settle(completions, step, drafter, candidate)
         self._set_state(IDLE)
         return {"worker": self.name, "completions": completions, "rewards": rewards, "streamed": 0,
                 "trace": [], "started_at": started, "finished_at": finished,

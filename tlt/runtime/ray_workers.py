@@ -109,8 +109,12 @@ class RolloutWorker:
         self.rows = max(rows, 1)
         self._lock = threading.Lock()
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
-        # A rollout's drafter bookkeeping (buffer, agreement) runs after its results return, off the critical path
+        # A rollout's drafter bookkeeping (buffer, agreement) runs after its results return, off the critical
+        # path: `rollout` leaves it pending, `settle` (the coordinator's call once it has the results, or
+        # whatever needs it first: the next rollout, a trainer start, a checkpoint) starts it
         self._settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle")
+        self._settle_lock = threading.Lock()
+        self._pending_settle: tuple[Any, ...] | None = None
         self._settling: Future | None = None
         self.states: list[tuple[str, float]] = [(IDLE, time.time())]
         self.running = 0
@@ -126,6 +130,7 @@ class RolloutWorker:
         # after the rollout's results return (~0.1 s for 32 rows here: not the rollout's critical path).
         self.history = None
         self._waves: list[list[Sequence]] = []
+        self._pending_waves: list[list[Sequence]] = []
         self._indexing: Future | None = None
 
     def _setup_trainer(self, hub: Any | None) -> None:
@@ -246,10 +251,7 @@ class RolloutWorker:
         finished = time.time()
         generate_seconds = finished - generate_started
         release_kv_cache(self.engine)
-        if self._waves:
-            self._indexing = self._settler.submit(self._index_waves, self._waves)
-            self._waves = []
-        self._settling = self._settle(completions, step, drafter, candidate)
+        self._leave_settle(completions, step, drafter, candidate)
         self._set_state(IDLE)
         return {"worker": self.name, "completions": [replace(c, hidden=None) for c in completions],
                 "rewards": [rewards[c.request_id] for c in completions], "streamed": streamed,
@@ -271,6 +273,7 @@ class RolloutWorker:
 
     def wait_history_indexed(self) -> None:
         """Wait for the last rollout's responses to enter the history store (before it drafts again)."""
+        self.settle()
         if self._indexing is not None:
             self._indexing.result()
             self._indexing = None
@@ -279,9 +282,32 @@ class RolloutWorker:
         """The last rollout's drafter top-1 agreement on its fresh samples ("agree", "agree_total"; with a
         candidate, its "candidate_*" too), once its bookkeeping has finished (it runs after the rollout's
         results returned: buffering the samples and scoring drafters is not the rollout's critical path)."""
+        self.settle()
         if self._settling is None:
             return {"agree": 0, "agree_total": 0}
         return self._settling.result()
+
+    def _leave_settle(self, completions: list[Any], step: int, drafter: tuple[int, dict[str, torch.Tensor]] | None,
+                      candidate: tuple[int, dict[str, torch.Tensor]] | None) -> None:
+        """Keep the rollout's bookkeeping for `settle`: started now, it would compete with returning the
+        results (pickling them holds the interpreter) on the worker's cores."""
+        with self._settle_lock:
+            self._pending_settle = (completions, step, drafter, candidate)
+            self._settling = None
+            self._pending_waves, self._waves = self._waves, []
+
+    def settle(self) -> None:
+        """Start the last rollout's bookkeeping (index its responses into the history store, buffer the
+        samples, score the drafters) if it has not started; returns at once in the container (a sidecar
+        takes the samples before this returns). Idempotent: the coordinator calls it once it holds the
+        results, and everything that needs the bookkeeping done calls it first."""
+        with self._settle_lock:
+            if self._pending_waves:
+                self._indexing = self._settler.submit(self._index_waves, self._pending_waves)
+                self._pending_waves = []
+            if self._pending_settle is not None:
+                pending, self._pending_settle = self._pending_settle, None
+                self._settling = self._settle(*pending)
 
     def _settle(self, completions: list[Any], step: int, drafter: tuple[int, dict[str, torch.Tensor]] | None,
                 candidate: tuple[int, dict[str, torch.Tensor]] | None) -> Future:
@@ -335,6 +361,7 @@ class RolloutWorker:
                                f"{self.spec.speculative.mode!r} keeps none")
 
     def start_training(self, step: int) -> float:
+        self.settle()  # the trainer starts once the rollout's samples are buffered
         if self.sidecar is not None:
             started = ray.get(self.sidecar.start_training.remote(step))
         elif self.trainer is not None:
