@@ -48,24 +48,22 @@ def test_responses_enter_the_history_store_after_the_rollout_and_before_the_next
     worker.rollout(2, [0, 1], problems[:2], weights, None)  # waits for step 1's indexing before drafting
     worker.wait_history_indexed()
     assert worker.history.num_docs == 8
-    assert worker._waves == [] and worker._indexing is None
+    assert worker._waves == [] and worker.after.indexing is None
 
 
 def test_a_rollout_returns_before_its_responses_are_indexed():
     """Threshold 0: the rollout never drafts, so only the deferred wave-end indexing fills the store."""
     worker, weights, problems = _worker(threshold=0)
     gate = threading.Event()
-    worker._settler.submit(gate.wait, 120)  # the settle thread is busy until the gate opens
+    worker.after.submit(gate.wait, 120)  # the background thread is busy until the gate opens
     try:
         result = worker.rollout(1, [0, 1], problems[:2], weights, None)
         assert len(result["completions"]) == 4
         assert worker.history.num_docs == 0, "the rollout returned before its responses were indexed"
-        assert worker._indexing is None, "indexing starts when the coordinator holds the results (`settle`)"
+        assert worker.after.indexing is None, "indexing starts when the coordinator holds the results (`settle`)"
         worker.settle()
-        assert worker._indexing is not None and not worker._indexing.done()
-        assert worker._settling is not None and not worker._settling.done()
-        worker.settle()  # idempotent: nothing is submitted twice
-        assert worker._settler._work_queue.qsize() == 2
+        assert worker.after.indexing is not None and not worker.after.indexing.done()
+        assert worker.after.settling is not None and not worker.after.settling.done()
     finally:
         gate.set()
     worker.wait_history_indexed()

@@ -135,9 +135,7 @@ class EagleCache:
             raise ValueError(f"scratch must be >= 0 draft slots, got {scratch}")
         config = drafter.config
         weight = drafter.fc.weight
-        self.drafter = drafter
-        self.embed = embed
-        self.scratch = scratch
+        self.drafter, self.embed, self.scratch = drafter, embed, scratch
         self.step = EagleStep(drafter, embed)
         self.compiled = CompiledStep(eagle_forward, name="drafter") if compile else None
         self.cache = KVCache(
@@ -291,7 +289,7 @@ def _own_or_shared(state: EagleCache | None, scratch: int, drafter: EagleDrafter
     """`state` (checked: same drafter, room for `scratch` draft slots) or a new cache of the drafter's own."""
     if state is None:
         return EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch)
-    if state.drafter is not drafter or state.scratch < scratch:
+    if state.drafter is not drafter or state.scratch < scratch:  # a cache of another drafter, or too small
         raise ValueError(f"a shared drafter cache must belong to the same drafter and hold >= {scratch} scratch "
                          f"slots, it holds {state.scratch}")
     return state
@@ -312,8 +310,7 @@ class EagleChainDrafter:
         guess: str = "coupled",
         state: EagleCache | None = None,
     ) -> None:
-        """state: a drafter cache to share with other arms (its scratch must hold k - 1 drafts); a new one
-        of this drafter's own when None."""
+        """state: a drafter cache shared with other arms (scratch >= k - 1 slots); None: one of its own."""
         if k < 1:
             raise ValueError(f"k (draft length) must be >= 1, got {k}")
         if guess not in GUESSES:

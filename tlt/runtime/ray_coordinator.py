@@ -44,7 +44,6 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerC
 
 from tlt.config import TLTTrainingRun
 from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR, write_served_drafter
-from tlt.drafter.publish import publish_outcome, step_drafters
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
@@ -56,6 +55,7 @@ from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optim
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.ray_slots import SlotSource
 from tlt.runtime.shard_metrics import shard_rollout_metrics
+from tlt.runtime.step_drafters import StepDrafters
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
@@ -88,7 +88,6 @@ class RayTrainer:
             raise ValueError(f"stop_trainers_at must be 'update' or 'rollout', got {stop_trainers_at!r}")
         self.stop_trainers_at = stop_trainers_at
         self._running_trainers: dict[Any, float] = {}
-        self._newest: Any | None = None  # a hub pull issued when the last step ended (`_prefetch_drafter`)
         self.run = run
         self.spec = run.spec
         self.algo = run.spec.algorithm
@@ -124,8 +123,7 @@ class RayTrainer:
         self.history: list[dict[str, Any]] = []
         self.drafter_state: dict[str, Any] | None = None
         # (version, parameters) the rollouts draft with (`drafter.publish`); None: the hub's newest
-        self.served: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._candidate: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.drafters = StepDrafters(self.spec.drafter.publish)
         self.bandit_states: list[dict[str, Any] | None] | None = None
         self.trainer_states: list[dict[str, Any] | None] | None = None
 
@@ -153,7 +151,7 @@ class RayTrainer:
             self.bandit_states = ckpt.state.get("bandits")
             self.drafter_state, self.trainer_states = drafter_of(ckpt)
             served = (self.drafter_state or {}).get("served")
-            self.served = (int(served["version"]), served["params"]) if served else None
+            self.drafters.served = (int(served["version"]), served["params"]) if served else None
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
         tmp = self.metrics_path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
         tmp.write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in self.history))
@@ -183,8 +181,13 @@ class RayTrainer:
             return
         ray.get([getattr(w, method).remote(state) for w, state in zip(workers, states)])
 
+    @property
+    def served(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(version, parameters) of the drafter the rollouts draft with; None: the hub's newest."""
+        return self.drafters.served
+
     def shutdown(self) -> None:
-        self._newest = None
+        self.drafters.forget()
         if self.actors is not None:
             self.actors.kill()
             self.actors = None
@@ -221,7 +224,7 @@ class RayTrainer:
         carried = self._stop_trainers(self._running_trainers)
         self._running_trainers = {}
         stamps.append(time.time())
-        drafter, candidate = self._drafters(actors)
+        drafter, candidate = self.drafters.refs(actors.hub)
         dispatched = time.time()
         prepare = dict(zip(("put_weights", "stop_trainers", "drafters"),
                            (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))))
@@ -261,7 +264,8 @@ class RayTrainer:
             actors.hub.snapshot.remote(step)
         metrics["worker_states"] = {name: states for name, states in zip(
             [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()]))}
-        self._prefetch_drafter(actors)
+        if actors.hub is not None and not self._running_trainers:  # nothing can push before the next step
+            self.drafters.prefetch(actors.hub)
         self.step = step
         self.history.append(metrics)
         self.loggers.log_step(metrics)
@@ -319,37 +323,11 @@ class RayTrainer:
         self._emit_workers()
         return acks
 
-    def _drafters(self, actors: Actors) -> tuple[Any, Any]:
-        """Object refs of the step's (served drafter, candidate): the drafter the rollouts draft with and,
-        under `drafter.publish: validated`, the hub's newer parameters to score beside it (None when the
-        hub has nothing newer). Without a hub: (None, None)."""
-        self._candidate = None
-        if actors.hub is None:
-            return None, None
-        pulled = self._newest if self._newest is not None else actors.hub.pull.remote()
-        self._newest = None
-        newest = ray.get(pulled)
-        self.served, self._candidate = step_drafters(self.spec.drafter.publish, self.served, newest)
-
-        def ref(drafter: Any) -> Any:  # the hub's newest is already an object: no second copy
-            return None if drafter is None else pulled if drafter is newest else ray.put(drafter)
-        return ref(self.served), ref(self._candidate)
-
-    def _prefetch_drafter(self, actors: Actors) -> None:
-        """Pull the hub's newest drafter now, for the next step, when nothing can change it before then:
-        no trainer runs (`stop_trainers_at="update"` stopped them before the update) and no push is in
-        flight (every stop was acknowledged). With trainers running through the update, the next step
-        pulls after stopping them, as before. Saves the next rollout a round trip to the hub."""
-        if actors.hub is not None and not self._running_trainers:
-            self._newest = actors.hub.pull.remote()
-
     def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]]) -> dict[str, Any]:
         if self.actors is None or self.actors.hub is None:
             return {}
         pushes = ray.get(self.actors.hub.take_pushes.remote())
-        published, self.served = publish_outcome(self.served, self._candidate, results)
-        self._candidate = None
-        return {**drafter_step_metrics(results, acks, pushes), **published}
+        return {**drafter_step_metrics(results, acks, pushes), **self.drafters.outcome(results)}
 
     def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run the remaining steps with checkpoints and restarts; write the final policy and, with a drafter,
@@ -390,9 +368,8 @@ class RayTrainer:
             newest = (int(self.drafter_state["version"]), self.drafter_state["params"])
         else:
             return
-        drafter, _ = step_drafters(self.spec.drafter.publish, self.served, newest)
-        write_served_drafter(self.out_dir, drafter, self.policy.config, publish=self.spec.drafter.publish,
-                             step=self.step)
+        write_served_drafter(self.out_dir, self.drafters.next_drafter(newest), self.policy.config,
+                             publish=self.spec.drafter.publish, step=self.step)
 
     def _restart(self, exc: BaseException) -> None:
         failed = self.step + 1

@@ -47,6 +47,7 @@ from tlt.rollout.step_split import STEP_SPLIT_ENV, StepSplit
 from tlt.rollout.stepper import Stepper
 from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
+from tlt.runtime.after_rollout import AfterRollout
 from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
 
@@ -109,13 +110,9 @@ class RolloutWorker:
         self.rows = max(rows, 1)
         self._lock = threading.Lock()
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-report")
-        # A rollout's drafter bookkeeping (buffer, agreement) runs after its results return, off the critical
-        # path: `rollout` leaves it pending, `settle` (the coordinator's call once it has the results, or
-        # whatever needs it first: the next rollout, a trainer start, a checkpoint) starts it
-        self._settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle")
-        self._settle_lock = threading.Lock()
-        self._pending_settle: tuple[Any, ...] | None = None
-        self._settling: Future | None = None
+        # A rollout's drafter bookkeeping (buffer, agreement) and history indexing: started once the
+        # coordinator holds its results (`settle`), off the rollout's critical path
+        self.after = AfterRollout()
         self.states: list[tuple[str, float]] = [(IDLE, time.time())]
         self.running = 0
         self.drafter: EagleDrafter | None = None
@@ -130,8 +127,6 @@ class RolloutWorker:
         # after the rollout's results return (~0.1 s for 32 rows here: not the rollout's critical path).
         self.history = None
         self._waves: list[list[Sequence]] = []
-        self._pending_waves: list[list[Sequence]] = []
-        self._indexing: Future | None = None
 
     def _setup_trainer(self, hub: Any | None) -> None:
         """The co-located spot trainer and its buffer (`drafter.placement: in-container`)."""
@@ -273,41 +268,28 @@ class RolloutWorker:
 
     def wait_history_indexed(self) -> None:
         """Wait for the last rollout's responses to enter the history store (before it drafts again)."""
-        self.settle()
-        if self._indexing is not None:
-            self._indexing.result()
-            self._indexing = None
+        self.after.indexed()
 
     def agreement(self) -> dict[str, Any]:
         """The last rollout's drafter top-1 agreement on its fresh samples ("agree", "agree_total"; with a
         candidate, its "candidate_*" too), once its bookkeeping has finished (it runs after the rollout's
         results returned: buffering the samples and scoring drafters is not the rollout's critical path)."""
-        self.settle()
-        if self._settling is None:
-            return {"agree": 0, "agree_total": 0}
-        return self._settling.result()
+        out = self.after.result()
+        return out if out is not None else {"agree": 0, "agree_total": 0}
 
     def _leave_settle(self, completions: list[Any], step: int, drafter: tuple[int, dict[str, torch.Tensor]] | None,
                       candidate: tuple[int, dict[str, torch.Tensor]] | None) -> None:
-        """Keep the rollout's bookkeeping for `settle`: started now, it would compete with returning the
-        results (pickling them holds the interpreter) on the worker's cores."""
-        with self._settle_lock:
-            self._pending_settle = (completions, step, drafter, candidate)
-            self._settling = None
-            self._pending_waves, self._waves = self._waves, []
+        """Leave the rollout's bookkeeping and history indexing to `settle` (`tlt.runtime.after_rollout`)."""
+        waves, self._waves = self._waves, []
+        self.after.leave(lambda: self._settle(completions, step, drafter, candidate),
+                         (lambda: self._index_waves(waves)) if waves else None)
 
     def settle(self) -> None:
         """Start the last rollout's bookkeeping (index its responses into the history store, buffer the
         samples, score the drafters) if it has not started; returns at once in the container (a sidecar
         takes the samples before this returns). Idempotent: the coordinator calls it once it holds the
         results, and everything that needs the bookkeeping done calls it first."""
-        with self._settle_lock:
-            if self._pending_waves:
-                self._indexing = self._settler.submit(self._index_waves, self._pending_waves)
-                self._pending_waves = []
-            if self._pending_settle is not None:
-                pending, self._pending_settle = self._pending_settle, None
-                self._settling = self._settle(*pending)
+        self.after.start()
 
     def _settle(self, completions: list[Any], step: int, drafter: tuple[int, dict[str, torch.Tensor]] | None,
                 candidate: tuple[int, dict[str, torch.Tensor]] | None) -> Future:
@@ -317,7 +299,7 @@ class RolloutWorker:
             done: Future = Future()
             done.set_result(self._agreement_and_buffer(completions, step, drafter, candidate))
             return done
-        return self._settler.submit(self._agreement_and_buffer, completions, step, drafter, candidate)
+        return self.after.submit(self._agreement_and_buffer, completions, step, drafter, candidate)
 
     def _agreement_and_buffer(self, completions: list[Any], step: int,
                               drafter: tuple[int, dict[str, torch.Tensor]] | None,
@@ -365,7 +347,7 @@ class RolloutWorker:
         if self.sidecar is not None:
             started = ray.get(self.sidecar.start_training.remote(step))
         elif self.trainer is not None:
-            started = self.trainer.start(step, after=self._settling)
+            started = self.trainer.start(step, after=self.after.settling)
         else:
             raise RuntimeError(f"{self.name}: speculative.mode {self.spec.speculative.mode!r} has no drafter to train")
         self._set_state(TRAINING)

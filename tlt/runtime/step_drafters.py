@@ -1,0 +1,62 @@
+"""The drafter each Ray step drafts with, pulled from the run's drafter hub (`drafter.publish`).
+
+Per step the coordinator hands the rollout workers the *served* drafter and, under `drafter.publish:
+validated`, the hub's newer parameters as a *candidate* to score beside it (`tlt.drafter.publish`).
+The hub's newest parameters are pulled as early as nothing can change them any more: when a step
+ends with no trainer running (`stop_trainers_at="update"` stopped them all, and acknowledged,
+before the update), so the next rollout does not wait for a round trip to the hub; otherwise when
+the next step starts, after its trainers stopped. The pulled object goes to the workers as it is
+(an object ref), not copied into a second one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from tlt.drafter.publish import publish_outcome, step_drafters
+
+Drafter = tuple[int, Any]  # (version, parameters)
+
+
+class StepDrafters:
+    """The served drafter (None: the hub's newest), the step's candidate, a prefetched hub pull."""
+
+    def __init__(self, publish: str, served: Drafter | None = None) -> None:
+        self.publish = publish
+        self.served = served
+        self.candidate: Drafter | None = None
+        self._pulled: Any | None = None  # ObjectRef of a hub pull issued early (`prefetch`)
+
+    def prefetch(self, hub: Any) -> None:
+        """Pull the hub's newest parameters now; call only when no trainer can push before the next step."""
+        self._pulled = hub.pull.remote()
+
+    def forget(self) -> None:
+        """Drop a prefetched pull (the actors are gone, or the run resumes from a checkpoint)."""
+        self._pulled = None
+
+    def refs(self, hub: Any | None) -> tuple[Any, Any]:
+        """Object refs of the step's (served drafter, candidate); (None, None) without a hub."""
+        self.candidate = None
+        if hub is None:
+            return None, None
+        pulled = self._pulled if self._pulled is not None else hub.pull.remote()
+        self._pulled = None
+        newest = ray.get(pulled)
+        self.served, self.candidate = step_drafters(self.publish, self.served, newest)
+
+        def ref(drafter: Drafter | None) -> Any:
+            return None if drafter is None else pulled if drafter is newest else ray.put(drafter)
+        return ref(self.served), ref(self.candidate)
+
+    def outcome(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """The step's publish metrics (`publish_outcome`); the drafter served from the next step on is set."""
+        published, self.served = publish_outcome(self.served, self.candidate, results)
+        self.candidate = None
+        return published
+
+    def next_drafter(self, newest: Drafter) -> Drafter:
+        """The drafter the next step would draft with, given the hub's `newest`."""
+        return step_drafters(self.publish, self.served, newest)[0]
