@@ -20,7 +20,8 @@ class _Pull:
 
     def remote(self):
         self.hub.pulls += 1
-        return _Ref(self.hub.newest)
+        version, params = self.hub.newest
+        return _Ref((version, params))  # a new object each pull, as Ray's deserialization gives
 
 
 class _Hub:
@@ -71,3 +72,19 @@ def test_validated_serves_the_kept_drafter_and_scores_the_hubs_newest():
 
 def test_no_hub_no_drafters():
     assert StepDrafters("latest").refs(None) == (None, None)
+
+
+def test_a_drafter_that_stays_served_keeps_its_object(monkeypatch):
+    puts = []
+    monkeypatch.setattr(step_drafters.ray, "put", lambda value: puts.append(value) or _Ref(value))
+    hub = _Hub((1, "p1"))
+    drafters = StepDrafters("validated", served=(0, "p0"))  # e.g. resumed from a checkpoint
+    first, _ = drafters.refs(hub)
+    assert puts == [(0, "p0")]
+    drafters.outcome([{"agree": 3, "agree_total": 4, "candidate_agree": 1, "candidate_total": 4}])  # not promoted
+    hub.newest = (2, "p2")
+    again, candidate = drafters.refs(hub)
+    assert again is first and puts == [(0, "p0")], "the kept drafter is not put again"
+    drafters.outcome([{"agree": 1, "agree_total": 4, "candidate_agree": 3, "candidate_total": 4}])  # promoted
+    promoted, none = drafters.refs(hub)
+    assert promoted is candidate and none is None and puts == [(0, "p0")]

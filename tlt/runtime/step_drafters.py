@@ -6,7 +6,8 @@ The hub's newest parameters are pulled as early as nothing can change them any m
 ends with no trainer running (`stop_trainers_at="update"` stopped them all, and acknowledged,
 before the update), so the next rollout does not wait for a round trip to the hub; otherwise when
 the next step starts, after its trainers stopped. The pulled object goes to the workers as it is
-(an object ref), not copied into a second one.
+(an object ref), not copied into a second one, and a served drafter that stays served keeps its
+object from step to step.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ class StepDrafters:
         self.served = served
         self.candidate: Drafter | None = None
         self._pulled: Any | None = None  # ObjectRef of a hub pull issued early (`prefetch`)
+        self._objects: list[tuple[Drafter, Any]] = []  # the last step's drafters and their object refs
 
     def prefetch(self, hub: Any) -> None:
         """Pull the hub's newest parameters now; call only when no trainer can push before the next step."""
         self._pulled = hub.pull.remote()
 
     def forget(self) -> None:
-        """Drop a prefetched pull (the actors are gone, or the run resumes from a checkpoint)."""
+        """Drop a prefetched pull and kept objects (the actors are gone, or the run resumes)."""
         self._pulled = None
+        self._objects = []
 
     def refs(self, hub: Any | None) -> tuple[Any, Any]:
         """Object refs of the step's (served drafter, candidate); (None, None) without a hub."""
@@ -47,9 +50,18 @@ class StepDrafters:
         newest = ray.get(pulled)
         self.served, self.candidate = step_drafters(self.publish, self.served, newest)
 
+        objects = {id(d): obj for d, obj in self._objects}  # every drafter here is alive: ids are unique
+        objects[id(newest)] = pulled
+
         def ref(drafter: Drafter | None) -> Any:
-            return None if drafter is None else pulled if drafter is newest else ray.put(drafter)
-        return ref(self.served), ref(self.candidate)
+            if drafter is None:
+                return None
+            if id(drafter) not in objects:
+                objects[id(drafter)] = ray.put(drafter)
+            return objects[id(drafter)]
+        served, candidate = ref(self.served), ref(self.candidate)
+        self._objects = [(d, obj) for d, obj in ((self.served, served), (self.candidate, candidate)) if d is not None]
+        return served, candidate
 
     def outcome(self, results: list[dict[str, Any]]) -> dict[str, Any]:
         """The step's publish metrics (`publish_outcome`); the drafter served from the next step on is set."""
