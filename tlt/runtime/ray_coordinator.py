@@ -294,9 +294,10 @@ class RayTrainer:
                     starts.append(worker.start_training.remote(step))  # settles first: see below
                     trainers[worker] = requested
                     self._emit("trainer", worker=result["worker"], action="start", requested_at=requested)
-                elif self.actors is not None and self.actors.hub is not None:
-                    # the worker buffers its samples and scores the drafters now that its results are here
-                    # (started before returning them, that work slowed the return); errors surface in `agreement`
+                else:
+                    # the worker indexes its responses for history drafts, buffers its samples and scores the
+                    # drafters now that its results are here (started before returning them, that work slowed
+                    # the return); errors surface in `agreement`
                     worker.settle.remote()
             self._emit_workers()
         ray.get(starts)
