@@ -130,6 +130,26 @@ def test_history_arm_deeper_than_max_draft_is_refused():
         SpeculativeSpec(arms=[ArmSpec(kind="history", depth=9)])
 
 
+def test_building_the_arms_allocates_one_drafter_cache(model, monkeypatch):
+    """The EAGLE arms (chain, trees, a mixed arm's chain) get the shared cache at construction: no arm
+    allocates a KV cache of its own only to have it replaced (a rollout builds its arms afresh)."""
+    from tlt.rollout import drafting
+
+    built = []
+
+    class Counting(drafting.EagleCache):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(drafting, "EagleCache", Counting)
+    monkeypatch.setattr("tlt.adaptive.arms.EagleCache", Counting)
+    arms = [*ARMS, ArmSpec(kind="mixed", depth=3), ArmSpec(kind="history", depth=4)]
+    build_arms(SpeculativeSpec(mode="tlt", arms=arms), embed=model.get_input_embeddings(), drafter=_drafter(model),
+               max_batch_size=2, max_context=64)
+    assert len(built) == 1
+
+
 def test_a_shared_drafter_cache_must_fit_the_arm(model):
     """An EAGLE arm given the arms' shared cache uses it (no cache of its own); one of another drafter, or
     with too few scratch slots for the arm's drafts, is refused with the reason."""
