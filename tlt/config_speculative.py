@@ -70,6 +70,10 @@ class SpeculativeSpec(Spec):
         description="Upper bounds of running-batch buckets, ascending; one bandit per bucket.",
     )
     epsilon: float = Field(0.1, ge=0, le=1, description="Bandit exploration probability.")
+    exploration: Literal["weighted", "uniform"] = Field(
+        "weighted", description="Which arm an exploring round tries: weighted: arms close to the bucket's best "
+        "more often, every arm at least 1/20 as often as the best; uniform: any arm equally (the paper's BEG-MAB)."
+    )
     window: int = Field(64, ge=1, le=4096, description="Sliding window of rounds per arm and bucket.")
     ngram_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
     ngram_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched.")

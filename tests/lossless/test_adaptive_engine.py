@@ -101,7 +101,8 @@ def _adaptive_engine(model, spec, answers=None, *, seed=0, clock=None) -> tuple[
     if answers is not None:  # one more arm: the oracle, whose drafts are all accepted
         arms = stepper.arms + [Arm(len(stepper.arms), "oracle-d6", ArmSpec(kind="chain", depth=6),
                                    OracleChain(answers, 6))]
-        bandit = BucketedBandit(len(arms), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed))
+        bandit = BucketedBandit(len(arms), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed),
+                                spec.exploration)
         stepper = AdaptiveStepper(engine.runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets,
                                   **({"clock": clock} if clock else {}))
     engine.stepper = stepper
@@ -157,10 +158,13 @@ def test_bandit_in_engine_records_rewards_per_bucket_and_explores(model64):
     answers = {c.request_id: c.token_ids for c in plain}
     greedy_engine, greedy = _adaptive_engine(model64, _spec(epsilon=0.0), answers, clock=_fixed_clock())
     greedy_engine.generate(_requests(LONG_MAX_NEW))
-    explore_engine, explore = _adaptive_engine(model64, _spec(epsilon=0.6), answers, clock=_fixed_clock())
+    explore_engine, explore = _adaptive_engine(model64, _spec(epsilon=0.6, exploration="uniform"), answers,
+                                               clock=_fixed_clock())
     explore_engine.generate(_requests(LONG_MAX_NEW))
+    weighted_engine, weighted = _adaptive_engine(model64, _spec(epsilon=0.6), answers, clock=_fixed_clock())
+    weighted_engine.generate(_requests(LONG_MAX_NEW))
     oracle = len(explore.arms) - 1
-    for stepper in (greedy, explore):
+    for stepper in (greedy, explore, weighted):
         for bucket in (0, 1):
             steps_in_bucket = sum(1 for r in stepper.log if r.bucket == bucket)
             stats = stepper.bandit.stats(bucket)
@@ -170,9 +174,14 @@ def test_bandit_in_engine_records_rewards_per_bucket_and_explores(model64):
         # epsilon 0: after one try each, the oracle (most tokens per second) is always chosen
         assert [s.pulls for i, s in enumerate(greedy.bandit.stats(bucket)) if i != oracle] == [1] * oracle
         assert greedy.bandit.best(bucket) == oracle
-    # epsilon 0.6: the other arms keep getting pulled
+    # epsilon 0.6, uniform exploration: the other arms keep getting pulled
     others = sum(s.pulls for b in (0, 1) for i, s in enumerate(explore.bandit.stats(b)) if i != oracle)
     assert others >= 2 * oracle + 4
+    # weighted exploration: rounds go to the oracle rather than to arms far behind it
+    pulls = {name: [s.pulls for b in (0, 1) for s in stepper.bandit.stats(b)] for name, stepper in
+             (("uniform", explore), ("weighted", weighted))}
+    share = {name: sum(p[oracle::len(explore.arms)]) / sum(p) for name, p in pulls.items()}
+    assert share["weighted"] > share["uniform"], (pulls, share)
 
 
 def test_mode_off_is_plain_decoding_and_ngram_mode_uses_only_ngram_arms(model64, plain64):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
 
-from tlt.adaptive.bandit import BucketedBandit
+from tlt.adaptive.bandit import FLOOR, BucketedBandit
 from tlt.config import SpeculativeSpec
 
 
@@ -54,13 +55,61 @@ def test_buckets_keep_separate_statistics():
 
 def test_keeps_exploring_at_rate_epsilon_forever():
     epsilon, arms, rounds = 0.2, 4, 6000
-    bandit = BucketedBandit(num_arms=arms, num_buckets=1, epsilon=epsilon, window=16, rng=random.Random(0))
+    bandit = BucketedBandit(num_arms=arms, num_buckets=1, epsilon=epsilon, window=16, rng=random.Random(0),
+                            exploration="uniform")
     chosen = _run(bandit, 0, [10.0, 20.0, 40.0, 80.0], rounds, random.Random(1))
     late = chosen[1000:]
     off_greedy = sum(arm != 3 for arm in late) / len(late)
     # a random pick lands on the greedy arm 1/arms of the time
     assert off_greedy == pytest.approx(epsilon * (arms - 1) / arms, abs=0.03)
     assert all(late[-2000:].count(arm) > 0 for arm in range(arms))
+
+
+def _steady(bandit: BucketedBandit, means: list[float], rounds: int) -> list[int]:
+    """Rounds of fixed throughput: arm a makes means[a] tokens a second, exactly."""
+    chosen = []
+    for _ in range(rounds):
+        arm = bandit.choose(0)
+        bandit.update(0, arm, means[arm] * 0.01, 0.01)
+        chosen.append(arm)
+    return chosen
+
+
+def test_weighted_exploration_tries_arms_by_their_shortfall_behind_the_best():
+    means = [100.0, 95.0, 60.0, 30.0]
+    bandit = BucketedBandit(num_arms=4, num_buckets=1, epsilon=1.0, window=16, rng=random.Random(0))
+    chosen = _steady(bandit, means, 20000)[4:]
+    # gaps 0, 0.05, 0.4, 0.7: weights 1, e^-0.5, and the floor twice
+    weights = [1.0, math.exp(-0.5), FLOOR, FLOOR]
+    assert bandit.exploration_weights(0) == pytest.approx(weights)
+    for arm, weight in enumerate(weights):
+        assert chosen.count(arm) / len(chosen) == pytest.approx(weight / sum(weights), abs=0.01)
+
+
+def test_weighted_exploration_spends_fewer_rounds_behind_than_uniform():
+    """Eight arms, two near the best, five far behind (as a bucket of countdown-deep-v3): the share of
+    rounds on arms 30% or more behind, per exploration rule; both still try every arm."""
+    means = [586.0, 582.0, 342.0, 541.0, 554.0, 323.0, 325.0, 332.0]
+    far = [arm for arm, m in enumerate(means) if m < 0.7 * max(means)]
+    share = {}
+    for rule in ("uniform", "weighted"):
+        bandit = BucketedBandit(num_arms=8, num_buckets=1, epsilon=0.1, window=64, rng=random.Random(0),
+                                exploration=rule)
+        late = _run(bandit, 0, means, 12000, random.Random(1))[2000:]
+        share[rule] = sum(late.count(arm) for arm in far) / len(late)
+        assert all(late.count(arm) > 0 for arm in range(8))
+    assert share["uniform"] == pytest.approx(0.1 * len(far) / 8, abs=0.01)
+    assert share["weighted"] < share["uniform"] / 4
+
+
+def test_weighted_exploration_still_finds_an_arm_that_got_better():
+    """An arm far behind keeps a second look (the floor): when the drafter behind it improves, it wins."""
+    bandit = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=8, rng=random.Random(0))
+    _steady(bandit, [200.0, 100.0], 200)
+    assert bandit.best(0) == 0
+    chosen = _steady(bandit, [200.0, 400.0], 4000)
+    assert bandit.best(0) == 1
+    assert chosen[-200:].count(1) >= 180
 
 
 def test_window_forgets_a_drafter_whose_quality_changed():
@@ -167,3 +216,22 @@ def test_bad_updates_name_the_argument(bucket, arm, tokens, seconds, field):
     bandit = BucketedBandit(num_arms=2, num_buckets=2, epsilon=0.1, window=4, rng=random.Random(0))
     with pytest.raises(ValueError, match=field):
         bandit.update(bucket, arm, tokens, seconds)
+
+
+def test_a_state_saved_before_the_exploration_rule_keeps_the_specs():
+    bandit = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=4, rng=random.Random(0), exploration="uniform")
+    state = bandit.state_dict()
+    del state["exploration"]
+    restored = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=4, rng=random.Random(0))
+    restored.load_state_dict(state)
+    assert restored.exploration == "weighted"
+    restored.load_state_dict(bandit.state_dict())
+    assert restored.exploration == "uniform"
+
+
+def test_an_unknown_exploration_rule_is_refused_by_name():
+    with pytest.raises(ValueError, match="exploration must be one of"):
+        BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=4, rng=random.Random(0), exploration="greedy")
+    with pytest.raises(ValueError, match="exploration"):
+        SpeculativeSpec(exploration="greedy")
+    assert BucketedBandit.from_spec(SpeculativeSpec(exploration="uniform"), random.Random(0)).exploration == "uniform"

@@ -13,7 +13,17 @@ chunks) it stays exact. A single slow round (a GC pause) counts as the seconds i
 by the window (64 rounds by default). forgets, since the online drafter keeps changing which arm is best.
 
 Unlike the public TLT default, the bandit explores with probability epsilon forever: with a
-drafter that improves every RL step, an arm judged bad early must get a second look.
+drafter that improves every RL step, an arm judged bad early must get a second look. Which arm an
+exploring round tries (`exploration`):
+- "uniform": any arm, equally likely (the paper's BEG-MAB). With many arms most of these rounds go to
+  arms the window already knows are far behind: in countdown-deep-v3 run 15 (8 arms, epsilon 0.1),
+  valued at each arm's measured tokens/s, the rounds on arms slower than the bucket's best cost ~7% of
+  TLT's SD-bucket decode time (plus the EAGLE drafter's catch-up after each non-EAGLE round).
+- "weighted" (default): arm a with weight max(FLOOR, exp(-gap_a / SCALE)), gap_a = 1 - estimate_a /
+  best estimate (0 for the best arm). The window's throughput estimate carries ~5% of noise at 64
+  rounds of bursty drafts, so arms within a few SCALEs of the best are the plausible winners and are
+  re-tried often; an arm 40% behind is still re-tried, FLOOR times as often as the best, so a drafter
+  that improves gets its second look.
 
 Plain-Python bookkeeping, no torch; the RNG is passed in so runs are reproducible.
 """
@@ -24,9 +34,14 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tlt.config import SpeculativeSpec
+
+Exploration = Literal["weighted", "uniform"]
+EXPLORATIONS: tuple[str, ...] = ("weighted", "uniform")
+SCALE = 0.1  # weighted exploration: an arm 10% behind the best is tried e^-1 as often as the best
+FLOOR = 0.05  # ... and none less than 1/20 as often
 
 
 @dataclass(frozen=True)
@@ -42,10 +57,12 @@ class ArmStats:
 
 
 class BucketedBandit:
-    """Epsilon-greedy over `num_arms` arms, with an independent table per bucket."""
+    """Epsilon-greedy over `num_arms` arms, with an independent table per bucket; `exploration` picks
+    the arm of an exploring round ("weighted" by its shortfall behind the best, or "uniform")."""
 
     def __init__(
-        self, num_arms: int, num_buckets: int, epsilon: float, window: int, rng: random.Random
+        self, num_arms: int, num_buckets: int, epsilon: float, window: int, rng: random.Random,
+        exploration: Exploration = "weighted",
     ) -> None:
         if num_arms < 1:
             raise ValueError(f"num_arms must be >= 1, got {num_arms}")
@@ -55,6 +72,9 @@ class BucketedBandit:
             raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if exploration not in EXPLORATIONS:
+            raise ValueError(f"exploration must be one of {list(EXPLORATIONS)}, got {exploration!r}")
+        self.exploration = exploration
         self.num_arms = num_arms
         self.num_buckets = num_buckets
         self.epsilon = epsilon
@@ -64,29 +84,46 @@ class BucketedBandit:
             [deque(maxlen=window) for _ in range(num_arms)] for _ in range(num_buckets)
         ]
         self._pulls = [[0] * num_arms for _ in range(num_buckets)]
+        self._sums = [[(0.0, 0.0)] * num_arms for _ in range(num_buckets)]  # the window's (tokens, seconds):
+        # kept per update, so that choosing (every SD step) reads each arm's estimate in O(1)
 
     @classmethod
     def from_spec(cls, spec: SpeculativeSpec, rng: random.Random) -> BucketedBandit:
         """One arm per `speculative.arms` entry, one bucket per `speculative.buckets` bound."""
-        return cls(len(spec.arms), len(spec.buckets), spec.epsilon, spec.window, rng)
+        return cls(len(spec.arms), len(spec.buckets), spec.epsilon, spec.window, rng, spec.exploration)
 
     def choose(self, bucket: int) -> int:
         """Arm to run next in `bucket`: an untried arm (lowest index) first; then with probability
-        epsilon a uniformly random arm; otherwise the arm with the best estimate (lowest index on ties).
+        epsilon an exploring round (an arm drawn with `exploration_weights`); otherwise the arm with the
+        best estimate (lowest index on ties).
         """
         self._check_bucket(bucket)
         for arm, rounds in enumerate(self._rounds[bucket]):
             if not rounds:
                 return arm
         if self.rng.random() < self.epsilon:
-            return self.rng.randrange(self.num_arms)
+            if self.exploration == "uniform":
+                return self.rng.randrange(self.num_arms)
+            return self.rng.choices(range(self.num_arms), weights=self.exploration_weights(bucket))[0]
         return self.best(bucket)
+
+    def exploration_weights(self, bucket: int) -> list[float]:
+        """Relative chance of each arm in an exploring round of `bucket` (see the module docstring):
+        all 1.0 for "uniform"; for "weighted", max(FLOOR, exp(-gap / SCALE)) by the arm's shortfall
+        behind the best estimate (untried arms 1.0)."""
+        self._check_bucket(bucket)
+        if self.exploration == "uniform":
+            return [1.0] * self.num_arms
+        estimates = self._estimates(bucket)
+        best = max((e for e in estimates if e is not None), default=0.0)
+        if best <= 0.0:
+            return [1.0] * self.num_arms
+        return [1.0 if e is None else max(FLOOR, math.exp(-(1.0 - e / best) / SCALE)) for e in estimates]
 
     def best(self, bucket: int) -> int:
         """The greedy arm of `bucket` (untried arms count as worst; lowest index wins ties)."""
         self._check_bucket(bucket)
-        estimates = [self.estimate(bucket, arm) for arm in range(self.num_arms)]
-        scored = [(-math.inf if e is None else e, -arm) for arm, e in enumerate(estimates)]
+        scored = [(-math.inf if e is None else e, -arm) for arm, e in enumerate(self._estimates(bucket))]
         return -max(scored)[1]
 
     def update(self, bucket: int, arm: int, accepted_tokens: float, seconds: float) -> float:
@@ -97,8 +134,10 @@ class BucketedBandit:
             raise ValueError(f"accepted_tokens must be finite and >= 0, got {accepted_tokens}")
         if not (seconds > 0 and math.isfinite(seconds)):
             raise ValueError(f"seconds must be finite and > 0, got {seconds}")
-        self._rounds[bucket][arm].append((float(accepted_tokens), float(seconds)))
+        rounds = self._rounds[bucket][arm]
+        rounds.append((float(accepted_tokens), float(seconds)))
         self._pulls[bucket][arm] += 1
+        self._sums[bucket][arm] = _window_sums(rounds)  # exact (fsum), so that a restored state continues alike
         return accepted_tokens / seconds
 
     def estimate(self, bucket: int, arm: int) -> float | None:
@@ -106,10 +145,14 @@ class BucketedBandit:
         it was never tried there."""
         self._check_bucket(bucket)
         self._check_arm(arm)
-        rounds = self._rounds[bucket][arm]
-        if not rounds:
+        if not self._rounds[bucket][arm]:
             return None
-        return sum(t for t, _ in rounds) / sum(s for _, s in rounds)
+        tokens, seconds = self._sums[bucket][arm]
+        return tokens / seconds
+
+    def _estimates(self, bucket: int) -> list[float | None]:
+        """Every arm's `estimate` in `bucket` (checked bucket)."""
+        return [t / s if rounds else None for rounds, (t, s) in zip(self._rounds[bucket], self._sums[bucket])]
 
     def stats(self, bucket: int) -> list[ArmStats]:
         """Per-arm pulls and estimates of `bucket`, for metrics and logs."""
@@ -123,6 +166,7 @@ class BucketedBandit:
             "num_arms": self.num_arms,
             "num_buckets": self.num_buckets,
             "epsilon": self.epsilon,
+            "exploration": self.exploration,
             "window": self.window,
             "rounds": [[[list(x) for x in r] for r in bucket] for bucket in self._rounds],
             "pulls": [list(p) for p in self._pulls],
@@ -141,6 +185,10 @@ class BucketedBandit:
                 f"{(self.num_arms, self.num_buckets)}: the arms or buckets of the run changed"
             )
         self.epsilon = float(state["epsilon"])
+        if state.get("exploration", self.exploration) not in EXPLORATIONS:
+            raise ValueError(f"bandit state: exploration must be one of {list(EXPLORATIONS)}, "
+                             f"got {state['exploration']!r}")
+        self.exploration = state.get("exploration", self.exploration)  # a state saved before it: the spec's
         self.window = int(state["window"])
         if "rounds" in state:
             rounds = [[[(float(t), float(s)) for t, s in r] for r in bucket] for bucket in state["rounds"]]
@@ -148,6 +196,7 @@ class BucketedBandit:
             rounds = [[[(float(x), 1.0) for x in r] for r in bucket] for bucket in state["rewards"]]
         self._rounds = [[deque(r, maxlen=self.window) for r in bucket] for bucket in rounds]
         self._pulls = [[int(p) for p in bucket] for bucket in state["pulls"]]
+        self._sums = [[_window_sums(r) for r in bucket] for bucket in self._rounds]
         version, internal, gauss = state["rng_state"]
         self.rng.setstate((version, tuple(internal), gauss))
 
@@ -158,3 +207,8 @@ class BucketedBandit:
     def _check_arm(self, arm: int) -> None:
         if not 0 <= arm < self.num_arms:
             raise ValueError(f"arm must be in [0, {self.num_arms}), got {arm}")
+
+
+def _window_sums(rounds: deque[tuple[float, float]]) -> tuple[float, float]:
+    """(tokens, seconds) summed over a window's rounds."""
+    return math.fsum(t for t, _ in rounds), math.fsum(s for _, s in rounds)

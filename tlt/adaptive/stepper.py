@@ -166,8 +166,9 @@ def _generated(batch: RunningBatch) -> int:
 
 
 def new_bandit(spec: SpeculativeSpec, num_arms: int, seed: int) -> BucketedBandit:
-    """A bandit for `num_arms` arms over `spec.buckets`, with the spec's epsilon and window."""
-    return BucketedBandit(max(num_arms, 1), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed))
+    """A bandit for `num_arms` arms over `spec.buckets`, with the spec's epsilon, window and exploration."""
+    return BucketedBandit(max(num_arms, 1), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed),
+                          spec.exploration)
 
 
 def build_adaptive_stepper(
