@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tlt.rollout.batch import RunningBatch
+from tlt.rollout.batch import RunningBatch, _scatter
 from tlt.rollout.kv_cache import KVCache
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.types import Request, SamplingParams
@@ -54,3 +54,31 @@ def test_a_greedy_batch_has_no_uniforms():
     batch = _batch([0.0, 0.0])
     with pytest.raises(ValueError, match="greedy"):
         batch.uniform_window(1)
+
+
+def _reference(buf: torch.Tensor, rows: list[int], start: list[int], values: torch.Tensor, counts: list[int],
+               scratch: bool) -> torch.Tensor:
+    """A loop: row b's first counts[b] values (all K where every column fits: scratch past the count)."""
+    out = buf.clone()
+    for b, row in enumerate(rows):
+        for j in range(values.shape[1]):
+            if (j < counts[b] or scratch) and start[b] + j < buf.shape[1]:
+                out[row, start[b] + j] = values[b, j]
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("tail", [False, True], ids=["inside", "past-the-end"])
+@pytest.mark.parametrize("width", [0, 5], ids=["logprobs", "hidden"])
+def test_scatter_writes_what_a_loop_writes(k, tail, width):
+    gen = torch.Generator().manual_seed(k * 10 + tail)
+    shape = (6, 12) + ((width,) if width else ())
+    buf = torch.randn(*shape, generator=gen)
+    rows, start = [4, 1, 3], [0, 7, 12 - k + (1 if tail else 0)]
+    counts = [k, max(k - 1, 1), 1]
+    values = torch.randn(3, k, *shape[2:], generator=gen, dtype=torch.float64)  # cast to the buffer's dtype
+    out = buf.clone()
+    _scatter(out, torch.tensor(rows), start, values, counts)
+    fits = max(start) + k <= buf.shape[1]
+    assert fits == (not tail)
+    assert torch.equal(out, _reference(buf, rows, start, values.to(buf.dtype), counts, scratch=fits))

@@ -187,10 +187,14 @@ def _scatter(
     anything reads them (completions and the drafter read committed entries only).
     """
     b, k = values.shape[:2]
-    cols = torch.tensor(start, device=buf.device)[:, None] + torch.arange(k, device=buf.device)[None, :]  # [B, K]
-    if max(start) + k <= buf.shape[1]:
-        buf[rows[:, None].expand(b, k), cols] = values.to(buf.dtype)
+    first = torch.tensor(start, device=buf.device)  # [B]
+    if max(start) + k <= buf.shape[1]:  # the common case, a few microseconds a step: index with broadcasting
+        if k == 1:
+            buf[rows, first] = values[:, 0].to(buf.dtype)
+        else:
+            buf[rows[:, None], first[:, None] + torch.arange(k, device=buf.device)[None, :]] = values.to(buf.dtype)
         return
+    cols = first[:, None] + torch.arange(k, device=buf.device)[None, :]  # [B, K]
     keep = (torch.arange(k, device=buf.device)[None, :] < torch.tensor(counts, device=buf.device)[:, None]) & (
         cols < buf.shape[1]
     )
