@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tlt.drafter.buffer import OnlineBuffer, pack, sample_from_completion
+from tlt.drafter.objective import drafter_loss
+from tlt.drafter.trainer import packed_loss
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
@@ -38,14 +41,19 @@ def test_sample_from_engine_completion_pairs_token_t_plus_1_with_state_t():
     assert logits.argmax(-1).tolist() == completion.token_ids[: len(sample.tokens) - 3]
 
 
-def test_packed_row_predicts_exactly_what_each_sequence_predicts_alone():
-    torch.manual_seed(0)
+def _drafter_and_samples(seed: int, shapes: list[tuple[int, int]]):
+    """A float64 drafter bound to a tiny grouped-query policy, and one buffer sample per (prompt, response)."""
+    torch.manual_seed(seed)
     model = tiny_model(vocab_size=32, hidden_size=H, num_layers=1, num_heads=2, num_kv_heads=1,
                        intermediate_size=32, dtype=torch.float64)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).double()
     drafter.bind_policy(model)
-    samples = [sample_from_completion(fake_completion(p, r, f"s{i}"), 1) for i, (p, r) in enumerate([(3, 5), (2, 9), (4, 2)])]
-    samples = [type(s)(s.tokens % 32, s.hidden.double(), s.prompt_len, s.step) for s in samples]
+    samples = [sample_from_completion(fake_completion(p, r, f"s{i}"), 1) for i, (p, r) in enumerate(shapes)]
+    return drafter, [type(s)(s.tokens % 32, s.hidden.double(), s.prompt_len, s.step) for s in samples]
+
+
+def test_packed_row_predicts_exactly_what_each_sequence_predicts_alone():
+    drafter, samples = _drafter_and_samples(0, [(3, 5), (2, 9), (4, 2)])
     rows = pack(samples, row_tokens=64)
     assert len(rows) == 1
     b = rows[0].batch
@@ -90,3 +98,45 @@ def test_batches_cover_the_buffer_in_a_seeded_order():
     first, again = buffer.batches(0), buffer.batches(0)
     assert [r.batch.input_ids.tolist() for r in first] == [r.batch.input_ids.tolist() for r in again]
     assert sum(r.num_trained for r in first) == buffer.num_trainable
+
+
+def _packed_setup():
+    drafter, samples = _drafter_and_samples(1, [(3, 5), (1, 2), (2, 9), (4, 2)])
+    rows = pack(samples, row_tokens=64)
+    assert len(rows) == 1 and rows[0].segments == (6, 1, 9, 4)  # one sequence of a single position
+    return drafter, rows[0]
+
+
+def test_segment_attention_equals_the_block_diagonal_mask_in_value_and_gradient():
+    """The trainer attends per packed sequence (`segments`), not through a [T, T] mask: same predictions,
+    same loss, same gradients (float64), grouped-query heads and a one-position sequence included."""
+    drafter, row = _packed_setup()
+    b = row.batch
+    with torch.no_grad():
+        target_logits = drafter.logits(b.target)
+    out = {}
+    for how, kwargs in (("segments", {"segments": row.segments}), ("mask", {"attention_mask": row.attn_mask})):
+        drafter.zero_grad(set_to_none=True)
+        pred = drafter(b.input_ids, b.features, b.position_ids, **kwargs)
+        loss = drafter_loss(pred, drafter.logits(pred), b.target, target_logits, b.mask).total
+        loss.backward()
+        out[how] = (pred.detach(), float(loss), {n: p.grad.clone() for n, p in drafter.named_parameters()})
+    torch.testing.assert_close(out["segments"][0], out["mask"][0], rtol=0, atol=1e-12)
+    assert out["segments"][1] == pytest.approx(out["mask"][1], rel=1e-12)
+    for name, grad in out["mask"][2].items():
+        torch.testing.assert_close(out["segments"][2][name], grad, rtol=1e-10, atol=1e-12)
+    drafter.zero_grad(set_to_none=True)
+    assert float(packed_loss(drafter, row)) == pytest.approx(out["mask"][1], rel=1e-12)  # the trainer's path
+
+
+@pytest.mark.parametrize(("segments", "mask", "match"), [
+    ((6, 1, 9), False, "sum to the row.s 20"),
+    ((6, 1, 9, 4), True, "not both"),
+    ((6, 0, 1, 9, 4), False, "positive"),
+])
+def test_bad_segments_are_refused(segments, mask, match):
+    drafter, row = _packed_setup()
+    b = row.batch
+    with pytest.raises(ValueError, match=match):
+        drafter(b.input_ids, b.features, b.position_ids, segments=segments,
+                attention_mask=row.attn_mask if mask else None)

@@ -17,6 +17,7 @@ spent on padding. A sequence longer than a row is cut into row-sized pieces (abs
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 from dataclasses import dataclass
@@ -48,13 +49,21 @@ class Sample:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """One packed row: a DrafterBatch of B=1 rows and T positions, plus its attention mask.
+    """One packed row: a DrafterBatch of B=1 rows and T positions, and where its sequences lie.
 
-    attn_mask: [1, 1, T, T] bool, True where query t may attend to key s (same sequence, s <= t).
+    segments: the packed pieces' position counts in row order (sum T); the drafter attends per segment
+    (`EagleDrafter(..., segments=)`). attn_mask: the same as a [1, 1, T, T] bool mask, True where query t
+    may attend to key s (same sequence, s <= t), built on first use.
     """
 
     batch: DrafterBatch
-    attn_mask: torch.Tensor
+    segments: tuple[int, ...]
+
+    @functools.cached_property
+    def attn_mask(self) -> torch.Tensor:
+        segment = torch.repeat_interleave(torch.arange(len(self.segments)), torch.tensor(self.segments))  # [T]
+        causal = torch.ones(segment.shape[0], segment.shape[0], dtype=torch.bool).tril()
+        return (causal & (segment[:, None] == segment[None, :]))[None, None]
 
     @property
     def num_positions(self) -> int:
@@ -129,11 +138,7 @@ def pack(samples: list[Sample], row_tokens: int) -> list[PackedBatch]:
 def _concat(pieces: list[DrafterBatch]) -> PackedBatch:
     sizes = [p.input_ids.shape[1] for p in pieces]
     batch = DrafterBatch(*(torch.cat([getattr(p, f) for p in pieces], dim=1) for f in DrafterBatch._fields))
-    total = sum(sizes)
-    segment = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # [T]
-    causal = torch.ones(total, total, dtype=torch.bool).tril()
-    attn = causal & (segment[:, None] == segment[None, :])
-    return PackedBatch(batch=batch, attn_mask=attn[None, None])
+    return PackedBatch(batch=batch, segments=tuple(sizes))
 
 
 class OnlineBuffer:

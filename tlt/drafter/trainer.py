@@ -70,7 +70,7 @@ def lower_thread_priority(nice: int = TRAINER_NICE) -> int | None:
 def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
     """The EAGLE loss (a scalar with its graph) on one packed row."""
     b = packed.batch
-    pred = drafter(b.input_ids, b.features, b.position_ids, attention_mask=packed.attn_mask)  # [1, T, H]
+    pred = drafter(b.input_ids, b.features, b.position_ids, segments=packed.segments)  # [1, T, H]
     with torch.no_grad():
         target_logits = drafter.logits(b.target)  # [1, T, V]
     return drafter_loss(pred, drafter.logits(pred), b.target, target_logits, b.mask).total
@@ -102,7 +102,7 @@ def packed_agreement(drafter: EagleDrafter, packs: list[PackedBatch]) -> tuple[i
     agree = total = 0
     for packed in packs:
         b = packed.batch
-        pred = drafter(b.input_ids, b.features, b.position_ids, attention_mask=packed.attn_mask)
+        pred = drafter(b.input_ids, b.features, b.position_ids, segments=packed.segments)
         same = drafter.logits(pred).argmax(-1) == drafter.logits(b.target).argmax(-1)  # [1, T]
         agree += int((same & b.mask).sum())
         total += int(b.mask.sum())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -33,6 +34,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from tlt.models.segment_attention import SEGMENT_ATTENTION
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ def drafter_config_from_target(target_config: PretrainedConfig) -> LlamaConfig:
         tie_word_embeddings=False,
         architectures=["LlamaForCausalLM"],
     )
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = SEGMENT_ATTENTION  # SDPA, and per segment for packed rows
     return config
 
 
@@ -131,18 +134,28 @@ class EagleDrafter(nn.Module):
         features: torch.Tensor,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        segments: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Predict the next target features.
 
         input_ids [B, T] are x[t+1], features [B, T, H] are f[t], position_ids [B, T] are t.
         attention_mask: optional boolean [B or 1, 1, T, T] (True = attend), e.g. block-diagonal for
-        packed sequences; causal over the whole row when omitted. Returns f[t+1] predictions [B, T, H].
+        packed sequences; causal over the whole row when omitted. segments: instead of a mask, the lengths
+        of one packed row's sequences (B = 1, sum T): attention runs causally per sequence, the same result
+        as the block-diagonal mask at a fraction of its cost (`tlt.models.segment_attention`).
+        Returns f[t+1] predictions [B, T, H].
         """
         embed, _ = self._require_bound()
         dtype = self.fc.weight.dtype
         tokens = F.embedding(input_ids, embed.weight.detach()).to(dtype)  # [B, T, H]
         fused = self.fc(torch.cat([tokens, features.to(dtype)], dim=-1))  # [B, T, H]
         position_embeddings = self._rotary[0](fused, position_ids)  # cos, sin: [B, T, head_dim]
+        if segments is not None:
+            if self.config._attn_implementation != SEGMENT_ATTENTION:
+                raise ValueError(f"segments need the drafter config's attention {SEGMENT_ATTENTION!r}, it has "
+                                 f"{self.config._attn_implementation!r}")
+            return self.layers[0](fused, attention_mask=attention_mask, position_ids=position_ids,
+                                  position_embeddings=position_embeddings, segments=tuple(segments))
         mask = attention_mask if attention_mask is not None else causal_mask(input_ids.shape[1], input_ids.device)
         return self.layers[0](
             fused, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings
