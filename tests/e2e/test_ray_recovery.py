@@ -50,6 +50,13 @@ def recovered_run(tmp_path_factory):
         trainer = RayTrainer(run, out, warmstart=reduced_config(), num_cpus=2, on_event=kill_in_step_2,
                              stop_trainers_at="rollout")
         holder["trainer"] = trainer
+        prefetch, holder["prefetched_after"] = trainer.drafters.prefetch, []
+
+        def spy(hub):  # records each call, then pulls as before
+            holder["prefetched_after"].append(trainer.step)
+            prefetch(hub)
+
+        trainer.drafters.prefetch = spy
         history = trainer.train()
     finally:
         ray.shutdown()
@@ -89,6 +96,15 @@ def test_cluster_mode_trainers_harvest_the_update_together_and_stop_before_the_n
         if overlapping and len({p["trainer"] for p in m["hub_pushes"]}) == 2:
             together += 1
     assert together >= 1, "never had two trainers updating the one drafter at once"
+
+
+def test_no_drafter_is_pulled_early_while_trainers_still_push(recovered_run):
+    """Pulling the hub's drafter when a step ends saves the next step that pull, but here trainers run
+    through the update and push until the next rollout starts: a pull then would serve a stale drafter.
+    The coordinator pulls at dispatch instead (every step's drafter is checked in test_ray_runtime)."""
+    trainer, history, _, holder = recovered_run
+    assert any(m["trainer_acks"] for m in history[1:]), "no trainer ran on into a later step"
+    assert holder["prefetched_after"] == []
 
 
 def test_the_bandits_resume_from_the_checkpoint(recovered_run):
