@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 
 from tlt.config_base import PathStr, Spec
 
+Exploration = Literal["weighted", "uniform"]  # which arm an exploring bandit round tries (tlt.adaptive.bandit)
+
 
 class ArmSpec(Spec):
     """One speculative-decoding strategy the bandit may choose."""
@@ -70,7 +72,7 @@ class SpeculativeSpec(Spec):
         description="Upper bounds of running-batch buckets, ascending; one bandit per bucket.",
     )
     epsilon: float = Field(0.1, ge=0, le=1, description="Bandit exploration probability.")
-    exploration: Literal["weighted", "uniform"] = Field(
+    exploration: Exploration = Field(
         "weighted", description="Which arm an exploring round tries: weighted: arms close to the bucket's best "
         "more often, every arm at least 1/20 as often as the best; uniform: any arm equally (the paper's BEG-MAB)."
     )

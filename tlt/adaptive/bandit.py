@@ -34,12 +34,12 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, get_args
 
 from tlt.config import SpeculativeSpec
+from tlt.config_speculative import Exploration
 
-Exploration = Literal["weighted", "uniform"]
-EXPLORATIONS: tuple[str, ...] = ("weighted", "uniform")
+EXPLORATIONS: tuple[str, ...] = get_args(Exploration)
 SCALE = 0.1  # weighted exploration: an arm 10% behind the best is tried e^-1 as often as the best
 FLOOR = 0.05  # ... and none less than 1/20 as often
 
@@ -145,10 +145,7 @@ class BucketedBandit:
         it was never tried there."""
         self._check_bucket(bucket)
         self._check_arm(arm)
-        if not self._rounds[bucket][arm]:
-            return None
-        tokens, seconds = self._sums[bucket][arm]
-        return tokens / seconds
+        return self._estimates(bucket)[arm]
 
     def _estimates(self, bucket: int) -> list[float | None]:
         """Every arm's `estimate` in `bucket` (checked bucket)."""
