@@ -15,7 +15,7 @@ from tlt.drafter.async_ckpt import AsyncCheckpointer
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.objective import drafter_loss, make_optimizer
-from tlt.drafter.trainer import TRAINER_NICE, SpotTrainer, local_step
+from tlt.drafter.trainer import TRAINER_NICE, SpotTrainer, local_step, lower_thread_priority
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.types import Completion
@@ -114,47 +114,93 @@ def test_a_failed_bookkeeping_is_reported_in_the_stop_acknowledgement():
     assert hub.version == 0
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-def test_the_trainer_thread_runs_at_the_lowest_priority_and_the_caller_keeps_its_own():
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+
+
+def thread_priority() -> tuple[int, int]:
+    """(scheduling policy, nice value) of the calling thread."""
+    tid = threading.get_native_id()
+    return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@LINUX_ONLY
+def test_the_trainer_thread_runs_in_the_idle_class_and_the_caller_keeps_its_own():
     model = policy()
     hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
 
     def push(*args):
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        seen.append(thread_priority())
         return hub.push_delta(*args)
 
     trainer = trainer_for("w0", model, hub, seed=0)
     trainer.push = push
-    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    caller = thread_priority()
     trainer.start(step=1)
     wait_for(lambda: len(seen) >= 2)
     ack = trainer.stop()
-    assert ack["nice"] == TRAINER_NICE == 19
-    assert set(seen) == {TRAINER_NICE}
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
+    assert ack["priority"] == "idle"
+    assert set(seen) == {(os.SCHED_IDLE, TRAINER_NICE)}
+    assert thread_priority() == caller != (os.SCHED_IDLE, TRAINER_NICE)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+@LINUX_ONLY
+def test_where_the_idle_class_is_refused_the_thread_still_gets_the_lowest_nice_value(monkeypatch):
+    def refuse(*_):
+        raise PermissionError("not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    got: list[tuple[str | None, tuple[int, int]]] = []
+    thread = threading.Thread(target=lambda: got.append((lower_thread_priority(), thread_priority())))
+    thread.start()
+    thread.join()
+    assert got == [(f"nice {TRAINER_NICE}", (os.SCHED_OTHER, TRAINER_NICE))]
+
+
+@LINUX_ONLY
 def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
     from tlt.runtime.ray_services import HubWorker
 
     model = policy()
     hub = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)
     grads = {n: torch.zeros_like(p) for n, p in hub.drafter.named_parameters()}
-    after: list[tuple[int, int]] = []
+    after: list[tuple[int, tuple[int, int]]] = []
 
-    def serve(push):  # a thread of the actor's pool
+    def serve(push):  # a thread of the actor's push group
         version, _ = push()
-        after.append((version, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        after.append((version, thread_priority()))
 
-    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    caller = thread_priority()
     for push in (lambda: hub.push("w0", grads, 0, 1, 0.0), lambda: hub.push_delta("w0", grads, 1, 3, 10, 0.0)):
         thread = threading.Thread(target=serve, args=(push,))
         thread.start()
         thread.join()
-    assert after == [(1, TRAINER_NICE), (4, TRAINER_NICE)]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
+    assert after == [(1, (os.SCHED_IDLE, TRAINER_NICE)), (4, (os.SCHED_IDLE, TRAINER_NICE))]
+    assert thread_priority() == caller
+
+
+def test_trainers_push_through_the_hubs_own_push_group(monkeypatch):
+    """The threads that served a push stay in the idle class: pushes go to `PUSH_GROUP`, whose threads serve
+    nothing else, so the coordinator's pulls and snapshots keep the default group's normal threads."""
+    from tlt.runtime.ray_services import PUSH_GROUP, hub_push
+
+    calls: list[tuple[str, tuple]] = []
+
+    class Method:
+        def options(self, **kwargs):
+            calls.append(("options", tuple(sorted(kwargs.items()))))
+            return self
+
+        def remote(self, *args):
+            calls.append(("remote", args))
+            return "ref"
+
+    class Handle:
+        push_delta = Method()
+
+    monkeypatch.setattr("tlt.runtime.ray_services.ray.get", lambda ref: (7, {}) if ref == "ref" else None)
+    assert hub_push(Handle())("w0", {}, 3, 2, 10, 0.5) == (7, {})
+    assert calls == [("options", (("concurrency_group", PUSH_GROUP),)), ("remote", ("w0", {}, 3, 2, 10, 0.5))]
 
 
 def test_two_active_trainers_update_one_drafter():

@@ -13,9 +13,14 @@ when it stops, it pushes the change of its parameters since its last sync to the
 The AdamW moments live as long as the trainer (the whole run): they carry from one RL step to the
 next and go into whole-run checkpoints with the buffer (`state_dict`).
 
-The thread runs at the lowest CPU priority (`TRAINER_NICE`): it harvests idle capacity, so where it
-shares host cores with a worker that still generates (CPU rollouts, or a GPU host's launch threads)
-the scheduler gives the generating process the core first. Linux applies a nice value per thread.
+The thread runs in the lowest CPU class there is (`lower_thread_priority`: Linux's SCHED_IDLE, else
+nice 19): it harvests idle capacity, so where it shares host cores with a worker that still generates
+(CPU rollouts, or a GPU host's launch threads) the generating process keeps its core. SCHED_IDLE, not
+only a nice value, because the kernel counts a core running only SCHED_IDLE threads as idle when it
+places a waking thread: Ray's, the coordinator's and the verifiers' many short wake-ups land on the
+trainer's core instead of preempting the decoding one (measured: a 1-thread decode loop next to a busy
+1-thread trainer and two processes waking every 3 ms, 9% slower with the trainer at nice 19, 0% with
+it at SCHED_IDLE; docs/measurements-history.md). Linux applies both per thread.
 """
 
 from __future__ import annotations
@@ -45,26 +50,35 @@ PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[in
 # Local optimizer steps between two syncs with the hub (one round trip each).
 SYNC_EVERY = 16
 
-# The trainer thread's nice value: the lowest priority, below every rollout and serving thread.
+# The trainer thread's nice value where SCHED_IDLE is refused: the lowest, below every rollout and serving thread.
 TRAINER_NICE = 19
 
 
-def lower_thread_priority(nice: int = TRAINER_NICE) -> int | None:
-    """Raise the calling thread's nice value to `nice` (never lowers it: that needs privileges).
+def lower_thread_priority(nice: int = TRAINER_NICE) -> str | None:
+    """Move the calling thread to the lowest CPU priority: nice `nice` (never lowered: that needs privileges),
+    then the SCHED_IDLE class (Linux; one-way for an unprivileged thread, so only for threads that do
+    nothing else afterwards, or whose every later job is background work too).
 
-    Returns the thread's nice value afterwards, or None where the OS has no per-thread priority
-    (not Linux) or refuses; the trainer then runs at its inherited priority.
+    Returns what the thread runs at afterwards: "idle" (SCHED_IDLE), "nice <n>" where only the nice
+    value could be set, or None where the OS has no per-thread priority (not Linux) or refuses both.
     """
     if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
         return None
     tid = threading.get_native_id()
     try:
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        if current < nice:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
-        return os.getpriority(os.PRIO_PROCESS, tid)
+        lowered = f"nice {os.getpriority(os.PRIO_PROCESS, tid)}"
     except OSError:
-        return None
+        lowered = None
+    if hasattr(os, "SCHED_IDLE"):
+        try:
+            if os.sched_getscheduler(tid) != os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            return "idle"
+        except OSError:
+            pass
+    return lowered
 
 
 def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
@@ -122,7 +136,7 @@ class TrainerRun:
     losses: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     error: str | None = None
-    nice: int | None = None  # the thread's nice value while it trained; None: priority not lowered
+    priority: str | None = None  # what the thread trained at (`lower_thread_priority`); None: not lowered
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -131,7 +145,7 @@ class TrainerRun:
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
             "version_last": self.versions[-1] if self.versions else None, "error": self.error,
-            "nice": self.nice,
+            "priority": self.priority,
         }
 
 
@@ -245,7 +259,7 @@ class SpotTrainer:
             return
         run.started_at = time.time()
         self._training = True
-        run.nice = lower_thread_priority()
+        run.priority = lower_thread_priority()
         self.drafter.train()
         steps = tokens = 0  # since the last sync
         loss_sum = 0.0

@@ -29,7 +29,7 @@ import ray
 from tlt.config import RunSpec
 from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
-from tlt.runtime.ray_services import HubWorker, VerifierWorker
+from tlt.runtime.ray_services import VerifierWorker, hub_actor
 from tlt.runtime.ray_workers import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def create_actors(
     ]
     hub = None
     if spec.speculative.mode in ("static", "tlt"):
-        hub = ray.remote(HubWorker).options(num_cpus=plan.hub_cpus, max_concurrency=4).remote(
+        hub = hub_actor(plan.hub_cpus).remote(
             target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir)
     rows = math.ceil(spec.algorithm.prompts_per_step / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
     rollout_cls = ray.remote(rollout_worker_class(spec))

@@ -1,13 +1,16 @@
 """The run's shared services, as plain classes that `tlt.runtime.ray_cluster` turns into Ray actors.
 
 - `VerifierWorker`: scores one response against its reference (CPU).
-- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`), the parameters every spot trainer syncs with.
+- `HubWorker`: the drafter hub (`tlt.drafter.hub.DrafterHub`), the parameters every spot trainer syncs with;
+  `hub_push` is the trainers' side of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import ray
 import torch
 
 from tlt.drafter.hub import DrafterHub
@@ -36,12 +39,20 @@ class VerifierWorker:
         return call_reward(self.reward, prompt, response, record or {}, sample)
 
 
+# The hub actor's concurrency group for trainers' pushes, and its threads (one per trainer that may push at once
+# is enough: a push is short, and a trainer waits for its own).
+PUSH_GROUP = "push"
+PUSH_THREADS = 2
+
+
 class HubWorker(DrafterHub):
     """The drafter hub as an actor: built from the policy's config (a picklable PretrainedConfig).
 
-    Its pushes serve idle-time training only, so they run at the spot trainers' lowest priority: in the
-    long tail they would otherwise take CPU from the rollout still decoding (the actor's thread that
-    served a push stays at that priority)."""
+    Its pushes serve idle-time training only, so they run at the spot trainers' lowest priority
+    (`lower_thread_priority`): in the long tail they would otherwise take CPU from the rollout still
+    decoding. A thread that served a push stays at that priority (SCHED_IDLE is one-way for an
+    unprivileged thread), so pushes are sent to their own concurrency group (`PUSH_GROUP`, see
+    `hub_actor`) and the pulls, snapshots and state the coordinator asks for keep normal threads."""
 
     def __init__(self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None,
                  threads: int = 1) -> None:
@@ -61,3 +72,23 @@ class HubWorker(DrafterHub):
 
     def ping(self) -> bool:
         return True
+
+
+def hub_actor(num_cpus: float) -> Any:
+    """The hub's Ray actor class with its options: the default group's threads for the coordinator's calls,
+    `PUSH_GROUP`'s for the trainers' pushes (sent there with `.options(concurrency_group=PUSH_GROUP)`)."""
+    return ray.remote(concurrency_groups={PUSH_GROUP: PUSH_THREADS})(HubWorker).options(
+        num_cpus=num_cpus, max_concurrency=4)
+
+
+def hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
+    method = hub.push_delta.options(concurrency_group=PUSH_GROUP)  # the hub's low-priority threads
+
+    def push(trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int, loss: float):
+        return ray.get(method.remote(trainer, delta, based_on, steps, tokens, loss))
+
+    return push
+
+
+def no_hub(trainer: str, *_: Any) -> tuple[int, dict[str, torch.Tensor]]:
+    raise RuntimeError(f"trainer {trainer}: no drafter hub (speculative.mode static or tlt needs one)")

@@ -48,6 +48,7 @@ from tlt.rollout.stepper import Stepper
 from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
 from tlt.runtime.after_rollout import AfterRollout
+from tlt.runtime.ray_services import hub_push, no_hub
 from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
 
@@ -133,7 +134,7 @@ class RolloutWorker:
         if self.uses_drafter and self.spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens,
                                        seed=self.spec.algorithm.seed)
-            push = hub_push(hub) if hub is not None else _no_hub
+            push = hub_push(hub) if hub is not None else no_hub
             self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push,
                                        learning_rate=self.spec.drafter.learning_rate)
 
@@ -387,14 +388,3 @@ def _report_to_pod(state: str, since: float) -> None:
         k8s_slots.report_state(state, datetime.datetime.fromtimestamp(since, datetime.UTC))
     except k8s_slots.SlotApiError as exc:
         log.warning("could not report worker state %s to the pod: %s", state, exc)
-
-
-def hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
-    def push(trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int, loss: float):
-        return ray.get(hub.push_delta.remote(trainer, delta, based_on, steps, tokens, loss))
-
-    return push
-
-
-def _no_hub(trainer: str, *_: Any) -> tuple[int, dict[str, torch.Tensor]]:
-    raise RuntimeError(f"trainer {trainer}: no drafter hub (speculative.mode static or tlt needs one)")
