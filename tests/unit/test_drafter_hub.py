@@ -299,3 +299,18 @@ def test_async_snapshot_returns_before_writing_and_loads_as_a_drafter(tmp_path):
     assert ckpt.wait(timeout=30)
     assert ckpt.latest().is_dir() and load_drafter(ckpt.latest(), model) is not None
     ckpt.close()
+
+
+@LINUX_ONLY
+def test_the_snapshot_writer_runs_in_the_idle_class(tmp_path, monkeypatch):
+    config = drafter_config_from_target(policy().config)
+    seen: list[tuple[int, int]] = []
+    write = AsyncCheckpointer._write
+    monkeypatch.setattr(AsyncCheckpointer, "_write", lambda self, *a: (seen.append(thread_priority()), write(self, *a)))
+    caller = thread_priority()
+    ckpt = AsyncCheckpointer(tmp_path / "drafter", config)
+    ckpt.submit(1, EagleDrafter(config).state_dict())
+    assert ckpt.wait(timeout=30)
+    ckpt.close()
+    assert seen == [(os.SCHED_IDLE, TRAINER_NICE)]
+    assert thread_priority() == caller

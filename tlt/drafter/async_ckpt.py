@@ -6,7 +6,7 @@ writer thread saves them in the `save_drafter` layout (`model.safetensors` + `co
 number, so a second snapshot of one step never replaces a folder in use), written to a temporary
 folder and renamed, then points `<root>/LATEST` at it; older folders are pruned only after that.
 If snapshots arrive faster than they are written, only the newest waiting one is kept (a snapshot
-is superseded, never queued up).
+is superseded, never queued up). The writer runs at the spot trainers' lowest CPU priority.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig
 
+from tlt.drafter.trainer import lower_thread_priority
 from tlt.models.drafter import CONFIG_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class AsyncCheckpointer:
         return self.root / pointer.read_text().strip() if pointer.exists() else None
 
     def _loop(self) -> None:
+        lower_thread_priority()  # background work: the rollouts keep their cores (see tlt.drafter.trainer)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
