@@ -99,6 +99,24 @@ def test_trainers_start_only_after_their_worker_finished_generating(finished_run
     assert trained > 0
 
 
+def test_the_last_worker_to_finish_starts_no_trainer_beside_a_running_one(finished_run):
+    """Trainers stop when the update starts (one machine): the shard that finishes last would train for
+    no time, its start and stop on the critical path; it starts none while another worker's trainer runs."""
+    _, _, history, _ = finished_run
+    checked = 0
+    for m in history:
+        finished = {}
+        for worker, states in m["worker_states"].items():
+            names = [s for s, _ in states]
+            after = names.index("GENERATING") + 1
+            finished[worker] = (states[after + names[after:].index("IDLE")][1], "TRAINING" in names)
+        last = max(finished, key=lambda w: finished[w][0])
+        if any(trained for w, (_, trained) in finished.items() if w != last):
+            checked += 1
+            assert not finished[last][1], f"step {m['step']}: {last} finished last and still started a trainer"
+    assert checked > 0, "no step had a trainer on the first worker to finish"
+
+
 def test_every_trainer_acknowledges_stop_before_the_policy_update(finished_run):
     _, _, history, _ = finished_run
     acks = [(m, a) for m in history for a in m["trainer_acks"]]

@@ -276,7 +276,9 @@ class RayTrainer:
 
         A trainer start is not waited for while other shards are still out (the next result is collected at
         once); every start has completed (its errors raised) before this returns, so no later stop can
-        overtake it on the worker's concurrent actor."""
+        overtake it on the worker's concurrent actor. Where trainers stop when the update starts, the last
+        shard's worker starts none while another trainer of this step runs: it would be stopped at once,
+        its start and stop round trips on the step's critical path for no training (`_starts_trainer`)."""
         order = list(futures)
         done: dict[Any, dict[str, Any]] = {}
         trainers: dict[Any, float] = {}
@@ -289,7 +291,7 @@ class RayTrainer:
                 result = ray.get(ref)
                 done[ref] = result
                 worker = futures[ref]
-                if train and len(trainers) < self.spec.drafter.max_trainers and self.slots.enabled(result["worker"]):
+                if train and self._starts_trainer(result["worker"], trainers, last=not pending):
                     requested = time.time()
                     starts.append(worker.start_training.remote(step))  # settles first: see below
                     trainers[worker] = requested
@@ -302,6 +304,13 @@ class RayTrainer:
             self._emit_workers()
         ray.get(starts)
         return [done[ref] for ref in order], trainers
+
+    def _starts_trainer(self, worker: str, trainers: dict[Any, float], last: bool) -> bool:
+        """Whether `worker`, whose shard just finished, starts a trainer (`trainers`: those started this step;
+        `last`: no shard is still out, so nothing is idle until the update)."""
+        if len(trainers) >= self.spec.drafter.max_trainers or not self.slots.enabled(worker):
+            return False
+        return not (last and trainers and self.stop_trainers_at == "update")
 
     def _emit_workers(self) -> None:
         if self.on_event is not None and self.actors is not None:
