@@ -15,7 +15,8 @@ from tlt.drafter.async_ckpt import AsyncCheckpointer
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.objective import drafter_loss, make_optimizer
-from tlt.drafter.trainer import TRAINER_NICE, SpotTrainer, local_step, lower_thread_priority
+from tlt.drafter.priority import BACKGROUND_NICE, lower_thread_priority
+from tlt.drafter.trainer import SpotTrainer, local_step
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.types import Completion
@@ -140,8 +141,8 @@ def test_the_trainer_thread_runs_in_the_idle_class_and_the_caller_keeps_its_own(
     wait_for(lambda: len(seen) >= 2)
     ack = trainer.stop()
     assert ack["priority"] == "idle"
-    assert set(seen) == {(os.SCHED_IDLE, TRAINER_NICE)}
-    assert thread_priority() == caller != (os.SCHED_IDLE, TRAINER_NICE)
+    assert set(seen) == {(os.SCHED_IDLE, BACKGROUND_NICE)}
+    assert thread_priority() == caller != (os.SCHED_IDLE, BACKGROUND_NICE)
 
 
 @LINUX_ONLY
@@ -154,7 +155,7 @@ def test_where_the_idle_class_is_refused_the_thread_still_gets_the_lowest_nice_v
     thread = threading.Thread(target=lambda: got.append((lower_thread_priority(), thread_priority())))
     thread.start()
     thread.join()
-    assert got == [(f"nice {TRAINER_NICE}", (os.SCHED_OTHER, TRAINER_NICE))]
+    assert got == [(f"nice {BACKGROUND_NICE}", (os.SCHED_OTHER, BACKGROUND_NICE))]
 
 
 @LINUX_ONLY
@@ -175,7 +176,7 @@ def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
         thread = threading.Thread(target=serve, args=(push,))
         thread.start()
         thread.join()
-    assert after == [(1, (os.SCHED_IDLE, TRAINER_NICE)), (4, (os.SCHED_IDLE, TRAINER_NICE))]
+    assert after == [(1, (os.SCHED_IDLE, BACKGROUND_NICE)), (4, (os.SCHED_IDLE, BACKGROUND_NICE))]
     assert thread_priority() == caller
 
 
@@ -312,5 +313,5 @@ def test_the_snapshot_writer_runs_in_the_idle_class(tmp_path, monkeypatch):
     ckpt.submit(1, EagleDrafter(config).state_dict())
     assert ckpt.wait(timeout=30)
     ckpt.close()
-    assert seen == [(os.SCHED_IDLE, TRAINER_NICE)]
+    assert seen == [(os.SCHED_IDLE, BACKGROUND_NICE)]
     assert thread_priority() == caller

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig
 
-from tlt.drafter.trainer import lower_thread_priority
+from tlt.drafter.priority import lower_thread_priority
 from tlt.models.drafter import CONFIG_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class AsyncCheckpointer:
         return self.root / pointer.read_text().strip() if pointer.exists() else None
 
     def _loop(self) -> None:
-        lower_thread_priority()  # background work: the rollouts keep their cores (see tlt.drafter.trainer)
+        lower_thread_priority()  # background work: the rollouts keep their cores (tlt.drafter.priority)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)

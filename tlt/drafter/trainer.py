@@ -15,19 +15,14 @@ next and go into whole-run checkpoints with the buffer (`state_dict`).
 
 The thread runs in the lowest CPU class there is (`lower_thread_priority`: Linux's SCHED_IDLE, else
 nice 19): it harvests idle capacity, so where it shares host cores with a worker that still generates
-(CPU rollouts, or a GPU host's launch threads) the generating process keeps its core. SCHED_IDLE, not
-only a nice value, because the kernel counts a core running only SCHED_IDLE threads as idle when it
-places a waking thread: Ray's, the coordinator's and the verifiers' many short wake-ups land on the
-trainer's core instead of preempting the decoding one (measured: a 1-thread decode loop next to a busy
-1-thread trainer and two processes waking every 3 ms, 9% slower with the trainer at nice 19, 0% with
-it at SCHED_IDLE; docs/measurements-history.md). Linux applies both per thread.
+(CPU rollouts, or a GPU host's launch threads) the generating process keeps its core
+(`tlt.drafter.priority` says why SCHED_IDLE and not only a nice value).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +34,7 @@ import torch
 
 from tlt.drafter.buffer import OnlineBuffer, PackedBatch
 from tlt.drafter.objective import MAX_GRAD_NORM, drafter_loss, make_optimizer
+from tlt.drafter.priority import lower_thread_priority
 from tlt.models.drafter import EagleDrafter
 
 log = logging.getLogger(__name__)
@@ -49,37 +45,6 @@ PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[in
 
 # Local optimizer steps between two syncs with the hub (one round trip each).
 SYNC_EVERY = 16
-
-# The trainer thread's nice value where SCHED_IDLE is refused: the lowest, below every rollout and serving thread.
-TRAINER_NICE = 19
-
-
-def lower_thread_priority(nice: int = TRAINER_NICE) -> str | None:
-    """Move the calling thread to the lowest CPU priority: nice `nice` (never lowered: that needs privileges),
-    then the SCHED_IDLE class (Linux; one-way for an unprivileged thread, so only for threads that do
-    nothing else afterwards, or whose every later job is background work too).
-
-    Returns what the thread runs at afterwards: "idle" (SCHED_IDLE), "nice <n>" where only the nice
-    value could be set, or None where the OS has no per-thread priority (not Linux) or refuses both.
-    """
-    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
-        return None
-    tid = threading.get_native_id()
-    try:
-        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-        lowered = f"nice {os.getpriority(os.PRIO_PROCESS, tid)}"
-    except OSError:
-        lowered = None
-    if hasattr(os, "SCHED_IDLE"):
-        try:
-            if os.sched_getscheduler(tid) != os.SCHED_IDLE:
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-            return "idle"
-        except OSError:
-            pass
-    return lowered
-
 
 def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
     """The EAGLE loss (a scalar with its graph) on one packed row."""

@@ -14,7 +14,7 @@ import ray
 import torch
 
 from tlt.drafter.hub import DrafterHub
-from tlt.drafter.trainer import lower_thread_priority
+from tlt.drafter.priority import lower_thread_priority
 from tlt.models.drafter import drafter_config_from_target
 from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
 from tlt.rl.rewards import score
