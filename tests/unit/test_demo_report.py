@@ -35,9 +35,10 @@ def test_report_is_written_beside_both_runs(tmp_path):
     for name, steps in (("vanilla", _steps([4.0], [0.5])), ("tlt", _steps([2.0], [0.6], accept=[3.0]))):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
-    path, c = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt")
+    path, c = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt", machine="AMD EPYC, 2 usable CPUs")
     text = path.read_text()
     assert "| rollout seconds | 4.0 | 2.0 | 2.00x |" in text and (tmp_path / "side_by_side.png").stat().st_size > 0
+    assert "Measured on: AMD EPYC, 2 usable CPUs." in text
 
 
 @pytest.mark.parametrize("tlt_reward, same", [(0.5, True), (0.6, False)])

@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 
 from tlt.adaptive.costs import measure_costs, measure_drafter_costs
 from tlt.bench.drift import policy_kl, response_batch
+from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
 from tlt.config import TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
@@ -318,8 +319,13 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
         finally:
             ray.shutdown()
     load["after"] = _load_average()
-    return summarize({**workload_info(workload), "drafter_warmstart": drafter_info}, runs, costs, load,
-                     drafter_costs=drafter_costs)
+    info = workload_info(workload)
+    # the exact weights the runs started from (the cache key names their settings, not their values)
+    info["warmstart"]["weights_sha256"] = weights_sha256(warm_start(workload.warmstart))
+    if drafter_info is not None and drafter is not None:
+        drafter_info = {**drafter_info, "weights_sha256": weights_sha256(drafter)}
+    report = summarize({**info, "drafter_warmstart": drafter_info}, runs, costs, load, drafter_costs=drafter_costs)
+    return {**report, "machine": machine_info()}
 
 
 def workload_info(workload: Workload) -> dict[str, Any]:

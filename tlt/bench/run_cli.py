@@ -117,6 +117,17 @@ def print_report(report: dict[str, Any]) -> None:
             console.print(f"{name} {stepper} ms a step (target + drafter + host) x steps: {cells}")
     console.print(f"load average before/after: {report['load_average'].get('before')} / "
                   f"{report['load_average'].get('after')}")
+    console.print(machine_line(report))
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    """Where and from what the numbers were taken: CPU, CPUs usable, kernel ISA, warm-start weights' sha256."""
+    from tlt.bench.machine import describe
+
+    warm = (report.get("workload") or {}).get("warmstart") or {}
+    drafter = (report.get("workload") or {}).get("drafter_warmstart") or {}
+    return (f"machine: {describe(report.get('machine'))}; warm start weights sha256 "
+            f"{(warm.get('weights_sha256') or 'n/a')[:12]}, drafter {(drafter.get('weights_sha256') or 'n/a')[:12]}")
 
 
 def run_run(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from tlt.bench.machine import describe, machine_info
     from tlt.bench.run import WARMSTARTS as CONFIGS
     from tlt.bench.run import DRAFTER_WARMSTART, drafter_warm_start
     from tlt.config_io import SpecError, load_run
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         code = train_ray(run_, args.out / name, warmstart=warmstart)
         if code:
             return code
-    path, c = write_demo_report(args.out, args.out / "vanilla", args.out / "tlt")
+    path, c = write_demo_report(args.out, args.out / "vanilla", args.out / "tlt", machine=describe(machine_info()))
     Console().print(f"[bold]TLT vs vanilla[/bold] over {c['steps']} steps: rollout {c['rollout_speedup']:.2f}x, "
                     f"step {c['step_speedup']:.2f}x; reward vanilla {c['reward']['vanilla']['first']:.3f} -> "
                     f"{c['reward']['vanilla']['last']:.3f}, TLT {c['reward']['tlt']['first']:.3f} -> "

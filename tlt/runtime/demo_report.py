@@ -107,8 +107,10 @@ def _lossless_sentence(c: dict[str, Any]) -> str:
             "logits can round differently, which can tip a draw, and the runs then diverge).")
 
 
-def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Compare the two runs' metrics; write `out/report.md` and its plot. Returns (path, comparison)."""
+def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str | None = None
+                      ) -> tuple[Path, dict[str, Any]]:
+    """Compare the two runs' metrics; write `out/report.md` and its plot. Returns (path, comparison).
+    machine: where it ran (`tlt.bench.machine.describe`), said under the table when given."""
     c = compare(read_jsonl(vanilla_dir / "metrics.jsonl"), read_jsonl(tlt_dir / "metrics.jsonl"))
     out.mkdir(parents=True, exist_ok=True)
     _plot(c, out / PLOT)
@@ -128,7 +130,8 @@ def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path) -> tuple[Path
         "",
         f"TLT: mean accept length {_fmt(c['accept_length_mean'])} tokens per row-step; idle rollout-worker time "
         f"{c['idle_seconds']:.1f} s, of which its drafter trainers harvested {c['harvested_seconds']:.1f} s.",
-        "One machine's timings are noisy: `tlt bench run` repeats and interleaves runs for numbers to quote.", "",
+        "One machine's timings are noisy: `tlt bench run` repeats and interleaves runs for numbers to quote."
+        + (f" Measured on: {machine}." if machine else ""), "",
         "| step | vanilla rollout s | TLT rollout s | vanilla reward | TLT reward | accept length | harvested s | arms |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
