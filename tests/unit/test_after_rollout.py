@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent.futures import Future
 
 import pytest
 
+from tlt.drafter.priority import BACKGROUND_NICE
 from tlt.runtime.after_rollout import AfterRollout
 
 
@@ -66,3 +69,18 @@ def test_a_failing_job_raises_where_its_result_is_asked():
     after.start()
     with pytest.raises(ZeroDivisionError):
         after.result()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+def test_the_jobs_run_in_the_idle_class_and_the_caller_keeps_its_own():
+    def priority() -> tuple[int, int]:
+        tid = threading.get_native_id()
+        return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+
+    caller = priority()
+    after = AfterRollout()
+    seen: list[tuple[int, int]] = []
+    after.leave(lambda: after.submit(lambda: seen.append(priority()) or {}), lambda: seen.append(priority()))
+    assert after.result() == {}
+    assert seen == [(os.SCHED_IDLE, BACKGROUND_NICE)] * 2, "index and settle jobs both in the idle class"
+    assert priority() == caller != (os.SCHED_IDLE, BACKGROUND_NICE)
