@@ -51,6 +51,8 @@ def check_consistent(report: dict, steps: int) -> None:
                         v["tlt"]["heldout_accept_length"][-1] / v["static"]["heldout_accept_length"][-1])
     assert math.isclose(report["reward_delta"],
                         v["tlt"]["final_reward"]["median"] - v["vanilla"]["final_reward"]["median"])
+    assert math.isclose(report["rollout_accept_length_ratio"],
+                        v["tlt"]["rollout_accept_length"][-1] / v["static"]["rollout_accept_length"][-1])
     lo, hi = report["interference_ci95"]
     assert lo <= report["interference_fraction"] <= hi
     assert report["ideal_speedup"] >= 1.0
@@ -80,7 +82,7 @@ def _synthetic_runs(workload) -> list[dict]:
             steps = [{"rollout_seconds": 4.0 + i + repeat, "step_seconds": 6.0 + i + 0.5 * repeat,
                       "update_seconds": 1.0, "generated_tokens": 100 + s, "reward_mean": 0.1 * (s + i),
                       "response_lengths": [3, 9, 40, 7],
-                      "truncation_rate": 0.25, "accept_length": 2.0 if has_drafter else None, "sd_row_steps": 5,
+                      "truncation_rate": 0.25, "accept_length": 2.0 + 0.25 * i if has_drafter else None, "sd_row_steps": 5,
                       "harvested_seconds": 0.5, "idle_seconds": 1.0,
                       "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
                       "steps_by_running": {"8": 100, "2": 50, "1": 70},
@@ -173,6 +175,10 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatc
     assert len(set(kept.values())) == 1 and min(kept.values()) > 0, kept
     assert report["tlt_speedup_per_token_by_range"], "per-token comparison by running-batch range"
     assert any(stepper.startswith("sd:") for stepper in report["variants"]["tlt"]["step_split"])
+    # the result names where and from what it was measured: the machine and the exact warm-start weights
+    assert report["machine"]["usable_cpus"] >= 1 and report["machine"]["torch"]
+    sha = (report["workload"]["warmstart"]["weights_sha256"], report["workload"]["drafter_warmstart"]["weights_sha256"])
+    assert all(len(h) == 64 and int(h, 16) >= 0 for h in sha) and sha[0] != sha[1], sha
 
 
 def test_interference_parts_say_which_part_of_the_step_grew():

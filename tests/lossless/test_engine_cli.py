@@ -51,3 +51,4 @@ def test_bench_engine_quick_writes_rows_and_ratios(tmp_path):
         (e, d, b) for e in ("hf-generate", "tlt") for d in ("bf16", "fp32") for b in (1, 4, 32)
     }
     assert all(r["tokens_per_s"] > 0 for r in result["rows"]) and len(result["ratios"]) == 6
+    assert result["machine"]["usable_cpus"] >= 1, "the result names the machine it was measured on"

@@ -58,7 +58,8 @@ def print_report(report: dict[str, Any]) -> None:
         f"ideal SD speedup {_fmt(report['ideal_speedup'])}x with the measured drafter cost "
         f"({_fmt(report.get('ideal_speedup_free_drafter'))}x with a free drafter), TLT reaches "
         f"{_fmt(report['tlt_fraction_of_ideal'])} "
-        f"of it; accept length TLT/static {_fmt(report['accept_length_ratio'])}; interference "
+        f"of it; accept length TLT/static {_fmt(report['accept_length_ratio'])} held-out, "
+        f"{_fmt(report.get('rollout_accept_length_ratio'))} in the rollout (every arm the bandit ran); interference "
         f"{report['interference_fraction']:+.3f} (95% CI {'n/a' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}); "
         f"reward delta {report['reward_delta']:+.3f}")
     van = report["variants"]["vanilla"]

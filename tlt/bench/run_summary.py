@@ -7,6 +7,9 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
 - amdahl_e2e_bound: the end-to-end speedup rollout_speedup would give if nothing else changed,
   1 / ((1 - s) + s / rollout_speedup) with s = vanilla's rollout share of step time.
 - accept_length_ratio: TLT's held-out accept length (fixed arm) over static's, at the last step.
+- rollout_accept_length_ratio: the same at the last step, in the rollout itself: tokens a speculative
+  row-step gained over every arm the bandit ran (EAGLE, history, n-gram), TLT's over static's. Where
+  the drafter-free arms do well, static leans on them and this ratio stays below the held-out one.
 - interference_fraction: step time of tlt-shadow (trainer runs, its drafter unused) over
   vanilla's, minus 1; mean over repeats (paired by repeat) with a Student-t 95% interval.
 - reward_delta: TLT's final-step mean reward minus vanilla's (medians over repeats).
@@ -189,6 +192,8 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
     interference = [p["tlt-shadow"] / p["vanilla"] - 1.0 for p in both]
     interference_mean, interference_ci = mean_ci95(interference)
     tlt_accept = tlt["heldout_accept_length"][-1] if tlt["heldout_accept_length"] else None
+    tlt_rollout, static_rollout = (v["rollout_accept_length"][-1] if v["rollout_accept_length"] else None
+                                   for v in (tlt, static))
     static_accept = static["heldout_accept_length"][-1] if static["heldout_accept_length"] else None
     points = [CostPoint(**p) for p in costs]
     threshold = int(workload["speculative"]["tlt"].get("threshold", _default_threshold()))
@@ -208,6 +213,7 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "vanilla_rollout_share": share,
         "amdahl_e2e_bound": amdahl(share, rollout_speedup),
         "accept_length_ratio": tlt_accept / static_accept if tlt_accept is not None and static_accept else None,
+        "rollout_accept_length_ratio": tlt_rollout / static_rollout if tlt_rollout and static_rollout else None,
         "interference_fraction": interference_mean,
         "interference_ci95": interference_ci,
         "interference_per_repeat": interference,

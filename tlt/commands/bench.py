@@ -269,9 +269,12 @@ def _update_run(args: argparse.Namespace) -> int:
 
 
 def _write_json(console: Any, path: Path | None, result: dict) -> int:
-    """Write `result` to `path` (when given) and say so; the bench's exit status (0)."""
+    """Write `result`, with the machine it was measured on, to `path` (when given) and say so; the bench's
+    exit status (0)."""
     if path:
-        Path(path).write_text(json.dumps(result, indent=2) + "\n")
+        from tlt.bench.machine import machine_info
+
+        Path(path).write_text(json.dumps({**result, "machine": machine_info()}, indent=2) + "\n")
         console.print(f"wrote {path}")
     return 0
 
