@@ -69,7 +69,11 @@ def resolve_compile(setting: str, model: torch.nn.Module) -> bool:
     but the ~20 s of warm compile (~150 s cold) pays back only over thousands of steps of a deep
     policy's multi-millisecond forward; a 4-layer policy saves ~1 ms a step.
     """
-    device = next(model.parameters()).device
+    return resolve_compile_for(setting, len(model.model.layers), next(model.parameters()).device)
+
+
+def resolve_compile_for(setting: str, layers: int, device: torch.device) -> bool:
+    """`resolve_compile` for a decoder of `layers` layers on `device`, without the model."""
     reason = compile_available(device)
     if setting == "off":
         return False
@@ -79,7 +83,6 @@ def resolve_compile(setting: str, model: torch.nn.Module) -> bool:
         return True
     if setting != "auto":
         raise ValueError(f"rollout.compile must be 'auto', 'on' or 'off', got {setting!r}")
-    layers = len(model.model.layers)
     if reason:
         log.warning("rollout.compile auto: running eager, %s", reason)
     return reason is None and layers >= AUTO_MIN_LAYERS

@@ -31,9 +31,11 @@ def _inputs(rows: int, width: int, context: int, device: torch.device) -> tuple[
 
 @torch.no_grad()
 def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int = 4, width: int = 3,
-            chain_depths: Iterable[int] = ()) -> float:
+            chain_depths: Iterable[int] = (), target: bool = True, batches: Iterable[int] | None = None) -> float:
     """Run every shape class of the engine's compiled target step (and of `drafter`'s, when given) once;
     with `chain_depths`, also the drafter's fused catch-up + chain graphs of those depths (the chain arms').
+    `target=False` skips the target's graphs and `batches` (a subset of {1, 2}: one row, several rows)
+    the other batch classes: `tlt.runtime.precompile` compiles those parts in separate processes.
 
     No-op (0.0) for an eager engine. The drafter's graphs are shared by every EagleCache built later
     for a drafter of the same shapes (dynamo keys graphs on code and input shapes, not on objects).
@@ -42,14 +44,15 @@ def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int
         return 0.0
     started = time.perf_counter()
     runner = engine.runner
-    rows = sorted({1, min(2, engine.max_batch_size)})
+    every = sorted({1, min(2, engine.max_batch_size)})
+    rows = [b for b in every if batches is None or b in set(batches)]
     context = min(context, engine.max_context - width - 1)
-    for b in rows:
+    for b in rows if target else ():
         for w in (1, width):
             tokens, slots, mask = _inputs(b, w, context, runner.device)
             runner.forward(tokens, slots, slots, mask)
     if drafter is not None:
-        state = EagleCache(drafter, runner.model.get_input_embeddings(), max(rows), engine.max_context, compile=True)
+        state = EagleCache(drafter, runner.model.get_input_embeddings(), max(every), engine.max_context, compile=True)
         for b in rows:
             for w in (1, width):
                 tokens, slots, mask = _inputs(b, w, context, runner.device)

@@ -28,6 +28,7 @@ import ray
 
 from tlt.config import RunSpec
 from tlt.rl.reward_plugin import plugin_search_path
+from tlt.runtime.precompile import graph_sets, precompile
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_services import VerifierWorker, hub_actor
 from tlt.runtime.ray_workers import RolloutWorker
@@ -132,6 +133,31 @@ class Actors:
             ray.kill(actor, no_restart=True)
 
 
+def worker_rows(spec: RunSpec) -> int:
+    """Rows of one rollout worker's engine: its shard of a step's prompts times the group size."""
+    return math.ceil(spec.algorithm.prompts_per_step / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
+
+
+def local_graph_sets(spec: RunSpec, policy_path: str, resources: dict[str, float]) -> list[Any]:
+    """The graph sets the rollout workers of `spec` compile when they all start on this machine (a local
+    cluster of `resources`, no role pods), for `tlt.runtime.precompile`; [] with role pods (each pod
+    compiles into its own cache)."""
+    if resources.get(ROLE_RESOURCES["rollout"], 0) > 0:
+        return []
+    return graph_sets(spec, policy_path, worker_rows(spec), placement(spec, resources).rollout_threads)
+
+
+def precompile_local(sets: list[Any], resources: dict[str, float]) -> dict[str, Any]:
+    """Compile `sets` before the workers start, when at least two lanes can run at once (one per core):
+    then the workers start on a warm cache. With one lane the workers, compiling side by side, are as fast.
+    Returns `tlt.runtime.precompile.precompile`'s report."""
+    processes = max(1, int(resources.get("CPU", 1)))
+    report = precompile(sets, processes, min_lanes=2)
+    if report["compiled"] or report["failed"]:
+        log.info("precompiled before the workers started: %s", report)
+    return report
+
+
 def rollout_worker_class(spec: RunSpec) -> type:
     """The rollout worker of `rollout.engine`: this project's engine, or vLLM (imported only then)."""
     if spec.rollout.engine == "vllm":
@@ -167,7 +193,9 @@ def create_actors(
     if spec.speculative.mode in ("static", "tlt"):
         hub = hub_actor(plan.hub_cpus).remote(
             target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir)
-    rows = math.ceil(spec.algorithm.prompts_per_step / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
+    rows = worker_rows(spec)
+    if not sidecar and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
+        precompile_local(local_graph_sets(spec, policy_path, resources), resources)
     rollout_cls = ray.remote(rollout_worker_class(spec))
     workers = [
         rollout_cls.options(max_concurrency=4, **_role_options("rollout", resources, plan.rollout_cpus)).remote(

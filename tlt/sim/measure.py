@@ -28,11 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.bench.machine import machine_info
     from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, policy_costs
 
+    try:
+        contexts = sorted({int(c) for c in args.contexts.split(",") if c.strip()})
+    except ValueError:
+        contexts = []
+    if not contexts or contexts[0] < 1:
+        parser.error(f"--contexts must be positive integers, comma-separated, got {args.contexts!r}")
     workload = load_workload(args.workload or DEFAULT_WORKLOAD)
     torch.set_num_threads(1)  # as `tlt bench run` (the rollout workers' one thread)
-    contexts = sorted({int(c) for c in args.contexts.split(",") if c.strip()})
-    if not contexts or contexts[0] < 1:
-        parser.error(f"--contexts must be positive integers, got {args.contexts!r}")
     base = int(workload.costs["context"])
     out: dict[str, dict] = {}
     for context in sorted({*contexts, base}):
