@@ -74,10 +74,10 @@ def test_jobs_split_sets_by_batch_class():
 def test_lanes_keep_a_batch_class_of_target_jobs_together_and_deal_the_rest():
     plain, hidden, drafter = _set(hidden=False), _set(), _set(drafter=True, depths=(2,))
     p1, p2, h1, h2, d1, d2 = jobs([plain, hidden, drafter])[0:2] + jobs([hidden])[0:2] + jobs([drafter])[0:2]
-    assert lanes(jobs([drafter, hidden, plain]), 2) == [[p1, h1, d1], [p2, h2, d2]]
-    assert lanes(jobs([drafter, hidden]), 4) == [[h1], [h2], [d1], [d2]]
-    assert lanes(jobs([drafter, hidden]), 3) == [[h1, d2], [h2], [d1]]
-    assert lanes(jobs([drafter, hidden]), 1) == [[h1, h2, d1, d2]]
+    assert lanes(jobs([drafter, hidden, plain]), 2) == [[p1, h1, d2], [p2, h2, d1]]
+    assert lanes(jobs([drafter, hidden]), 4) == [[h1], [h2], [d2], [d1]]
+    assert lanes(jobs([drafter, hidden]), 3) == [[h1, d1], [h2], [d2]]
+    assert lanes(jobs([drafter, hidden]), 1) == [[h1, h2, d2, d1]]
     assert lanes([d2], 2) == [[d2]]
     assert lanes([], 4) == []
 

@@ -205,8 +205,10 @@ def create_actors(
     statuses = ray.get([w.status.remote() for w in workers])
     if hub is not None:
         ray.get(hub.ping.remote())
-    log.info("started %d rollout workers (%.2f CPU, %d threads each), %d verifiers%s", len(workers),
-             plan.rollout_cpus, plan.rollout_threads, len(verifiers), ", a drafter hub" if hub is not None else "")
+    warmups = " / ".join(f"{s.get('warmup_seconds', 0.0):.1f}" for s in statuses)
+    log.info("started %d rollout workers (%.2f CPU, %d threads each; compile warm-up %s s), %d verifiers%s",
+             len(workers), plan.rollout_cpus, plan.rollout_threads, warmups, len(verifiers),
+             ", a drafter hub" if hub is not None else "")
     actors = Actors(rollout=workers, verifiers=verifiers, hub=hub)
     if sidecar:
         try:

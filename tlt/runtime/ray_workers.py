@@ -162,7 +162,7 @@ class RolloutWorker:
             run = self.trainer.current if self.trainer is not None else None
             iterations = run.iterations if run is not None else 0
         return {"worker": self.name, "state": state, "since": since, "running": self.running,
-                "trainer_iterations": iterations}
+                "trainer_iterations": iterations, "warmup_seconds": getattr(self, "warmup_seconds", 0.0)}
 
     def take_states(self) -> list[tuple[str, float]]:
         """State transitions since the last call (the current state stays as the first entry)."""
