@@ -71,6 +71,19 @@ def test_jobs_split_sets_by_batch_class():
     assert jobs([target])[1].describe() == "target with hidden states, several rows"
 
 
+@pytest.mark.skipif(NO_COMPILER is not None, reason=str(NO_COMPILER))
+def test_local_graph_sets_use_the_workers_rows_and_threads_and_skip_role_pods(policy):
+    from tlt.runtime.ray_cluster import local_graph_sets, placement, worker_rows
+
+    spec = _spec("tlt")
+    spec.rollout.replicas = 2
+    sets = local_graph_sets(spec, policy, {"CPU": 4.0})
+    assert [s.drafter for s in sets] == [False, True]
+    assert all(s.rows == worker_rows(spec) == 32 for s in sets)  # 16 prompts / 2 workers x 4 answers
+    assert all(s.threads == placement(spec, {"CPU": 4.0}).rollout_threads == 1 for s in sets)
+    assert local_graph_sets(spec, policy, {"CPU": 4.0, "tlt_rollout": 2.0}) == []  # each pod compiles its own
+
+
 def test_lanes_keep_a_batch_class_of_target_jobs_together_and_deal_the_rest():
     plain, hidden, drafter = _set(hidden=False), _set(), _set(drafter=True, depths=(2,))
     p1, p2, h1, h2, d1, d2 = jobs([plain, hidden, drafter])[0:2] + jobs([hidden])[0:2] + jobs([drafter])[0:2]

@@ -7,8 +7,9 @@ with its live display and own report; then OUT/report.md compares them (`tlt.run
 The warm start is trained and cached on first use (minutes on 2 CPU cores), and so is the drafter
 TLT starts from (unless the file sets `speculative.drafterPath`): an EAGLE drafter trained briefly on
 the warm start's own samples, as the bench's `drafterWarmstart`, which TLT then keeps training in idle
-time. Before the first run, both runs' engine graphs compile once, the graph sets in parallel
-(`tlt.runtime.precompile`), so every worker starts on a warm compile cache. A run folder that already holds a finished run is resumed, not overwritten: its steps are reused.
+time. Before the first run, both runs' engine graphs compile once, split over the cores
+(`tlt.runtime.precompile`), so every worker starts on a warm compile cache. A run folder that already
+holds a finished run is resumed, not overwritten: its steps are reused.
 """
 
 from __future__ import annotations

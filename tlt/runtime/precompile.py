@@ -41,7 +41,6 @@ from tlt.config import RunSpec
 
 log = logging.getLogger(__name__)
 
-DRAFTER_MODES = ("static", "tlt")
 MARKER_FOLDER = "tlt-precompiled"
 _CODE_FOLDERS = ("models", "rollout")  # the code that shapes a graph (tlt/models, tlt/rollout)
 
@@ -74,6 +73,7 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
     from tlt.adaptive.arms import chain_depths
     from tlt.models.loading import read_model_config
     from tlt.rollout.compiled import resolve_compile_for
+    from tlt.runtime.ray_workers import DRAFTER_MODES  # here, not at the top: job processes need no Ray
 
     if spec.rollout.engine != "tlt":
         return []
