@@ -1,10 +1,10 @@
 """A compiled worker's rollouts compile nothing after `warm_up`, whichever arm the bandit picks.
 
-The rollout worker warms its engine up once (`warm_up` with the spec's chain depths) and then runs
-the adaptive stepper over every arm kind: plain, EAGLE chains of two depths, an EAGLE tree, n-gram,
-rollout-history and mixed drafts. A graph compiled after the warm-up would land in a timed rollout
-(seconds each; session 17 found one, a stride guard at one row). Dynamo's global counter of unique
-graphs covers the target's step and every drafter graph at once.
+The rollout worker warms its engine up once (`warm_up` with the drafter graphs its arms and sampling can
+reach, `drafter_graphs`) and then runs the adaptive stepper over every arm kind: plain, EAGLE chains of
+two depths, an EAGLE tree, n-gram, rollout-history and mixed drafts. A graph compiled after the warm-up
+would land in a timed rollout (seconds each; session 17 found one, a stride guard at one row). Dynamo's
+global counter of unique graphs covers the target's step and every drafter graph at once.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch._dynamo.utils import counters
 
-from tlt.adaptive.arms import chain_depths, new_history_store
+from tlt.adaptive.arms import drafter_graphs, new_history_store
 from tlt.adaptive.stepper import build_adaptive_stepper
 from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
@@ -35,6 +35,10 @@ def _requests(temperature: float, rows: int, max_new: int, tag: str) -> list[Req
 
 
 def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm():
+    """Sampling rollouts after a warm-up planned for sampling, then greedy ones after the greedy plan's
+    warm-up: neither compiles a graph. The sampling plan compiles 10 graphs, not all 16: the target's 4,
+    the tree's drafter step at width > 1 (catch-up, level of topk 2) at both batch classes, and the two
+    chains' coupled graphs at both; the greedy plan then adds the chains' 4 argmax graphs only."""
     model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=7, num_layers=1, hidden_size=48)
     torch.manual_seed(3)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).eval()
@@ -44,15 +48,20 @@ def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm():
     engine = Engine(model, max_batch_size=ROWS, max_context=CONTEXT, compile=True)
     history = new_history_store(spec)
     engine.wave_observers.append(history.observe)  # later rollouts draft from earlier ones
-    assert warm_up(engine, drafter, chain_depths=chain_depths(spec)) > 0
-    graphs = counters["stats"]["unique_graphs"]
     arms_run: set[str] = set()
-    with torch.no_grad():
-        for round_, (temperature, rows) in enumerate([(1.0, ROWS), (0.0, ROWS), (1.0, 1), (0.0, 1), (1.0, 2)]):
-            stepper = build_adaptive_stepper(spec, engine.runner, drafter, rows=ROWS, context=CONTEXT,
-                                             seed=round_, history=history)
-            engine.stepper = stepper
-            engine.generate(_requests(temperature, rows, 14, f"t{round_}-"))
-            arms_run |= {r.arm for r in stepper.log if r.arm is not None}
+    round_ = 0
+    for temperature, added in ((1.0, 10), (0.0, 4)):
+        before = counters["stats"]["unique_graphs"]
+        assert warm_up(engine, drafter, **drafter_graphs(spec, sampled=temperature > 0)) > 0
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs - before == added, (temperature, graphs - before)
+        with torch.no_grad():
+            for rows in (ROWS, 1, 2):
+                stepper = build_adaptive_stepper(spec, engine.runner, drafter, rows=ROWS, context=CONTEXT,
+                                                 seed=round_, history=history)
+                engine.stepper = stepper
+                engine.generate(_requests(temperature, rows, 14, f"t{round_}-"))
+                arms_run |= {r.arm for r in stepper.log if r.arm is not None}
+                round_ += 1
+        assert counters["stats"]["unique_graphs"] == graphs, f"a graph compiled after the warm-up (T={temperature})"
     assert arms_run == {"plain", "chain-d2", "chain-d3", "tree-d2k2v4", "ngram-d3", "history-d4", "mixed-d3"}, arms_run
-    assert counters["stats"]["unique_graphs"] == graphs, "a graph compiled after the warm-up"

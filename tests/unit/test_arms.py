@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.adaptive.arms import arm_indices, arm_label, build_arms, tree_budget, verify_width
+from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
 from tlt.adaptive.stepper import AdaptiveStepper, new_bandit
 from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
@@ -166,3 +166,23 @@ def test_a_shared_drafter_cache_must_fit_the_arm(model):
     other = EagleCache(_drafter(model), embed, 2, 64, scratch=2)
     with pytest.raises(ValueError, match="same drafter"):
         EagleChainDrafter(drafter, embed, 2, max_batch_size=2, max_context=64, state=other)
+
+
+def test_drafter_graphs_are_those_the_usable_arms_and_sampling_reach():
+    spec = SpeculativeSpec(mode="tlt", arms=ARMS + [ArmSpec(kind="mixed", depth=2), ArmSpec(kind="history", depth=4)])
+    assert drafter_graphs(spec, sampled=True) == {"chain_depths": [2, 3], "guesses": ["coupled"], "step_widths": [2]}
+    assert drafter_graphs(spec, sampled=False)["guesses"] == ["argmax"]
+    # a tree of topk 1 runs its levels at width 1; one of depth 1 only its catch-up (width >= 2)
+    one = SpeculativeSpec(mode="static", arms=[ArmSpec(kind="tree", depth=3, topk=1)])
+    assert drafter_graphs(one, sampled=True) == {"chain_depths": [], "guesses": [], "step_widths": [1, 2]}
+    root = SpeculativeSpec(mode="static", arms=[ArmSpec(kind="tree", depth=1, topk=1)])
+    assert drafter_graphs(root, sampled=True)["step_widths"] == [2]
+    # no EAGLE arm usable: no drafter graph (mode ngram, or only model-free arms)
+    empty = {"chain_depths": [], "guesses": [], "step_widths": []}
+    assert drafter_graphs(SpeculativeSpec(mode="ngram", arms=ARMS), sampled=True) == empty
+    assert drafter_graphs(SpeculativeSpec(mode="off", arms=ARMS), sampled=True) == empty
+    free = SpeculativeSpec(mode="tlt", arms=[ArmSpec(kind="plain"), ArmSpec(kind="history", depth=4)])
+    assert drafter_graphs(free, sampled=False) == empty
+    # mixed arms are dropped with the history store, and their chains with them
+    off = SpeculativeSpec(mode="tlt", arms=[ArmSpec(kind="mixed", depth=3)], history={"enabled": False})
+    assert drafter_graphs(off, sampled=True) == empty

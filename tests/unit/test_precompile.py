@@ -56,6 +56,13 @@ def test_graph_sets_follow_the_mode_engine_and_compile_setting(policy):
     tlt = graph_sets(_spec("tlt"), policy, rows=8, threads=1)
     assert [(s.drafter, s.hidden) for s in tlt] == [(False, True), (True, True)]
     assert tlt[1].chain_depths == (2, 3)  # the demo's chain and mixed arms
+    assert tlt[1].guesses == ("coupled",) and tlt[1].step_widths == (2,)  # it samples; its tree has topk 2
+    greedy = _spec("tlt")
+    greedy.algorithm.temperature = 0.0
+    assert graph_sets(greedy, policy, rows=8, threads=1)[1].guesses == ("argmax",)
+    free = _spec("tlt")
+    free.speculative.arms = [a for a in free.speculative.arms if a.kind in ("plain", "history")]
+    assert [(s.drafter, s.hidden) for s in graph_sets(free, policy, rows=8, threads=1)] == [(False, True)]
     assert tlt[0].rows == 8 and tlt[0].max_context == 64 and tlt[0].dtype == "float32"
     off = graph_sets(_spec("off"), policy, rows=8, threads=1)
     assert [(s.drafter, s.hidden) for s in off] == [(False, False)]
@@ -148,7 +155,9 @@ def worker_cache_counters(spec, policy_path: str, rows: int) -> dict[str, int]:
 def test_a_worker_started_after_precompile_compiles_nothing_cold(policy, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     spec = _spec("tlt")
-    spec.speculative.arms = [a for a in spec.speculative.arms if a.kind in ("plain", "chain")][:2]  # chain-2
+    # plain, chain-2 (its coupled graphs: the run samples) and the tree (the drafter step at width > 1)
+    spec.speculative.arms = [a for a in spec.speculative.arms if a.kind in ("plain", "tree") or
+                             (a.kind == "chain" and a.depth == 2)]
     rows = 4
     sets = graph_sets(spec, policy, rows=rows, threads=1)
     report = precompile(sets, processes=2)

@@ -91,6 +91,21 @@ def chain_depths(spec: SpeculativeSpec) -> list[int]:
     return sorted({spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind in ("chain", "mixed")})
 
 
+def drafter_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
+    """The compiled drafter graphs the usable arms of `spec` can reach, as `tlt.rollout.warmup.warm_up`'s
+    keywords: {"chain_depths": chain and mixed arms' depths, "guesses": "coupled" in a sampling run
+    (`sampled`: temperature > 0), else "argmax" (a chain drafts coupled guesses only where its batch
+    samples), "step_widths": the drafter step's width classes (1: width 1, 2: wider), which only trees
+    run: their catch-up pass (padded to width >= 2) and, below the root, one pass per level of topk
+    nodes}. Empty lists where no EAGLE arm is usable."""
+    depths = chain_depths(spec)
+    trees = [spec.arms[i] for i in arm_indices(spec) if spec.arms[i].kind == "tree"]
+    widths = {2} if trees else set()
+    widths |= {min(t.topk, 2) for t in trees if t.depth > 1}
+    return {"chain_depths": depths, "guesses": (["coupled" if sampled else "argmax"] if depths else []),
+            "step_widths": sorted(widths)}
+
+
 def uses_history(spec: SpeculativeSpec) -> bool:
     """Whether some arm usable in `spec.mode` reads the rollout-history store."""
     return any(spec.arms[i].kind in HISTORY_KINDS for i in arm_indices(spec))

@@ -60,6 +60,8 @@ class GraphSet:
     chain_depths: tuple[int, ...]
     threads: int
     batch: int = 0
+    guesses: tuple[str, ...] = ()  # the chains' draft kinds (`warm_up`'s guesses)
+    step_widths: tuple[int, ...] = ()  # the drafter step's width classes (`warm_up`'s step_widths)
 
     def describe(self) -> str:
         what = f"drafter (chains {list(self.chain_depths)})" if self.drafter else (
@@ -69,8 +71,9 @@ class GraphSet:
 
 def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list[GraphSet]:
     """The graph sets a run's rollout workers compile: none for vLLM or an eager engine (`rollout.compile`),
-    the target's, and with a drafter (modes static / tlt) the drafter's."""
-    from tlt.adaptive.arms import chain_depths
+    the target's, and with a drafter (modes static / tlt) the drafter graphs its arms and sampling reach
+    (`tlt.adaptive.arms.drafter_graphs`), when there are any."""
+    from tlt.adaptive.arms import drafter_graphs
     from tlt.models.loading import read_model_config
     from tlt.rollout.compiled import resolve_compile_for
     from tlt.runtime.ray_workers import DRAFTER_MODES  # here, not at the top: job processes need no Ray
@@ -85,7 +88,10 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
                 max_context=spec.model.max_context, hidden=hidden, threads=max(threads, 1))
     sets = [GraphSet(**base, drafter=False, chain_depths=())]
     if hidden:
-        sets.append(GraphSet(**base, drafter=True, chain_depths=tuple(chain_depths(spec.speculative))))
+        plan = drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0)
+        if plan["chain_depths"] or plan["step_widths"]:
+            sets.append(GraphSet(**base, drafter=True, chain_depths=tuple(plan["chain_depths"]),
+                                 guesses=tuple(plan["guesses"]), step_widths=tuple(plan["step_widths"])))
     return sets
 
 
@@ -159,7 +165,7 @@ def compile_set(s: GraphSet) -> float:
         drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
         drafter.bind_policy(model)
     return warm_up(engine, drafter, chain_depths=s.chain_depths, target=not s.drafter,
-                   batches=None if s.batch == 0 else (s.batch,))
+                   batches=None if s.batch == 0 else (s.batch,), guesses=s.guesses, step_widths=s.step_widths)
 
 
 def _child_env() -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import ray
 import torch
 
-from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
+from tlt.adaptive.arms import drafter_graphs, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
 from tlt.config import RunSpec
@@ -94,8 +94,9 @@ class RolloutWorker:
         self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
         if self.history is not None:
             self.engine.wave_observers.append(lambda sequences: self._waves.append(list(sequences)))
-        # compile now, not in step 0's rollout
-        self.warmup_seconds = warm_up(self.engine, self.drafter, chain_depths=chain_depths(spec.speculative))
+        # compile now, not in step 0's rollout: the graphs this run's arms and sampling can reach
+        self.warmup_seconds = warm_up(self.engine, self.drafter,
+                                      **drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0))
         self._setup_trainer(hub)
 
     def _setup(self, index: int, spec: RunSpec, model: Any, rows: int, verifiers: list[Any]) -> None:
