@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -139,6 +140,26 @@ def test_precompile_marks_what_compiled_skips_it_next_time_and_survives_a_failur
     again = precompile([target, drafter], processes=2, min_lanes=2, run=fake_compile)
     assert again["skipped"] == ["target with hidden states, one row"] and again["todo"] == 1
     assert again["lanes"] == 0 and again["compiled"] == [] and again["failed"] == []
+
+
+def crash_one_row(s: GraphSet) -> float:
+    """Runs in the child: the one-row job's process dies, the several-rows job 'compiles'."""
+    if s.batch == 1:
+        os._exit(3)
+    return float(os.getpid())
+
+
+def test_a_job_whose_process_dies_fails_alone_and_its_lane_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    folder = tmp_path / "policy"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
+    target = _set(path=str(folder))  # rows 4: a one-row job, then a several-rows job, in one lane
+    report = precompile([target], processes=1, run=crash_one_row)
+    assert report["lanes"] == 1 and report["failed"] == ["target with hidden states, one row"]
+    (done,) = report["compiled"]
+    assert done["set"] == "target with hidden states, several rows"
+    assert int(done["seconds"]) != os.getpid()  # it ran in a process of its own
 
 
 def worker_cache_counters(spec, policy_path: str, rows: int) -> dict[str, int]:
