@@ -19,7 +19,7 @@ TOP_KEYS = ("rollout_speedup", "e2e_speedup", "amdahl_e2e_bound", "accept_length
             "interference_ci95", "reward_delta", "ideal_speedup", "workload_sha256")
 VARIANT_KEYS = ("rollout_seconds", "step_seconds", "update_seconds", "seconds_per_token", "heldout_accept_length",
                 "arms_chosen", "harvested_seconds", "response_length", "truncation_rate", "seconds_by_running",
-                "rollout_share")
+                "rollout_share", "rollout_accept_by_position")
 
 
 def check_consistent(report: dict, steps: int) -> None:
@@ -39,6 +39,8 @@ def check_consistent(report: dict, steps: int) -> None:
         assert p["p50"] <= p["p90"] <= p["max"]
         assert 0.0 <= s["truncation_rate"] <= 1.0
     assert all(a is None for a in v["vanilla"]["heldout_accept_length"]), "vanilla has no drafter"
+    for name, s in v.items():  # speculative row-steps are counted by response position too
+        assert bool(s["rollout_accept_by_position"]) == any(a is not None for a in s["rollout_accept_length"]), name
     assert all(a is not None and a >= 1.0 for a in v["tlt"]["heldout_accept_length"]), "bonus token included"
     speedup = v["vanilla"]["rollout_seconds"]["median"] / v["tlt"]["rollout_seconds"]["median"]
     assert math.isclose(report["rollout_speedup"], speedup)
@@ -88,7 +90,9 @@ def _synthetic_runs(workload) -> list[dict]:
                       "steps_by_running": {"8": 100, "2": 50, "1": 70},
                       "tokens_by_running": {"8": 800, "2": 100 * (1 + i), "1": 70 * (1 + i)},
                       "rollout_overhead_parts": {"dispatch": 0.5 * repeat, "settle_wait": 0.25},
-                      "sd_arms": {"chain-d4": 3} if variant == "tlt" else None}
+                      "sd_arms": {"chain-d4": 3} if variant == "tlt" else None,
+                      # 10 row-steps early accepting 1 + i each, 4 late accepting i each
+                      "sd_by_position": {"0": [10, 10 * (1 + i)], "128": [4, 4 * i]} if has_drafter else {}}
                      for s in range(2)]
             runs.append({"variant": variant, "repeat": repeat, "steps": steps,
                          "heldout_accept_length": [1.5 + i, 2.0 + i] if has_drafter else [None, None]})
@@ -123,6 +127,12 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
                                                                  "update": 2.0, "other": 1.0})
     assert report["interference_by_part"] == pytest.approx({"generate": 0.0, "rollout_overhead": 0.0,
                                                              "update": 0.0, "other": 0.0})
+    # accept by position: every step and repeat pooled (60 early row-steps, 24 late), TLT's over static's
+    k = list(workload.variants).index("static")
+    assert report["variants"]["tlt"]["rollout_accept_by_position"] == {
+        "0": {"accept_length": 2.0 + i, "row_steps": 60}, "128": {"accept_length": 1.0 + i, "row_steps": 24}}
+    assert report["rollout_accept_ratio_by_position"] == pytest.approx({"0": (2 + i) / (2 + k), "128": (1 + i) / (1 + k)})
+    assert report["variants"]["vanilla"]["rollout_accept_by_position"] == {}
     # shadow kept 1 + j times vanilla's tokens at 1 and 2-4 rows in the same seconds
     assert report["interference_per_token_by_range"] == pytest.approx(
         {"1": 1 / (1 + j) - 1, "2-4": 1 / (1 + j) - 1, "5-8": 0.0})

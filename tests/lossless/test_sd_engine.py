@@ -224,6 +224,11 @@ def test_accepted_logprobs_equal_plain_engine_float32():
     answers = {c.request_id: c.token_ids for c in plain}
     spec, stepper = _generate(model, _requests(), OracleDrafter(answers, 3, 32, tree=True))
     assert stepper.stats.accepted > 0
+    # every row-step counted once by the response position it started at, the first at position 1
+    # (prefill made token 0)
+    by_position = stepper.stats.by_position
+    assert sum(n for n, _ in by_position.values()) == stepper.stats.row_steps
+    assert sum(a for _, a in by_position.values()) == stepper.stats.accepted and 0 in by_position
     for a, b in zip(plain, spec):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.logprobs, a.logprobs, rtol=0, atol=1e-5)

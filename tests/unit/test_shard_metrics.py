@@ -22,7 +22,9 @@ def test_the_slowest_shard_sets_the_tail_and_every_shard_counts_in_the_totals():
     slow = _result(14.0, 3.5, [StepMetrics(0, 2, 2, 4, 0, 0.5), StepMetrics(1, 2, 4, 6, 1, 1.0),
                                StepMetrics(2, 1, 3, 3, 1, 2.0)], row_steps=3, accepted=4,
                    arms={"chain-d2": 2, "plain": 1}, streamed=2)
+    fast["sd_by_position"], slow["sd_by_position"] = {"0": [2, 3]}, {"128": [1, 1], "0": [2, 0]}
     out = shard_rollout_metrics(completions, torch.tensor([[1.0, 0.0], [0.0, 0.0]]), [fast, slow], 10.0, 15.0)
+    assert out["sd_by_position"] == {"0": [4, 3], "128": [1, 1]}  # both shards' counts, ranges in order
     assert out["rollout_seconds"] == 5.0
     assert out["idle_seconds"] == pytest.approx((15 - 11) + (15 - 14))
     assert out["generate_seconds"] == 3.5 and out["rollout_overhead_seconds"] == pytest.approx(1.5)
@@ -41,6 +43,7 @@ def test_no_speculative_steps_leave_the_accept_length_unset():
     only = _result(2.0, 1.0, [StepMetrics(0, 1, 1, 2, 0, 0.1), StepMetrics(1, 1, 1, 1, 1, 0.1)], 0, 0, {}, 1)
     out = shard_rollout_metrics(completions, torch.tensor([[1.0]]), [only], 0.0, 2.0)
     assert out["accept_length"] is None and out["sd_arms"] == {} and out["idle_seconds"] == 0.0
+    assert out["sd_by_position"] == {}  # results without the counts (vLLM workers) pool to nothing
 
 
 def test_workers_step_splits_are_pooled_when_they_report_them():

@@ -251,7 +251,7 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
     started = time.perf_counter()
     history = trainer.train(on_step=on_step)
     keep = ("rollout_seconds", "step_seconds", "update_seconds", "generated_tokens", "reward_mean",
-            "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "harvested_seconds",
+            "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "sd_by_position", "harvested_seconds",
             "idle_seconds", "seconds_by_running", "steps_by_running", "tokens_by_running", "sd_arms", "sd_arm_rates", "drafter_updates",
             "tail_seconds", "generate_seconds", "rollout_overhead_seconds", "rollout_overhead_parts", "step_split")
     return {"variant": variant, "repeat": repeat, "wall_seconds": time.perf_counter() - started,

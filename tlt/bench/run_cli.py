@@ -62,6 +62,12 @@ def print_report(report: dict[str, Any]) -> None:
         f"{_fmt(report.get('rollout_accept_length_ratio'))} in the rollout (every arm the bandit ran); interference "
         f"{report['interference_fraction']:+.3f} (95% CI {'n/a' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}); "
         f"reward delta {report['reward_delta']:+.3f}")
+    by_position = report.get("rollout_accept_ratio_by_position") or {}
+    if by_position:
+        tlt_cells = report["variants"]["tlt"]["rollout_accept_by_position"]
+        console.print("accept length TLT/static in the rollout by response position: " + ", ".join(
+            f"{edge}+ {_fmt(ratio)} ({_fmt(tlt_cells[edge]['accept_length'])} over {tlt_cells[edge]['row_steps']} "
+            f"row-steps)" for edge, ratio in by_position.items()))
     van = report["variants"]["vanilla"]
     kl = [k for k in van.get("heldout_kl") or [] if k is not None]
     frozen = [a for a in van.get("frozen_accept_length") or [] if a is not None]

@@ -10,6 +10,9 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
 - rollout_accept_length_ratio: the same at the last step, in the rollout itself: tokens a speculative
   row-step gained over every arm the bandit ran (EAGLE, history, n-gram), TLT's over static's. Where
   the drafter-free arms do well, static leans on them and this ratio stays below the held-out one.
+- rollout_accept_ratio_by_position: the same per range of response positions (0-31, 32-63, 64-127,
+  128-255, 256+ tokens generated before the step; the variant's `rollout_accept_by_position`), every step
+  pooled: whether TLT's lead holds on the long responses' late tokens, where one-row SD spends its time.
 - interference_fraction: step time of tlt-shadow (trainer runs, its drafter unused) over
   vanilla's, minus 1; mean over repeats (paired by repeat) with a Student-t 95% interval.
 - reward_delta: TLT's final-step mean reward minus vanilla's (medians over repeats).
@@ -40,6 +43,7 @@ from typing import Any
 from tlt.adaptive.costs import CostPoint, DrafterCost, amdahl, cost_ratio, drafter_ratio, ideal_speedup
 from tlt.adaptive.stepper import merge_arm_rates
 from tlt.rollout.step_split import merge_tables, seconds_by_range
+from tlt.runtime.shard_metrics import accept_by_position
 from tlt.tasks.evaluate import length_stats
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
@@ -118,6 +122,7 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                   for i in range(n_steps)],
         "rollout_accept_length": [_median_or_none([r["steps"][i]["accept_length"] for r in runs])
                                   for i in range(n_steps)],
+        "rollout_accept_by_position": accept_by_position(s.get("sd_by_position") for r in runs for s in r["steps"]),
         "heldout_kl": [_median_or_none([(r.get("heldout_kl") or [None] * n_steps)[i] for r in runs])
                        for i in range(n_steps)],
         "frozen_accept_length": [_median_or_none([(r.get("frozen_accept_length") or [None] * n_steps)[i] for r in runs])
@@ -214,6 +219,10 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "amdahl_e2e_bound": amdahl(share, rollout_speedup),
         "accept_length_ratio": tlt_accept / static_accept if tlt_accept is not None and static_accept else None,
         "rollout_accept_length_ratio": tlt_rollout / static_rollout if tlt_rollout and static_rollout else None,
+        # TLT's accept length in the rollout over static's, per response-position range (whole run pooled)
+        "rollout_accept_ratio_by_position": {
+            edge: cell["accept_length"] / static["rollout_accept_by_position"][edge]["accept_length"]
+            for edge, cell in tlt["rollout_accept_by_position"].items() if edge in static["rollout_accept_by_position"]},
         "interference_fraction": interference_mean,
         "interference_ci95": interference_ci,
         "interference_per_repeat": interference,

@@ -32,9 +32,20 @@ from tlt.rollout.verify import verify_chain_tokens, verify_tree_tokens
 log = logging.getLogger(__name__)
 
 
+# Lower edges of the response-position ranges `AcceptanceStats.by_position` counts in (tokens generated
+# before the step): 0-31, 32-63, 64-127, 128-255, 256 and on.
+POSITION_EDGES = (0, 32, 64, 128, 256)
+
+
+def position_edge(position: int) -> int:
+    """The lower edge of the POSITION_EDGES range holding response position `position` (>= 0)."""
+    return max(e for e in POSITION_EDGES if e <= position)
+
+
 @dataclass
 class AcceptanceStats:
-    """Acceptance counted over speculative steps: per batch step and per request."""
+    """Acceptance counted over speculative steps: per batch step, per request, and per range of response
+    positions (`by_position`: edge -> [row-steps, accepted drafts], from rows whose step started there)."""
 
     steps: int = 0
     row_steps: int = 0
@@ -43,13 +54,16 @@ class AcceptanceStats:
     plain_fallbacks: int = 0
     last_step_accepted: list[int] = field(default_factory=list)
     per_request: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    by_position: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def accept_length(self) -> float:
         """Mean tokens gained per row and step (accepted drafts + the next token)."""
         return (self.accepted + self.row_steps) / self.row_steps if self.row_steps else 0.0
 
-    def record(self, request_ids: list[str], accepted: list[int], drafted: int) -> None:
+    def record(self, request_ids: list[str], accepted: list[int], drafted: int,
+               positions: list[int] | None = None) -> None:
+        """One step: each row's accepted drafts and (optional) its response position before the step."""
         self.steps += 1
         self.row_steps += len(accepted)
         self.accepted += sum(accepted)
@@ -57,6 +71,10 @@ class AcceptanceStats:
         self.last_step_accepted = accepted
         for rid, n in zip(request_ids, accepted):
             self.per_request[rid].append(n)
+        for position, n in zip(positions or (), accepted):
+            counts = self.by_position.setdefault(position_edge(position), [0, 0])
+            counts[0] += 1
+            counts[1] += n
 
 
 def _target_tokens(logits: Tensor, tree: DraftTree, batch: RunningBatch) -> tuple[Tensor, Tensor]:
@@ -121,7 +139,8 @@ class SpeculativeStepper:
         accepted = n_acc.tolist()
         counts = [n + 1 for n in accepted]
         new_lists = [row[:c] for row, c in zip(new.tolist(), counts)]
-        self.stats.record([s.request.request_id for s in batch.sequences], accepted, drafted)
+        self.stats.record([s.request.request_id for s in batch.sequences], accepted, drafted,
+                          [len(s.tokens) for s in batch.sequences])
         last = torch.tensor([row[-1] for row in new_lists], dtype=torch.long, device=device)  # [B]
         batch.commit(new_lists, last, logprobs, fed_hidden, fed=counts)
         return B * N

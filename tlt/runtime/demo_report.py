@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from tlt.runtime.report import REPORT_FILE, read_jsonl  # noqa: E402
+from tlt.runtime.shard_metrics import accept_by_position  # noqa: E402
 
 PLOT = "side_by_side.png"
 
@@ -44,6 +45,7 @@ def compare(vanilla: list[dict[str, Any]], tlt: list[dict[str, Any]]) -> dict[st
     out["harvested_seconds"] = total(run, "harvested_seconds")
     accepts = [m.get("accept_length") for m in run if m.get("accept_length") is not None]
     out["accept_length_mean"] = sum(accepts) / len(accepts) if accepts else None
+    out["accept_by_position"] = accept_by_position(m.get("sd_by_position") for m in run)
     out["per_step"] = [
         {"step": v["step"], "vanilla_rollout": v["rollout_seconds"], "tlt_rollout": t["rollout_seconds"],
          "vanilla_step": v["step_seconds"], "tlt_step": t["step_seconds"], "vanilla_reward": v["reward_mean"],
@@ -129,7 +131,10 @@ def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str 
         f"| generated tokens | {c['generated_tokens']['vanilla']:.0f} | {c['generated_tokens']['tlt']:.0f} | |",
         "",
         f"TLT: mean accept length {_fmt(c['accept_length_mean'])} tokens per row-step; idle rollout-worker time "
-        f"{c['idle_seconds']:.1f} s, of which its drafter trainers harvested {c['harvested_seconds']:.1f} s.",
+        f"{c['idle_seconds']:.1f} s, of which its drafter trainers harvested {c['harvested_seconds']:.1f} s."
+        + (" Accept length by response position (tokens generated before the step): " + ", ".join(
+            f"{edge}+ {cell['accept_length']:.2f} ({cell['row_steps']} row-steps)"
+            for edge, cell in c["accept_by_position"].items()) + "." if c.get("accept_by_position") else ""),
         "One machine's timings are noisy: `tlt bench run` repeats and interleaves runs for numbers to quote."
         + (f" Measured on: {machine}." if machine else ""), "",
         "| step | vanilla rollout s | TLT rollout s | vanilla reward | TLT reward | accept length | harvested s | arms |",

@@ -5,7 +5,8 @@ keeps what it compiled in an on-disk cache that every process of the machine rea
 or TORCHINDUCTOR_CACHE_DIR). The workers of a local run start together, so from a cold cache each compiles
 every graph itself, one core each: the target's graphs, then (modes static / tlt) the drafter's and its
 chains'. Measured on a 2-core AMD EPYC (countdown-deep-v3's 16-layer policy, 1 thread): 217 s for the
-target's 4 graphs, 173 s for the drafter's 12; 20 s + 30 s from a warm cache.
+target's 4 graphs, 173 s for all 12 of the drafter's; 20 s + 30 s from a warm cache (the demo's arms
+reach 6 of those 12: `tlt.adaptive.arms.drafter_graphs`).
 
 `precompile` compiles each graph once instead, in parallel lanes (one per core). A job is one graph set
 (the target's, or the drafter's) at one batch class (one row, or several: their graphs are independent);

@@ -259,6 +259,8 @@ class RolloutWorker:
                 "first_response_at": first_done[0] if first_done else finished,
                 "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
                 "sd_accepted": adaptive.stats.accepted if adaptive else 0,
+                "sd_by_position": ({str(e): list(c) for e, c in sorted(adaptive.stats.by_position.items())}
+                                   if adaptive else {}),
                 "sd_arms": summary["arms_chosen"],
                 "sd_arm_rates": summary["arm_rates"],
                 **({"step_split": split.table()} if split is not None else {})}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -10,6 +11,26 @@ import torch
 from tlt.adaptive.stepper import merge_arm_rates
 from tlt.rollout.step_split import merge_tables
 from tlt.runtime import steps
+
+
+def pool_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str, list[int]]:
+    """Per-range counts summed: each item maps a response-position range (its lower edge,
+    `tlt.rollout.speculative.POSITION_EDGES`) to [row-steps, accepted drafts] (a shard's or a step's
+    `sd_by_position`; None counts nothing). Ranges in order."""
+    total: dict[str, list[int]] = {}
+    for item in counts:
+        for edge, (n, accepted) in (item or {}).items():
+            cell = total.setdefault(edge, [0, 0])
+            cell[0] += n
+            cell[1] += accepted
+    return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
+
+
+def accept_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str, dict[str, float]]:
+    """Accept length (accepted drafts + 1 per row-step) per response-position range, `counts` pooled:
+    {edge: {"accept_length", "row_steps"}}; ranges without a row-step left out."""
+    return {edge: {"accept_length": (n + a) / n, "row_steps": n}
+            for edge, (n, a) in pool_by_position(counts).items() if n}
 
 
 def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
@@ -35,6 +56,7 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     row_steps = sum(r["sd_row_steps"] for r in results)
     out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
     out["sd_row_steps"] = row_steps
+    out["sd_by_position"] = pool_by_position(r.get("sd_by_position") for r in results)
     arms: dict[str, int] = {}
     for r in results:
         for arm, count in r["sd_arms"].items():
