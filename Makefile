@@ -43,7 +43,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP) || echo "note: $(VLLM) did not install; the vLLM tier will skip"
 
 test: $(STAMP) system-deps vllm-venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 	@if [ -f $(VLLM_STAMP) ]; then $(VENV_VLLM)/bin/python -m pytest -q -m vllm tests/vllm_tier; \
 	  else echo "vLLM tier skipped: $(VENV_VLLM) is not installed (make vllm-venv)"; fi
 
