@@ -208,7 +208,7 @@ def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: di
                 log.warning("precompile of the %s graphs failed (%s: %s); the workers compile them themselves",
                             s.describe(), type(exc).__name__, exc)
                 report["failed"].append(s.describe())
-                if isinstance(exc, BrokenProcessPool):  # the lane's process died: the next job gets a new one
+                if isinstance(exc, BrokenProcessPool):  # the job's child or the lane's process died: start afresh
                     pool.shutdown(wait=False)
                     pool = None
                 continue
