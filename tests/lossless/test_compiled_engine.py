@@ -83,10 +83,11 @@ def test_compiled_greedy_equals_eager(model, drafter_name):
     _assert_same(_generate(model, _requests(), drafter_name, compiled=True), eager, atol)
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 4])
 def test_compiled_eagle_chain_drafts_what_eager_drafts(k: int):
     """The fused catch-up + chain graph (one drafter call per step) drafts the eager function's tokens:
-    every row accepts the same number of drafts at every step (same drafts, same verdicts), float64."""
+    every row accepts the same number of drafts at every step (same drafts, same verdicts), float64, for
+    the shortest chain and a long one (each depth is a graph of its own, compiled cold: ~20-30 s)."""
     model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
     accepted = {}
     for compiled in (False, True):
@@ -133,17 +134,16 @@ def test_compiled_adaptive_stepper_equals_eager():
     _assert_same(outs[1], outs[0], 1e-6)
 
 
-def test_steady_state_compiles_nothing_new():
+def test_steady_state_compiles_nothing_new(fresh_graphs):
     """After one generate has met every shape class, other batch sizes, prompt lengths and widths reuse them."""
-    model = tiny_model("llama", dtype=torch.float32, vocab_size=32, seed=2)
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=2)
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
     engine.stepper = SpeculativeStepper(engine.runner, _drafter("eagle-chain", model, True))
     engine.generate(_requests())
     compiled = engine.runner.compiled
     drafter_step = engine.stepper.drafter.state.compiled
     before = (compiled.compiles, drafter_step.compiles)
-    # graphs are shared by every step of the process: earlier tests may have compiled some already
-    assert before[0] <= 6 and before[1] <= 6, f"graphs compiled (target, drafter): {before}"
+    assert 0 < before[0] <= 6 and before[1] <= 6, f"graphs compiled (target, drafter): {before}"
     more = [Request("a", [3, 4, 5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=11)),
             Request("b", [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=5))]
     engine.generate(more)
@@ -181,10 +181,10 @@ def test_rollout_compile_setting():
         resolve_compile("sometimes", shallow)
 
 
-def test_warm_up_compiles_every_shape_class_before_the_first_generate():
+def test_warm_up_compiles_every_shape_class_before_the_first_generate(fresh_graphs):
     """After `warm_up`, a first generate with an EAGLE chain (prefill, decode, verify, drafter
     catch-up and chain steps, at batch 1 and above; greedy, then sampling) compiles nothing."""
-    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=5, num_layers=1, hidden_size=48)
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=5)
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
     drafter = _eagle(model)
     assert warm_up(engine, drafter, chain_depths=[3]) > 0

@@ -87,11 +87,11 @@ def test_skipping_guards_computes_what_full_guards_compute():
     assert full.guarded_calls == len(plan)
 
 
-def test_every_width_and_batch_shares_four_graphs():
+def test_every_width_and_batch_shares_four_graphs(fresh_graphs):
     """The graph set stays bounded with every guard checked: widths 2..5 and batches 2..4 reuse the (B > 1 |
     B = 1) x (Q > 1 | Q = 1) graphs (a change that specialises a size, e.g. a region whose inputs lose
     their dynamic marks, compiles a graph per width and fails here)."""
-    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, num_layers=2, seed=7, hidden_size=40)
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, num_layers=2, seed=7)
     cache = _cache(model)
     step = CompiledStep(decoder_forward, name="bounded", skip_guards=False)
     with torch.no_grad():
@@ -101,10 +101,10 @@ def test_every_width_and_batch_shares_four_graphs():
     assert step.compiles <= 4, f"{step.compiles} graphs for 4 shape classes"
 
 
-def test_a_class_wrongly_taken_as_served_falls_back_to_full_guards():
+def test_a_class_wrongly_taken_as_served_falls_back_to_full_guards(fresh_graphs):
     """If `shape_class` ever called two graphs' inputs one class, dynamo refuses to compile under the
     skip-guards stance; the step then calls again with every guard, and computes what eager computes."""
-    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, num_layers=2, seed=8, hidden_size=24)
+    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, num_layers=2, seed=8)
     cache = _cache(model)
     step = CompiledStep(decoder_forward, name="fallback")
     with torch.no_grad():

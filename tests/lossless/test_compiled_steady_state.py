@@ -37,12 +37,12 @@ def _requests(temperature: float, rows: int, max_new: int, tag: str) -> list[Req
                                                             seed=i)) for i in range(rows)]
 
 
-def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm():
+def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
     """Sampling rollouts after a warm-up planned for sampling, then greedy ones after the greedy plan's
-    warm-up: neither compiles a graph, so each plan holds every graph its rollouts reach. (How many graphs a
-    warm-up adds depends on what earlier tests in the process compiled: dynamo's graphs are per process;
+    warm-up: neither compiles a graph, so each plan holds every graph its rollouts reach. (Dynamo starts
+    empty, `fresh_graphs`; the greedy plan's warm-up adds only what the sampling plan's lacked.
     `test_warm_up_runs_only_the_planned_drafter_classes` checks what a plan runs.)"""
-    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=7, num_layers=1, hidden_size=48)
+    model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=7)
     torch.manual_seed(3)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).eval()
     drafter.bind_policy(model)
