@@ -76,6 +76,20 @@ def test_workload_file_is_pinned_and_every_variant_is_a_valid_run():
     assert quick.sha256 == workload.sha256 and quick.repeats >= 2
 
 
+def test_every_pinned_workload_loads_with_a_name_of_its_own():
+    """Every workload file in bench/ (the retired ones keep their results) is a valid pin: each variant, full
+    and quick, is a valid run, and no two files share a name (a changed workload is a new name)."""
+    names = {}
+    for path in sorted(DEFAULT_WORKLOAD.parent.glob("workload*.yaml")):
+        for quick in (False, True):
+            workload = load_workload(path, quick=quick)
+            assert workload.repeats >= (2 if quick else 3), path.name
+            for variant in workload.variants:
+                assert variant_run(workload, variant, 0).spec.speculative.mode in ("off", "ngram", "static", "tlt")
+        names.setdefault(workload.name, []).append(path.name)
+    assert all(len(files) == 1 for files in names.values()), names
+
+
 def _synthetic_runs(workload) -> list[dict]:
     runs = []
     for repeat in range(3):
