@@ -52,22 +52,6 @@ def test_second_call_hits_the_cache(trained, monkeypatch):
     assert warm_start(reduced_config(), root=root) == folder
 
 
-def test_shape_folder_is_the_warm_starts_architecture_untrained(trained, monkeypatch):
-    root, folder = trained
-    monkeypatch.setattr(ws, "train_policy", lambda *_a, **_k: pytest.fail("the shape folder trains nothing"))
-    shape = ws.shape_folder(reduced_config(), root=root)
-    assert shape != folder and ws.shape_folder(reduced_config(), root=root) == shape  # cached
-    for name in ("config.json", "tokenizer.json"):  # what compiling reads, as the trained folder has it
-        assert (shape / name).read_bytes() == (folder / name).read_bytes(), name
-    untrained = dict(AutoModelForCausalLM.from_pretrained(shape).named_parameters())
-    trained_params = dict(AutoModelForCausalLM.from_pretrained(folder).named_parameters())
-    assert {k: v.shape for k, v in untrained.items()} == {k: v.shape for k, v in trained_params.items()}
-    assert not torch.equal(untrained["model.embed_tokens.weight"], trained_params["model.embed_tokens.weight"])
-    assert ws.cached(reduced_config(), root=root) == folder
-    assert ws.cached(reduced_config(), root=root / "elsewhere") is None
-    assert not [p for p in shape.parent.iterdir() if p.name.startswith(".")], "no staging folder left behind"
-
-
 def test_cache_key_follows_the_config():
     base = reduced_config()
     assert base.cache_key() == reduced_config().cache_key()

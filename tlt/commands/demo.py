@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
@@ -44,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     from tlt.runtime.ray_cluster import local_graph_sets, precompile_local
     from tlt.runtime.ray_coordinator import policy_path
     from tlt.runtime.ray_train import train_ray
-    from tlt.tasks.warmstart import cached, shape_folder
 
     if not args.file.is_file():
         print(f"--file {args.file}: no such file; run from a checkout of the repository or pass --file", file=sys.stderr)
@@ -63,28 +61,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.file}: speculative.mode is 'off'; the demo compares it with a speculative mode", file=sys.stderr)
         return 2
     warmstart = CONFIGS[args.warmstart]()
+    if spec.spec.model.path is None and spec.spec.speculative.drafter_path is None:
+        budget = DRAFTER_WARMSTART if args.warmstart != "reduced" else {**DRAFTER_WARMSTART, "prompts": 16, "steps": 10,
+                                                                        "maxNewTokens": 64}
+        spec.spec.speculative.drafter_path = str(drafter_warm_start(warmstart, budget)[0])
     vanilla = spec.model_copy(deep=True)
     vanilla.spec.speculative.mode = "off"
-    # Both runs' graph sets compile once, in parallel lanes, so each run's workers start on a warm compile
-    # cache; and while the built-in warm start trains, since graphs depend on the policy's shape, not its
-    # weights (the lanes compile from its untrained folder: `shape_folder`).
+    # both runs' graph sets at once, in parallel: each run's workers then start on a warm compile cache
     resources = {"CPU": float(os.cpu_count() or 1)}
-    builtin = spec.spec.model.path is None
-    shape = spec.spec.model.path if not builtin else str(cached(warmstart) or shape_folder(warmstart))
-    sets = local_graph_sets(vanilla.spec, shape, resources) + local_graph_sets(spec.spec, shape, resources)
+    policy = policy_path(spec, warmstart)
     console = Console()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-precompile") as pool:
-        compiling = pool.submit(precompile_local, sets, resources) if sets else None
-        if compiling is not None:
-            console.print("compiling the engines' graphs once for both runs (minutes from a cold cache)"
-                          + ("" if cached(warmstart) or not builtin else ", while the warm start trains"))
-        if builtin and spec.spec.speculative.drafter_path is None:
-            budget = DRAFTER_WARMSTART if args.warmstart != "reduced" else {
-                **DRAFTER_WARMSTART, "prompts": 16, "steps": 10, "maxNewTokens": 64}
-            spec.spec.speculative.drafter_path = str(drafter_warm_start(warmstart, budget)[0])
-        policy_path(spec, warmstart)  # the warm start, trained here unless cached
-        report = compiling.result() if compiling is not None else None
-    if report is not None:
+    sets = local_graph_sets(vanilla.spec, policy, resources) + local_graph_sets(spec.spec, policy, resources)
+    if sets:
+        console.print("compiling the engines' graphs once for both runs (minutes from a cold cache)")
+        report = precompile_local(sets, resources)
         if report["lanes"]:
             done = ", ".join(f"{c['set']} {c['seconds']:.0f} s" for c in report["compiled"])
             console.print(f"compiled in {report['seconds']:.0f} s, {report['lanes']} in parallel: {done or 'nothing'}"
@@ -94,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
             console.print("one core: each run's workers compile their graphs as they start")
         else:
             console.print("already compiled on this machine")
-    vanilla.spec.speculative.drafter_path = spec.spec.speculative.drafter_path
     for name, run_ in (("vanilla", vanilla), ("tlt", spec)):
         code = train_ray(run_, args.out / name, warmstart=warmstart)
         if code:

@@ -288,48 +288,18 @@ def warm_start(
     model, metrics = train_policy(config, tokenizer, on_step)
     metrics.update(evaluate_policy(model, tokenizer, config))
     log.info("warm start trained: %s", metrics)
-    meta = {"config": dataclasses.asdict(config), "cache_key": config.cache_key(), "metrics": metrics}
-    return _publish(target, METADATA_FILE, model, tokenizer, meta)
-
-
-def _publish(target: Path, done: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
-             meta: dict | None = None) -> Path:
-    """Write model, tokenizer (and `meta` as METADATA_FILE) under a temporary name beside `target`, then
-    rename it to `target`: a reader sees the whole folder or none. `done` is the file whose presence
-    says `target` is complete (a concurrent writer that won the rename is fine)."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        if meta is not None:
-            (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+        meta = {"config": dataclasses.asdict(config), "cache_key": config.cache_key(), "metrics": metrics}
+        (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2))
         os.rename(staging, target)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
-        if not (target / done).is_file():  # a concurrent writer did not win either
+        if not (target / METADATA_FILE).is_file():  # a concurrent writer did not win either
             raise
     return target
-
-
-def cached(config: WarmstartConfig, *, root: Path | None = None) -> Path | None:
-    """The warm start's folder when it is trained and cached already, else None (nothing is trained)."""
-    target = (root or cache_root()) / "warmstart" / config.cache_key()
-    return target if (target / METADATA_FILE).is_file() else None
-
-
-def shape_folder(config: WarmstartConfig, *, root: Path | None = None) -> Path:
-    """The warm start's architecture before it is trained: its config.json (byte for byte the trained
-    folder's), its tokenizer and its untrained initial weights, cached under `<key>-shape` beside it
-    (a few MB, built in a second). What compiling the engine's graphs needs, since those depend on the
-    policy's shapes, dtype and config, not on its weight values: `tlt demo` compiles from it while the
-    warm start trains."""
-    root = (root or cache_root()) / "warmstart"
-    target = root / f"{config.cache_key()}-shape"
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_task_tokenizer()
-    return _publish(target, "config.json", build_policy(config, len(tokenizer)).eval(), tokenizer)
 
 
 def load_metadata(folder: Path) -> dict:
