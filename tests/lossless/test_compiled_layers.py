@@ -68,3 +68,18 @@ def test_compiled_step_inlines_layer_regions_and_matches_eager():
         want = decoder_forward(*args)
     assert torch._dynamo.config.inline_invoke_subgraph
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_a_torch_without_inlining_traces_every_layer(monkeypatch):
+    """Where dynamo has no `inline_invoke_subgraph` (torch 2.11: `LAYER_REGIONS` False), no layer is a region:
+    the backend gets the same flat graph by tracing each layer, and the compiled step still equals eager."""
+    import tlt.rollout.runner as runner
+
+    monkeypatch.setattr(runner, "LAYER_REGIONS", False)
+    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, num_layers=3, seed=4, hidden_size=32)
+    args = _inputs(model)
+    assert _subgraph_calls(_graph_of(decoder_forward, args, inline=False)) == [], "no region without inlining"
+    with torch.no_grad():
+        want = decoder_forward(*args)
+        got = torch.compile(decoder_forward, backend="inductor", fullgraph=True, dynamic=False)(*args)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -58,18 +58,33 @@ def forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
     return go
 
 
-def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float]) -> dict:
+def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float], sync: Callable[[], None] = lambda: None) -> dict:
     """`repeats` rounds; in each, every fn called twice in a row and the second call timed: key -> [seconds].
     A decode loop runs a shape back to back; a call timed right after another shape's pays for what that
-    one evicted (measured: up to 1.3x slow)."""
+    one evicted (measured: up to 1.3x slow). `sync` waits for the device's queued work (a CUDA device
+    runs kernels asynchronously: without it the clock reads the launches, not the work)."""
     seconds: dict = {key: [] for key in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
             fn()
+            sync()
             t0 = now()
             fn()
+            sync()
             seconds[key].append(max(now() - t0, 1e-9))
     return seconds
+
+
+def _clock_for(clock: str, device: torch.device) -> tuple[Callable[[], float], Callable[[], None]]:
+    """(clock, device sync) for timing forwards on `device`. On CUDA only the wall clock measures the device's
+    work: the process's CPU time counts the host's launches (and its waits, spinning or not)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    if device.type == "cuda":
+        if clock != "wall":
+            raise ValueError(f"clock {clock!r} cannot time a CUDA device's work; use clock 'wall'")
+        return CLOCKS[clock], lambda: torch.cuda.synchronize(device)
+    return CLOCKS[clock], lambda: None
 
 
 @torch.no_grad()
@@ -94,9 +109,7 @@ def measure_costs(
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
-    now = CLOCKS[clock]
+    now, sync = _clock_for(clock, model.device)
     widths = sorted(set(widths) | {1})
     runner = ModelRunner(model, max_batch_size=max(batches), max_context=context + max(widths) + 1,
                          capacity=context + max(widths) + 1, compile=compile)
@@ -105,7 +118,8 @@ def measure_costs(
     fns = {(b, w): forward_fn(runner, b, w, context) for b in batches for w in widths}
     for fn in fns.values():
         fn()
-    seconds = _timed_rounds(fns, repeats, now)
+    sync()
+    seconds = _timed_rounds(fns, repeats, now, sync)
     out = []
     for b in batches:
         base = seconds[(b, 1)]
@@ -145,8 +159,8 @@ def measure_drafter_costs(
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    now = CLOCKS[clock]
-    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype).eval()
+    now, sync = _clock_for(clock, model.device)
+    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, model.dtype).eval()
     drafter.bind_policy(model)
     rows = max(batches)
     state = EagleCache(drafter, model.get_input_embeddings(), rows, context + 2, compile)
@@ -168,7 +182,8 @@ def measure_drafter_costs(
            for b in batches for kind in ("drafter", "target")}
     for fn in fns.values():
         fn()
-    seconds = _timed_rounds(fns, repeats, now)
+    sync()
+    seconds = _timed_rounds(fns, repeats, now, sync)
     return [DrafterCost(b, min(seconds[(b, "drafter")]), min(seconds[(b, "drafter")]) / min(seconds[(b, "target")]))
             for b in batches]
 

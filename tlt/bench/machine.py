@@ -36,10 +36,11 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 def machine_info() -> dict[str, Any]:
     """The host as a benchmark result records it: CPU model, logical CPUs and those this process may use,
-    the vector instruction set torch's CPU kernels use here, torch, Python and the OS."""
+    the vector instruction set torch's CPU kernels use here, the GPU (None without CUDA), torch, Python and the OS."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": usable,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu, "torch": torch.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 
 

@@ -327,6 +327,46 @@ def _worker_run(args: argparse.Namespace) -> int:
     return _write_json(console, args.json, result)
 
 
+def _costs_arguments(parser: argparse.ArgumentParser) -> None:
+    from tlt.bench.costs import SHAPES
+
+    parser.add_argument("--shape", default=None, help=f"a published shape, random weights: {', '.join(SHAPES)} "
+                        "(default qwen2.5-0.5b unless --config)")
+    parser.add_argument("--config", type=Path, default=None, help="a model's config.json (or its folder) instead")
+    parser.add_argument("--device", default="cpu", help="torch device to decode on: cpu (default), cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    parser.add_argument("--batches", type=_batches, default=(1, 4, 16, 64),
+                        help="running batch sizes (default 1,4,16,64)")
+    parser.add_argument("--depths", type=_batches, default=(1, 2, 3, 4, 6, 8),
+                        help="chain depths (default 1,2,3,4,6,8)")
+    parser.add_argument("--context", type=int, default=512, help="cached tokens per row (default 512)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, fastest kept (default 5)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (default 1)")
+    parser.add_argument("--compile", action="store_true", help="time the compiled steps (as rollout.compile on)")
+
+
+def _costs_run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+
+    from tlt.bench.costs import CostsConfig, costs_table, run_costs
+
+    console = Console()
+    torch.set_num_threads(max(1, args.threads))
+    shape = args.shape if args.shape or args.config else "qwen2.5-0.5b"
+    try:
+        cfg = CostsConfig(shape=shape, config=args.config, device=args.device, dtype=args.dtype,
+                          batches=args.batches, depths=args.depths, context=args.context, repeats=args.repeats,
+                          compile=args.compile)
+        with console.status("timing target, verify and drafter steps"):
+            result = run_costs(cfg)
+    except ValueError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    console.print(costs_table(result))
+    return _write_json(console, args.json, result)
+
+
 # name -> (help, add_arguments, run)
 BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "engine": ("tokens/s of the rollout engine vs transformers generate", _engine_arguments, _engine_run),
@@ -337,6 +377,8 @@ BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callabl
                _update_arguments, _update_run),
     "worker": ("one rollout worker alone (no Ray): vanilla vs tlt on the same shards, interleaved",
                _worker_arguments, _worker_run),
+    "costs": ("verify and drafter cost of a model shape on this hardware: break-even accept length by depth",
+              _costs_arguments, _costs_run),
 }
 
 

@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 
 StepFn = Callable[..., torch.Tensor]
 AUTO_MIN_LAYERS = 16
+# Whether decoder layers compile as nested regions (`tlt.rollout.runner.decoder_layer_region`): only where
+# dynamo can inline them back into one flat graph (`inline_invoke_subgraph`: in torch 2.13, not in 2.11).
+# Elsewhere every layer is traced: the same graphs and shapes, a longer compile (regions there would
+# compile a graph per batch and width).
+LAYER_REGIONS = hasattr(torch._dynamo.config, "inline_invoke_subgraph")
 # Every runner in a process shares the step function's compiled graphs: a process holding several
 # models (tests, the bench) needs more cache entries than dynamo's default 8.
 _CACHE_SIZE_LIMIT = 256
@@ -116,8 +121,10 @@ def _compiled(fn: StepFn, mode: str | None) -> Callable:
             torch._dynamo.config.accumulated_cache_size_limit, _CACHE_SIZE_LIMIT
         )
         # Decoder layers are nested compile regions (`tlt.rollout.runner.decoder_layer_region`): traced once,
-        # then inlined back into one flat graph for AOTAutograd and inductor (see there why).
-        torch._dynamo.config.inline_invoke_subgraph = True
+        # then inlined back into one flat graph for AOTAutograd and inductor (see there why). A torch
+        # without the option traces every layer instead (`LAYER_REGIONS`).
+        if LAYER_REGIONS:
+            torch._dynamo.config.inline_invoke_subgraph = True
         # Round where eager rounds: HF norms and RoPE compute in float32 and cast back; without this,
         # inductor fuses the casts away and the compiled step is (slightly) more precise than eager.
         patches: dict = {"emulate_precision_casts": True}

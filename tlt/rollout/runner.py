@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from tlt.rollout.compiled import CompiledStep
+from tlt.rollout.compiled import LAYER_REGIONS, CompiledStep
 from tlt.rollout.kv_cache import KVCache, write_layer
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
@@ -114,8 +114,9 @@ def run_layers(
     """Llama-shaped decoder layers over x [B, Q, H]; layer i uses the caches ks[i], vs[i]. Returns [B, Q, H].
 
     Under torch.compile each layer is a nested compile region (`decoder_layer_region`): dynamo traces the
-    first layer and stamps that trace out for the others (same structure, other weights and caches)."""
-    step = decoder_layer_region if torch.compiler.is_compiling() else decoder_layer
+    first layer and stamps that trace out for the others (same structure, other weights and caches), where
+    this torch can inline the stamped-out layers (`LAYER_REGIONS`); elsewhere every layer is traced."""
+    step = decoder_layer_region if LAYER_REGIONS and torch.compiler.is_compiling() else decoder_layer
     for layer, k_cache, v_cache in zip(layers, ks, vs):
         x = step(layer, x, rope, k_cache, v_cache, write_slots, attn_mask)
     return x
