@@ -31,9 +31,9 @@ from tlt.rollout.verify import ChainVerdict, Rng, TreeVerdict
 
 
 def random_eagle(model: PreTrainedModel, seed: int = 3) -> EagleDrafter:
-    """An untrained EAGLE drafter (seeded init) in the model's dtype, bound to its embedding and head."""
+    """An untrained EAGLE drafter (seeded init) on the model's device, in its dtype, bound to its embedding and head."""
     torch.manual_seed(seed)
-    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.dtype)
+    drafter = EagleDrafter(drafter_config_from_target(model.config)).to(device=model.device, dtype=model.dtype)
     drafter.bind_policy(model)
     return drafter
 

@@ -297,3 +297,15 @@ def test_aligned_drafter_agrees_with_target_and_off_by_one_does_not(caplog):
     assert good >= 0.6, f"aligned drafter agrees only {good:.3f}"
     assert bad <= 0.3, f"off-by-one drafter agrees {bad:.3f}"
     assert good - bad >= 0.4, f"aligned {good:.3f} vs off-by-one {bad:.3f}"
+
+
+def test_drafting_refuses_a_drafter_on_another_device_than_the_policy():
+    """A drafter left on the CPU beside a policy on a GPU fails at once, saying what to do (not deep inside a
+    matmul at the first draft)."""
+    from tlt.rollout.drafting import EagleChainDrafter
+
+    policy = tiny_model("qwen2", vocab_size=32, seed=1)
+    drafter = EagleDrafter(drafter_config_from_target(policy.config)).to("meta")
+    drafter.bind_policy(policy)
+    with pytest.raises(ValueError, match="move the drafter to the policy's device"):
+        EagleChainDrafter(drafter, policy.get_input_embeddings(), k=2, max_batch_size=2, max_context=16)

@@ -123,7 +123,7 @@ class RolloutWorker:
         self.bandit: BucketedBandit | None = None
         self._bandit_state: dict[str, Any] | None = None  # from a checkpoint, loaded into the next stepper
         if self.uses_drafter:
-            self.drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
+            self.drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, torch.float32).eval()
             self.drafter.bind_policy(model)
         # Kept across steps: a prompt's earlier responses draft its next ones. A finished wave is indexed
         # after the rollout's results return (~0.1 s for 32 rows here: not the rollout's critical path).
