@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+# The CPU tier's drafter tables and exact joints: tests/lossless is no package (pytest imports its modules by
+# name, from their folder), so this module imports them the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lossless"))
 
 import _sd_helpers as H  # noqa: E402
