@@ -32,6 +32,12 @@ def test_bad_input_names_the_field(tmp_path):
         model_config(CostsConfig(shape=None, config=tmp_path / "nope.json"))
     with pytest.raises(ValueError, match="--batches and --depths"):
         run_costs(CostsConfig(batches=(0,)))
+    with pytest.raises(ValueError, match="--device must be a torch device"):
+        run_costs(CostsConfig(device="gpu0"))
+    with pytest.raises(ValueError, match="--device must be cpu or cuda"):
+        run_costs(CostsConfig(device="meta"))
+    with pytest.raises(ValueError, match="dtype 'int8' is not supported"):
+        run_costs(CostsConfig(dtype="int8"))  # refused before any model is built
 
 
 def test_only_the_wall_clock_times_a_cuda_device():

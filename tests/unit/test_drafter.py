@@ -299,13 +299,12 @@ def test_aligned_drafter_agrees_with_target_and_off_by_one_does_not(caplog):
     assert good - bad >= 0.4, f"aligned {good:.3f} vs off-by-one {bad:.3f}"
 
 
-def test_drafting_refuses_a_drafter_on_another_device_than_the_policy():
-    """A drafter left on the CPU beside a policy on a GPU fails at once, saying what to do (not deep inside a
-    matmul at the first draft)."""
-    from tlt.rollout.drafting import EagleChainDrafter
-
+def test_binding_refuses_a_drafter_on_another_device_than_the_policy():
+    """A drafter left on the CPU beside a policy on a GPU fails when it is bound, saying what to do (not deep
+    inside a matmul at the first draft)."""
     policy = tiny_model("qwen2", vocab_size=32, seed=1)
     drafter = EagleDrafter(drafter_config_from_target(policy.config)).to("meta")
-    drafter.bind_policy(policy)
     with pytest.raises(ValueError, match="move the drafter to the policy's device"):
-        EagleChainDrafter(drafter, policy.get_input_embeddings(), k=2, max_batch_size=2, max_context=16)
+        drafter.bind_policy(policy)
+    drafter.to_empty(device="cpu").bind_policy(policy)  # on the policy's device: bound
+    assert drafter.is_bound

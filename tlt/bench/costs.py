@@ -61,7 +61,7 @@ def model_config(cfg: CostsConfig) -> PretrainedConfig:
     if cfg.config is not None:
         if not Path(cfg.config).exists():
             raise ValueError(f"--config: {cfg.config} does not exist (a config.json file or a folder holding one)")
-        return AutoConfig.from_pretrained(str(cfg.config))
+        return AutoConfig.from_pretrained(str(cfg.config))  # a family the runner cannot drive is refused there
     if cfg.shape not in SHAPES:
         raise ValueError(f"--shape must be one of {', '.join(SHAPES)}; got {cfg.shape!r}")
     kwargs = dict(SHAPES[cfg.shape])
@@ -89,7 +89,12 @@ def run_costs(cfg: CostsConfig) -> dict[str, Any]:
         raise ValueError(f"--batches and --depths must be integers >= 1, got {cfg.batches} and {cfg.depths}")
     if cfg.context < 1 or cfg.repeats < 1:
         raise ValueError(f"--context and --repeats must be >= 1, got {cfg.context} and {cfg.repeats}")
-    device = torch.device(cfg.device)
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError:
+        raise ValueError(f"--device must be a torch device (cpu, cuda, cuda:1, ...), got {cfg.device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:N], got {cfg.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {cfg.device}: no CUDA device here")
     config = model_config(cfg)

@@ -334,7 +334,7 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default qwen2.5-0.5b unless --config)")
     parser.add_argument("--config", type=Path, default=None, help="a model's config.json (or its folder) instead")
     parser.add_argument("--device", default="cpu", help="torch device to decode on: cpu (default), cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float32 or float64")
     parser.add_argument("--batches", type=_batches, default=(1, 4, 16, 64),
                         help="running batch sizes (default 1,4,16,64)")
     parser.add_argument("--depths", type=_batches, default=(1, 2, 3, 4, 6, 8),

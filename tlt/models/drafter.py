@@ -111,6 +111,11 @@ class EagleDrafter(nn.Module):
             raise ValueError(
                 f"lm_head has {lm_head.out_features} outputs but embed_tokens has {embed_tokens.num_embeddings} rows"
             )
+        devices = {self.fc.weight.device, embed_tokens.weight.device, lm_head.weight.device}
+        if len(devices) > 1:
+            raise ValueError(f"the drafter is on {self.fc.weight.device}, the policy's embedding on "
+                             f"{embed_tokens.weight.device} and its LM head on {lm_head.weight.device}: move the "
+                             "drafter to the policy's device (drafter.to(device)) before binding")
         self._bound = (embed_tokens, lm_head)
 
     def bind_policy(self, policy: PreTrainedModel) -> None:
@@ -197,7 +202,7 @@ def _check_saved_shapes(saved: dict, expected: LlamaConfig, config_file: Path) -
 
 
 def load_drafter(path: str | Path, target: PretrainedConfig | PreTrainedModel) -> EagleDrafter:
-    """Load a drafter saved by save_drafter for this target; bound to the target when a model is given.
+    """Load a drafter saved by save_drafter for this target; on its device and bound to it when a model is given.
 
     The key set must match exactly and every shape must fit the target, or ValueError names the
     offending keys / fields. The weights keep the dtype they were saved in.
@@ -234,6 +239,7 @@ def load_drafter(path: str | Path, target: PretrainedConfig | PreTrainedModel) -
     drafter.to(dtypes.pop())
     drafter.load_state_dict(state, strict=True)
     if isinstance(target, PreTrainedModel):
+        drafter.to(target.device)
         drafter.bind_policy(target)
     log.info("loaded drafter from %s", folder)
     return drafter

@@ -91,9 +91,6 @@ class EagleStep(torch.nn.Module):
 
     def __init__(self, drafter: EagleDrafter, embed: torch.nn.Embedding) -> None:
         super().__init__()
-        if drafter.fc.weight.device != embed.weight.device:
-            raise ValueError(f"the drafter's weights are on {drafter.fc.weight.device} but the policy's embedding "
-                             f"is on {embed.weight.device}: move the drafter to the policy's device (drafter.to)")
         self.drafter = drafter
         self.embed = embed
         self.rotary = LlamaRotaryEmbedding(drafter.config).to(drafter.fc.weight.device)
