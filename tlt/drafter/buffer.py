@@ -65,6 +65,13 @@ class PackedBatch:
         causal = torch.ones(segment.shape[0], segment.shape[0], dtype=torch.bool).tril()
         return (causal & (segment[:, None] == segment[None, :]))[None, None]
 
+    def to(self, device: torch.device) -> PackedBatch:
+        """This row with its tensors on `device` (itself where they are there already): the buffer keeps
+        samples on the CPU, a drafter may train on a GPU."""
+        if self.batch.input_ids.device == device:
+            return self
+        return PackedBatch(batch=DrafterBatch(*(t.to(device) for t in self.batch)), segments=self.segments)
+
     @property
     def num_positions(self) -> int:
         return int(self.batch.input_ids.shape[1])

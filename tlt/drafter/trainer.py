@@ -47,8 +47,8 @@ PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[in
 SYNC_EVERY = 16
 
 def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
-    """The EAGLE loss (a scalar with its graph) on one packed row."""
-    b = packed.batch
+    """The EAGLE loss (a scalar with its graph) on one packed row (moved to the drafter's device)."""
+    b = packed.to(drafter.device).batch
     pred = drafter(b.input_ids, b.features, b.position_ids, segments=packed.segments)  # [1, T, H]
     with torch.no_grad():
         target_logits = drafter.logits(b.target)  # [1, T, V]
@@ -80,7 +80,7 @@ def packed_agreement(drafter: EagleDrafter, packs: list[PackedBatch]) -> tuple[i
     """(positions where argmax head(drafter) == argmax head(f[t+1]), positions counted), response only."""
     agree = total = 0
     for packed in packs:
-        b = packed.batch
+        b = packed.to(drafter.device).batch
         pred = drafter(b.input_ids, b.features, b.position_ids, segments=packed.segments)
         same = drafter.logits(pred).argmax(-1) == drafter.logits(b.target).argmax(-1)  # [1, T]
         agree += int((same & b.mask).sum())

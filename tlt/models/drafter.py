@@ -123,6 +123,11 @@ class EagleDrafter(nn.Module):
         self.bind(policy.get_input_embeddings(), policy.get_output_embeddings())
 
     @property
+    def device(self) -> torch.device:
+        """The device of the drafter's own parameters (its bound embedding and head are there too)."""
+        return next(self.parameters()).device
+
+    @property
     def is_bound(self) -> bool:
         return self._bound is not None
 

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from tlt.runtime.devices import tree_to_cpu
+
 log = logging.getLogger(__name__)
 
 LATEST = "LATEST"
@@ -132,7 +134,7 @@ def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
         files[path.name] = file_sha256(path)
     for name, obj in ckpt.objects.items():
         path = tmp / f"{name}.pt"
-        torch.save(obj, path)
+        torch.save(tree_to_cpu(obj), path)  # readable on a machine without the GPU that trained it
         files[path.name] = file_sha256(path)
     manifest = {"step": ckpt.step, "files": files, "state": ckpt.state}
     _write_file_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -194,7 +196,7 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
         if name.endswith(".safetensors"):
             ckpt.tensors[stem] = load_file(str(path))
         else:
-            ckpt.objects[stem] = torch.load(path, weights_only=True)
+            ckpt.objects[stem] = torch.load(path, weights_only=True, map_location="cpu")
     return ckpt
 
 

@@ -7,6 +7,9 @@
     <out>/checkpoints/      whole-run checkpoints (`checkpoint.path`; relative paths are under <out>)
     <out>/policy/           the final policy (a Hugging Face folder `tlt.models.loading` reads)
 
+Device: the CPU, or `cuda` when `policy.resources.gpus >= 1` (`tlt.runtime.devices`); the engine's copy of
+the policy runs on the same device.
+
 Numerics: the policy's master weights are float32 (float64 when `model.dtype` is float64); the
 engine runs a copy in `model.dtype`, refreshed in place after every update. With bfloat16 the
 update's forward and backward run under autocast. The old log-probs of the GRPO ratio are the
@@ -45,6 +48,7 @@ from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.stepper import PlainStepper, Stepper
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
+from tlt.runtime.devices import CPU, gpu_plan
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
@@ -68,15 +72,17 @@ def master_dtype(model_dtype: str) -> torch.dtype:
 
 
 def build_policy(
-    spec: RunSpec, warmstart: WarmstartConfig | None = None
+    spec: RunSpec, warmstart: WarmstartConfig | None = None, device: torch.device = CPU
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy (master weights, eval mode) and tokenizer: `model.path`, else the built-in warm start."""
+    """The policy (master weights, eval mode, on `device`) and tokenizer: `model.path`, else the built-in
+    warm start."""
     path = spec.model.path
     if path is None:
         if spec.dataset.source != "builtin":
             raise ValueError("model.path is required unless dataset.source is 'builtin' (the warm start's task)")
         path = warm_start(warmstart or WarmstartConfig())
-    return load_policy(path, master_dtype(spec.model.dtype))
+    policy, tokenizer = load_policy(path, master_dtype(spec.model.dtype))
+    return policy.to(device), tokenizer
 
 
 def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, SpeculativeStepper | None]:
@@ -148,7 +154,10 @@ class LocalTrainer:
         self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
         self.problems = load_problems(self.spec.dataset, "train")
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
-        self.policy, self.tokenizer = build_policy(self.spec, warmstart)
+        # one process: the engine's copy of the policy computes where the policy does
+        device = gpu_plan(self.spec.policy.resources.gpus, 0, 1, {}, role_pods=False,
+                          cuda_available=torch.cuda.is_available()).policy_device
+        self.policy, self.tokenizer = build_policy(self.spec, warmstart, device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.compute_dtype = resolve_dtype(self.spec.model.dtype)
         self.optimizer = build_optimizer(self.policy, self.spec)

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+import torch
 
 from tlt.config import RunSpec
 from tlt.rl.reward_plugin import plugin_search_path
+from tlt.runtime.devices import GpuPlan, gpu_plan
 from tlt.runtime.precompile import graph_sets, precompile
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_services import VerifierWorker, hub_actor
@@ -40,13 +42,15 @@ ROLE_RESOURCES = {"rollout": "tlt_rollout", "verifier": "tlt_verifier"}
 
 @dataclass(frozen=True)
 class Placement:
-    """CPU shares and torch threads of each actor kind."""
+    """CPU shares and torch threads of each actor kind; the policy's device and each rollout worker's GPU
+    share (`tlt.runtime.devices`)."""
 
     rollout_cpus: float
     rollout_threads: int
     verifier_cpus: float
     hub_cpus: float
     driver_threads: int
+    gpus: GpuPlan = GpuPlan()
 
 
 def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str, float]:
@@ -63,10 +67,16 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
     return ray.cluster_resources()
 
 
-def placement(spec: RunSpec, resources: dict[str, float]) -> Placement:
+def placement(spec: RunSpec, resources: dict[str, float], *, cuda_available: bool | None = None) -> Placement:
     """Share the CPUs: most to rollout workers (their trainers run in the same processes), a little to
-    verifiers and the hub. Works for any core count >= 1; threads are at least one per actor."""
-    if resources.get(ROLE_RESOURCES["rollout"], 0) > 0:  # role pods: one actor per pod, that pod's CPUs
+    verifiers and the hub. Works for any core count >= 1; threads are at least one per actor. GPUs as the
+    roles' `resources.gpus` ask (`tlt.runtime.devices.gpu_plan`; `cuda_available` defaults to this
+    process's `torch.cuda.is_available()`); ValueError where a role asks for a GPU that is not there."""
+    role_pods = resources.get(ROLE_RESOURCES["rollout"], 0) > 0
+    gpus = gpu_plan(spec.policy.resources.gpus, spec.rollout.resources.gpus, spec.rollout.replicas, resources,
+                    role_pods=role_pods,
+                    cuda_available=torch.cuda.is_available() if cuda_available is None else cuda_available)
+    if role_pods:  # one actor per pod, that pod's CPUs
         rollout = cpu_quantity(spec.rollout.resources.cpu)
         small = min(0.1, cpu_quantity(spec.verifier.resources.cpu))
         return Placement(
@@ -75,6 +85,7 @@ def placement(spec: RunSpec, resources: dict[str, float]) -> Placement:
             verifier_cpus=_floor4(small),
             hub_cpus=_floor4(small),
             driver_threads=max(1, math.floor(cpu_quantity(spec.policy.resources.cpu))),
+            gpus=gpus,
         )
     cpus = float(resources.get("CPU", 1.0))
     workers = max(spec.rollout.replicas, 1)
@@ -87,6 +98,7 @@ def placement(spec: RunSpec, resources: dict[str, float]) -> Placement:
         verifier_cpus=_floor4(small),
         hub_cpus=_floor4(small),
         driver_threads=max(1, int(cpus)),
+        gpus=gpus,
     )
 
 
@@ -100,8 +112,10 @@ def _floor4(x: float) -> float:
     return math.floor(x * 10_000) / 10_000
 
 
-def _role_options(role: str, resources: dict[str, float], cpus: float) -> dict[str, Any]:
+def _role_options(role: str, resources: dict[str, float], cpus: float, gpus: float = 0.0) -> dict[str, Any]:
     options: dict[str, Any] = {"num_cpus": cpus}
+    if gpus > 0:
+        options["num_gpus"] = gpus
     custom = ROLE_RESOURCES.get(role)
     if custom is not None and resources.get(custom, 0) > 0:
         options["resources"] = {custom: 1}
@@ -141,10 +155,13 @@ def worker_rows(spec: RunSpec) -> int:
 def local_graph_sets(spec: RunSpec, policy_path: str, resources: dict[str, float]) -> list[Any]:
     """The graph sets the rollout workers of `spec` compile when they all start on this machine (a local
     cluster of `resources`, no role pods), for `tlt.runtime.precompile`; [] with role pods (each pod
-    compiles into its own cache)."""
+    compiles into its own cache) or when the workers roll out on GPUs (this compiles CPU graphs)."""
     if resources.get(ROLE_RESOURCES["rollout"], 0) > 0:
         return []
-    return graph_sets(spec, policy_path, worker_rows(spec), placement(spec, resources).rollout_threads)
+    plan = placement(spec, resources)
+    if plan.gpus.rollout_gpus > 0:
+        return []
+    return graph_sets(spec, policy_path, worker_rows(spec), plan.rollout_threads)
 
 
 def precompile_local(sets: list[Any], resources: dict[str, float]) -> dict[str, Any]:
@@ -197,8 +214,9 @@ def create_actors(
     if not sidecar and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
         precompile_local(local_graph_sets(spec, policy_path, resources), resources)
     rollout_cls = ray.remote(rollout_worker_class(spec))
+    rollout_options = _role_options("rollout", resources, plan.rollout_cpus, plan.gpus.rollout_gpus)
     workers = [
-        rollout_cls.options(max_concurrency=4, **_role_options("rollout", resources, plan.rollout_cpus)).remote(
+        rollout_cls.options(max_concurrency=4, **rollout_options).remote(
             i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads)
         for i in range(max(spec.rollout.replicas, 1))
     ]
@@ -206,8 +224,9 @@ def create_actors(
     if hub is not None:
         ray.get(hub.ping.remote())
     warmups = " / ".join(f"{s.get('warmup_seconds', 0.0):.1f}" for s in statuses)
-    log.info("started %d rollout workers (%.2f CPU, %d threads each; compile warm-up %s s), %d verifiers%s",
-             len(workers), plan.rollout_cpus, plan.rollout_threads, warmups, len(verifiers),
+    log.info("started %d rollout workers (%.2f CPU, %d threads, %s each; compile warm-up %s s), %d verifiers%s",
+             len(workers), plan.rollout_cpus, plan.rollout_threads,
+             f"{plan.gpus.rollout_gpus:g} GPU" if plan.gpus.rollout_gpus else "no GPU", warmups, len(verifiers),
              ", a drafter hub" if hub is not None else "")
     actors = Actors(rollout=workers, verifiers=verifiers, hub=hub)
     if sidecar:

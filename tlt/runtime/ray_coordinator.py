@@ -23,9 +23,8 @@ starts fresh actors; restarts beyond `runPolicy.backoffLimit` fail the run. When
 (the coordinator's node) is lost, Ray takes its actors with it; rerunning the same command (or
 the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
 
-Modes (`speculative.mode`; steppers from `tlt.runtime.ray_stepper`): off and ngram keep no
-drafter; static trains the drafter only in the idle time of the run's first step, then freezes
-it; tlt trains it every step.
+Modes (`speculative.mode`; steppers from `tlt.runtime.ray_stepper`): off and ngram keep no drafter; static
+trains the drafter only in the idle time of the run's first step, then freezes it; tlt trains it every step.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from tlt.monitoring import build_loggers
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
+from tlt.runtime.devices import to_cpu
 from tlt.runtime.drafter_metrics import drafter_step_metrics
 from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
@@ -101,7 +101,8 @@ class RayTrainer:
         self.policy_path = policy_path(run, warmstart)
         self.warmstart = warmstart
         self.resources = connect(address, num_cpus)
-        torch.set_num_threads(placement(self.spec, self.resources).driver_threads)
+        self.placement = placement(self.spec, self.resources)  # ValueError: a role asks for a missing GPU
+        torch.set_num_threads(self.placement.driver_threads)
         self.slots = SlotSource(self.spec.drafter.enabled_slots, self.out_dir)
         self.actors: Actors | None = None
         self.restarts = 0
@@ -115,7 +116,7 @@ class RayTrainer:
         return self.out_dir / METRICS_FILE
 
     def _load_initial(self) -> None:
-        self.policy, self.tokenizer = build_policy(self.spec, self.warmstart)
+        self.policy, self.tokenizer = build_policy(self.spec, self.warmstart, self.placement.gpus.policy_device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.compute_dtype = resolve_dtype(self.spec.model.dtype)
         self.optimizer = build_optimizer(self.policy, self.spec)
@@ -219,7 +220,7 @@ class RayTrainer:
         started = time.time()
         ids = steps.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
         engine_dtype = resolve_dtype(self.spec.model.dtype)
-        weights = ray.put({k: v.detach().to(engine_dtype) for k, v in self.policy.state_dict().items()})
+        weights = ray.put(to_cpu(self.policy.state_dict(), engine_dtype))
         stamps = [started, time.time()]  # what the step does before dispatching (`rollout_overhead_parts`)
         carried = self._stop_trainers(self._running_trainers)
         self._running_trainers = {}
@@ -231,9 +232,8 @@ class RayTrainer:
         futures = {}
         for worker, shard in zip(actors.rollout, steps.shards(ids, len(actors.rollout))):
             if shard:
-                ref = worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter,
-                                            candidate)
-                futures[ref] = worker
+                futures[worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter,
+                                              candidate)] = worker
         self._emit("phase", phase="rollout", workers=len(futures))
         results, trainers = self._collect_rollouts(futures, step)
         rollout_end = time.time()
@@ -256,8 +256,8 @@ class RayTrainer:
             result.update(agreement)
         metrics = {"step": step, **shard_rollout_metrics(completions, rewards, results, started, rollout_end, prepare),
                    **update, "update_seconds": update_seconds, "update_started_at": update_started,
-                   "rollout_dispatched_at": dispatched,
-                   **self._drafter_metrics(results, acks), "step_seconds": time.time() - started}
+                   "rollout_dispatched_at": dispatched, **self._drafter_metrics(results, acks),
+                   "step_seconds": time.time() - started}
         if self.spec.verifier.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
         if actors.hub is not None:

@@ -18,6 +18,7 @@ from tlt.drafter.priority import lower_thread_priority
 from tlt.models.drafter import drafter_config_from_target
 from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
 from tlt.rl.rewards import score
+from tlt.runtime.devices import to_cpu
 
 
 class VerifierWorker:
@@ -85,7 +86,7 @@ def hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:
     method = hub.push_delta.options(concurrency_group=PUSH_GROUP)  # the hub's low-priority threads
 
     def push(trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int, loss: float):
-        return ray.get(method.remote(trainer, delta, based_on, steps, tokens, loss))
+        return ray.get(method.remote(trainer, to_cpu(delta), based_on, steps, tokens, loss))  # the hub: CPU
 
     return push
 

@@ -48,6 +48,7 @@ from tlt.rollout.stepper import Stepper
 from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
 from tlt.runtime.after_rollout import AfterRollout
+from tlt.runtime.devices import actor_device, completion_to_cpu, to_cpu, tree_to_cpu
 from tlt.runtime.ray_services import hub_push, no_hub
 from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
@@ -87,6 +88,8 @@ class RolloutWorker:
                  hub: Any | None, threads: int = 1) -> None:
         torch.set_num_threads(threads)
         model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
+        # the GPU Ray gave this actor (`rollout.resources.gpus`), or the CPU (also outside Ray: tests, tools)
+        model.to(actor_device(ray.get_gpu_ids() if ray.is_initialized() else []))
         self._setup(index, spec, model, rows, verifiers)
         self.engine = Engine(model, max_batch_size=self.rows, max_context=self.context,
                              return_hidden=self.uses_drafter, compile=resolve_compile(spec.rollout.compile, model))
@@ -163,7 +166,8 @@ class RolloutWorker:
             run = self.trainer.current if self.trainer is not None else None
             iterations = run.iterations if run is not None else 0
         return {"worker": self.name, "state": state, "since": since, "running": self.running,
-                "trainer_iterations": iterations, "warmup_seconds": getattr(self, "warmup_seconds", 0.0)}
+                "trainer_iterations": iterations, "warmup_seconds": getattr(self, "warmup_seconds", 0.0),
+                "device": str(self.model.device)}
 
     def take_states(self) -> list[tuple[str, float]]:
         """State transitions since the last call (the current state stays as the first entry)."""
@@ -232,6 +236,7 @@ class RolloutWorker:
         try:
             with split if split is not None else contextlib.nullcontext():
                 completions = self.engine.generate(requests, on_step=on_step)
+            completions = [completion_to_cpu(c) for c in completions]  # for the buffer, a sidecar, the coordinator
         finally:
             self.engine.stepper = self.plain_stepper
             self.running = 0
@@ -309,7 +314,7 @@ class RolloutWorker:
                               drafter: tuple[int, dict[str, torch.Tensor]] | None,
                               candidate: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
         if self.sidecar is not None:
-            head = policy_head(self.model)
+            head = to_cpu(policy_head(self.model))
             return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter, candidate))
         if self.trainer is None:
             return {"agree": 0, "agree_total": 0}
@@ -332,7 +337,7 @@ class RolloutWorker:
         self.agreement()  # the last rollout's samples are in the buffer
         if self.sidecar is not None:
             return ray.get(self.sidecar.trainer_state.remote())
-        return self.trainer.state_dict() if self.trainer is not None else None
+        return tree_to_cpu(self.trainer.state_dict()) if self.trainer is not None else None
 
     def load_trainer_state(self, state: dict[str, Any] | None) -> None:
         """Resume the trainer's buffer from a checkpoint (before this worker's first rollout)."""

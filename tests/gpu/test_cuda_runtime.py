@@ -1,0 +1,77 @@
+"""`tlt train` on a CUDA device (`tlt.runtime.devices`): the single-process loop and the Ray runtime place the
+policy, its update, the rollout engines and the drafter trainers on the GPU where the roles'
+`resources.gpus` ask, hand tensors between processes on the CPU, and write checkpoints a CPU-only machine
+can read. Skipped where no CUDA device is present; the CPU half (the plan, the refusals) is
+tests/unit/test_devices.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tlt.config import TLTTrainingRun
+from tlt.runtime.checkpoint import load_latest
+from tlt.tasks.warmstart import reduced_config
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() False)"),
+]
+
+ON_GPU = {"policy": {"resources": {"gpus": 1}}, "rollout": {"replicas": 2, "resources": {"gpus": 1}}}
+
+
+def _run(name: str, **spec) -> TLTTrainingRun:
+    base = {
+        "model": {"dtype": "float32", "maxContext": 256},
+        "dataset": {"builtin": {"numTrain": 64, "numEval": 16}},
+        "algorithm": {"steps": 2, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 64, "microBatchSize": 16},
+        "verifier": {"replicas": 1},
+        "checkpoint": {"intervalSteps": 1},
+        **ON_GPU,
+    }
+    return TLTTrainingRun.model_validate({"metadata": {"name": name}, "spec": {**base, **spec}})
+
+
+def test_single_process_loop_trains_on_the_gpu_and_resumes_from_its_checkpoint(tmp_path):
+    from tlt.runtime.local import LocalTrainer
+
+    run = _run("local-gpu", speculative={"mode": "off"})
+    trainer = LocalTrainer(run, tmp_path, warmstart=reduced_config())
+    assert trainer.policy.device.type == "cuda"
+    history = trainer.train()
+    assert [m["step"] for m in history] == [1, 2]
+    assert all(math.isfinite(m["loss"]) for m in history)
+    ckpt = load_latest(tmp_path / "checkpoints")
+    state = ckpt.objects["optimizer"]["state"]
+    assert all(t.device.type == "cpu" for s in state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    longer = _run("local-gpu", speculative={"mode": "off"})
+    longer.spec.algorithm.steps = 3
+    resumed = LocalTrainer(longer, tmp_path, warmstart=reduced_config())
+    assert resumed.step == 2 and resumed.policy.device.type == "cuda"
+    assert [m["step"] for m in resumed.train()] == [1, 2, 3]
+
+
+def test_ray_runtime_rolls_out_and_trains_the_drafter_on_a_shared_gpu(tmp_path):
+    ray = pytest.importorskip("ray")
+    from tlt.runtime.ray_coordinator import RayTrainer
+
+    run = _run("ray-gpu", speculative={"mode": "tlt"},
+               drafter={"enabledSlots": "all", "batchTokens": 256, "learningRate": 1e-3})
+    try:
+        trainer = RayTrainer(run, tmp_path, warmstart=reduced_config(), num_cpus=4)
+        assert trainer.placement.gpus.rollout_gpus == 0.5  # two workers share the one GPU
+        assert trainer.policy.device.type == "cuda"
+        actors = trainer.start_actors()
+        statuses = ray.get([w.status.remote() for w in actors.rollout])
+        assert [s["device"] for s in statuses] == ["cuda:0", "cuda:0"]
+        history = trainer.train()
+    finally:
+        ray.shutdown()
+    assert [m["step"] for m in history] == [1, 2]
+    assert sum(m["drafter_updates"] for m in history) > 0, "no GPU trainer pushed a parameter change to the hub"
+    assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step-00000002"
+    assert (tmp_path / "policy" / "config.json").is_file()
