@@ -201,7 +201,8 @@ def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | No
         params = trainer.served[1]
     else:
         _, params = ray.get(trainer.actors.hub.pull.remote())
-    policy = copy.deepcopy(trainer.policy).to(resolve_dtype(trainer.spec.model.dtype)).eval()
+    # on the CPU wherever the run trains: one request at a time, the same numbers on any machine
+    policy = copy.deepcopy(trainer.policy).to("cpu", resolve_dtype(trainer.spec.model.dtype)).eval()
     return accept_length(policy, params, heldout_requests(trainer, workload), workload.heldout["depth"])
 
 
@@ -224,7 +225,7 @@ class DriftProbe:
                           max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + 1)
             engine = Engine(self.reference, max_batch_size=len(requests), max_context=context, return_hidden=False)
             self.batch = response_batch([(c.prompt_ids, c.token_ids) for c in engine.generate(requests)])
-        policy = copy.deepcopy(trainer.policy).to(dtype).eval()
+        policy = copy.deepcopy(trainer.policy).to("cpu", dtype).eval()  # the reference's device
         out: dict[str, float | None] = {
             "heldout_kl": policy_kl(self.reference, policy, *self.batch, trainer.spec.algorithm.temperature),
             "frozen_accept_length": None,
@@ -262,9 +263,11 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
 
 def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The verify cost curve of the starting policy in the workload's dtype, and the cost of one
-    drafter step relative to one target step at each batch (see tlt.adaptive.costs)."""
+    drafter step relative to one target step at each batch (see tlt.adaptive.costs), on the device the
+    rollout workers decode on (a GPU where `rollout.resources.gpus` asks for one)."""
     model, _ = load_policy(warm_start(workload.warmstart))
-    model = model.to(resolve_dtype(workload.spec["model"]["dtype"])).eval()
+    gpus = int(workload.spec.get("rollout", {}).get("resources", {}).get("gpus", 0))
+    model = model.to("cuda" if gpus > 0 else "cpu", resolve_dtype(workload.spec["model"]["dtype"])).eval()
     c = workload.costs
     compiled = resolve_compile(workload.spec.get("rollout", {}).get("compile", "auto"), model)  # as the workers run
     points = measure_costs(model, batches=list(c["batches"]), widths=list(c["widths"]), context=int(c["context"]),
