@@ -120,3 +120,15 @@ def test_a_packed_row_moves_to_the_drafters_device_and_stays_put_where_it_is():
     moved = row.to(torch.device("meta"))
     assert moved.segments == row.segments
     assert all(t.device.type == "meta" for t in moved.batch)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_the_gpu_bench_workload_is_refused_up_front_on_a_machine_without_one():
+    from pathlib import Path
+
+    from tlt.bench.run import check_devices, load_workload
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    with pytest.raises(ValueError, match=r"workload-gpu-v1\.yaml \(spec\): policy\.resources\.gpus is 1"):
+        check_devices(load_workload(bench / "workload-gpu-v1.yaml", quick=True))
+    check_devices(load_workload(bench / "workload-deep-v4.yaml"))  # a CPU workload passes

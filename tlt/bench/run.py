@@ -44,6 +44,7 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import steps
+from tlt.runtime.devices import gpu_plan
 from tlt.rollout.compiled import resolve_compile
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
@@ -291,6 +292,17 @@ def repeat_order(variants: list[str], repeat: int) -> list[str]:
     return variants[shift:] + variants[:shift]
 
 
+def check_devices(workload: Workload) -> None:
+    """Refuse, before any work, a workload whose roles ask for a GPU this machine lacks (ValueError naming
+    the workload and the field; `tlt.runtime.devices.gpu_plan`)."""
+    spec = variant_run(workload, next(iter(workload.variants)), 0).spec
+    try:
+        gpu_plan(spec.policy.resources.gpus, spec.rollout.resources.gpus, spec.rollout.replicas,
+                 {"GPU": float(torch.cuda.device_count())}, role_pods=False, cuda_available=torch.cuda.is_available())
+    except ValueError as exc:
+        raise ValueError(f"{workload.path} (spec): {exc}") from exc
+
+
 def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int = 2,
               progress: Progress | None = None) -> dict[str, Any]:
     """Run every variant `workload.repeats` times, interleaved (`repeat_order`); returns the summary
@@ -299,6 +311,7 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
     Each run's metrics are also written to `<work_dir>/<variant>-<repeat>.json` as soon as it ends
     (and the cost curve to `<work_dir>/costs.json`).
     """
+    check_devices(workload)
     note = progress or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}
     note("building (or finding) the warm-start drafter")

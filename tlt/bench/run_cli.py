@@ -147,6 +147,9 @@ def run_run(args: argparse.Namespace) -> int:
         os.environ[STEP_SPLIT_ENV] = "1"  # inherited by the local Ray cluster's workers
     try:
         report = run_bench(workload, work_dir=args.work_dir, num_cpus=args.num_cpus, progress=print)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
     finally:
         if before is None:
             os.environ.pop(STEP_SPLIT_ENV, None)
