@@ -38,7 +38,7 @@ def args_for(role: str, spec: Path = SPEC, out: Path = Path("/var/lib/tlt")) -> 
 def test_head_args_start_the_gcs_on_the_head_address_port():
     assert worker.ray_start_args("policy", 0, HEAD, "10.1.2.3") == [
         *RAY, "start", "--head", "--port", "6379", "--node-ip-address", "10.1.2.3", "--disable-usage-stats",
-        "--num-cpus", "0", "--include-dashboard", "false", "--block"]
+        "--num-cpus", "0", "--num-gpus", "0", "--include-dashboard", "false", "--block"]
 
 
 @pytest.mark.parametrize("role,resource", [("rollout", "tlt_rollout"), ("verifier", "tlt_verifier")])

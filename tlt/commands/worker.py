@@ -116,12 +116,12 @@ def ray_start_args(role: Role, rank: int, head_address: str, pod_ip: str) -> lis
     """The `ray start --block` argument list of a pod: the head (GCS on the head address's port) for policy
     rank 0, else a node joining `head_address`; rollout and verifier nodes carry their role's resource.
     `--block` on the head too: SIGTERM to that one process stops this node's Ray processes, and only them.
-    The head offers no CPUs to Ray: its CPUs are the policy update's, which runs in the coordinator's
+    The head offers no CPUs or GPUs to Ray: they are the policy update's, which runs in the coordinator's
     process outside Ray's bookkeeping, and the coordinator shares the cluster's CPUs among its actors."""
     common = ["--node-ip-address", pod_ip, "--disable-usage-stats"]
     if role == "policy" and rank == 0:
         return [*RAY, "start", "--head", "--port", str(head_port(head_address)), *common,
-                "--num-cpus", "0", "--include-dashboard", "false", "--block"]
+                "--num-cpus", "0", "--num-gpus", "0", "--include-dashboard", "false", "--block"]
     resource = ROLE_RESOURCES.get(role)
     resources = ["--resources", json.dumps({resource: 1})] if resource is not None else []
     return [*RAY, "start", "--address", head_address, *common, *resources, "--block"]
