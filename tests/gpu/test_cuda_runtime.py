@@ -7,13 +7,20 @@ tests/unit/test_devices.py."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from tlt.config import TLTTrainingRun
-from tlt.runtime.checkpoint import load_latest
-from tlt.tasks.warmstart import reduced_config
+# The CPU e2e run's spec (tests/e2e is no package: imported by name from its folder, as the other GPU test does)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from test_ray_runtime import SPEC  # noqa: E402
+
+from tlt.config import TLTTrainingRun  # noqa: E402
+from tlt.runtime.checkpoint import load_latest  # noqa: E402
+from tlt.tasks.warmstart import reduced_config  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,14 +32,8 @@ ON_GPU = {"policy": {"resources": {"gpus": 1}}, "rollout": {"replicas": 2, "reso
 
 
 def _run(name: str, **spec) -> TLTTrainingRun:
-    base = {
-        "model": {"dtype": "float32", "maxContext": 256},
-        "dataset": {"builtin": {"numTrain": 64, "numEval": 16}},
-        "algorithm": {"steps": 2, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 64, "microBatchSize": 16},
-        "verifier": {"replicas": 1},
-        "checkpoint": {"intervalSteps": 1},
-        **ON_GPU,
-    }
+    """The e2e run's spec on the GPU, two steps."""
+    base = {**SPEC, "algorithm": {**SPEC["algorithm"], "steps": 2}, **ON_GPU}
     return TLTTrainingRun.model_validate({"metadata": {"name": name}, "spec": {**base, **spec}})
 
 
@@ -59,8 +60,7 @@ def test_ray_runtime_rolls_out_and_trains_the_drafter_on_a_shared_gpu(tmp_path):
     ray = pytest.importorskip("ray")
     from tlt.runtime.ray_coordinator import RayTrainer
 
-    run = _run("ray-gpu", speculative={"mode": "tlt"},
-               drafter={"enabledSlots": "all", "batchTokens": 256, "learningRate": 1e-3})
+    run = _run("ray-gpu")  # speculative.mode tlt, the drafter trained on every idle worker
     try:
         trainer = RayTrainer(run, tmp_path, warmstart=reduced_config(), num_cpus=4)
         assert trainer.placement.gpus.rollout_gpus == 0.5  # two workers share the one GPU

@@ -36,7 +36,7 @@ from tlt.adaptive.costs import measure_costs, measure_drafter_costs
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
-from tlt.config import TLTTrainingRun
+from tlt.config import RunSpec, TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.drafting import EagleChainDrafter
@@ -262,12 +262,17 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
             "frozen_accept_length": [d["frozen_accept_length"] for d in drift]}
 
 
+def _common_spec(workload: Workload) -> RunSpec:
+    """The validated RunSpec of the workload's first variant (what every variant shares: model, roles)."""
+    return variant_run(workload, next(iter(workload.variants)), 0).spec
+
+
 def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The verify cost curve of the starting policy in the workload's dtype, and the cost of one
     drafter step relative to one target step at each batch (see tlt.adaptive.costs), on the device the
     rollout workers decode on (a GPU where `rollout.resources.gpus` asks for one)."""
     model, _ = load_policy(warm_start(workload.warmstart))
-    gpus = int(workload.spec.get("rollout", {}).get("resources", {}).get("gpus", 0))
+    gpus = _common_spec(workload).rollout.resources.gpus
     model = model.to("cuda" if gpus > 0 else "cpu", resolve_dtype(workload.spec["model"]["dtype"])).eval()
     c = workload.costs
     compiled = resolve_compile(workload.spec.get("rollout", {}).get("compile", "auto"), model)  # as the workers run
@@ -295,7 +300,7 @@ def repeat_order(variants: list[str], repeat: int) -> list[str]:
 def check_devices(workload: Workload) -> None:
     """Refuse, before any work, a workload whose roles ask for a GPU this machine lacks (ValueError naming
     the workload and the field; `tlt.runtime.devices.gpu_plan`)."""
-    spec = variant_run(workload, next(iter(workload.variants)), 0).spec
+    spec = _common_spec(workload)
     try:
         gpu_plan(spec.policy.resources.gpus, spec.rollout.resources.gpus, spec.rollout.replicas,
                  {"GPU": float(torch.cuda.device_count())}, role_pods=False, cuda_available=torch.cuda.is_available())

@@ -42,6 +42,16 @@ class GpuPlan:
     rollout_gpus: float = 0.0
 
 
+def policy_device(policy_gpus: int, *, cuda_available: bool) -> torch.device:
+    """`cuda` when the policy asks for a GPU (`policy.resources.gpus`) and this process sees one, the CPU when
+    it asks for none; ValueError naming the field when it asks for one that is not there."""
+    if policy_gpus > 0 and not cuda_available:
+        raise ValueError(
+            f"policy.resources.gpus is {policy_gpus} but this process sees no CUDA GPU "
+            "(torch.cuda.is_available() is False); set policy.resources.gpus to 0 to update the policy on the CPU")
+    return torch.device("cuda") if policy_gpus > 0 else CPU
+
+
 def gpu_plan(policy_gpus: int, rollout_gpus: int, replicas: int, resources: Mapping[str, float], *,
              role_pods: bool, cuda_available: bool) -> GpuPlan:
     """The GPU share of the policy and of each rollout worker, from the roles' `resources.gpus`.
@@ -51,10 +61,7 @@ def gpu_plan(policy_gpus: int, rollout_gpus: int, replicas: int, resources: Mapp
     cuda_available: whether this (the coordinator's) process sees a CUDA device.
     Raises ValueError naming the field when a role asks for a GPU that is not there.
     """
-    if policy_gpus > 0 and not cuda_available:
-        raise ValueError(
-            f"policy.resources.gpus is {policy_gpus} but this process sees no CUDA GPU "
-            "(torch.cuda.is_available() is False); set policy.resources.gpus to 0 to update the policy on the CPU")
+    device = policy_device(policy_gpus, cuda_available=cuda_available)
     gpus = float(resources.get("GPU", 0.0))
     share = 0.0
     if rollout_gpus > 0:
@@ -66,7 +73,7 @@ def gpu_plan(policy_gpus: int, rollout_gpus: int, replicas: int, resources: Mapp
             share = float(rollout_gpus)
         else:
             share = math.floor(min(1.0, gpus / max(replicas, 1)) * 10_000) / 10_000
-    return GpuPlan(policy_device=torch.device("cuda") if policy_gpus > 0 else CPU, rollout_gpus=share)
+    return GpuPlan(policy_device=device, rollout_gpus=share)
 
 
 def actor_device(gpu_ids: Sequence[object]) -> torch.device:

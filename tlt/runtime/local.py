@@ -48,7 +48,7 @@ from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.stepper import PlainStepper, Stepper
 from tlt.runtime import steps
 from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
-from tlt.runtime.devices import CPU, gpu_plan
+from tlt.runtime.devices import CPU, policy_device
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
@@ -155,8 +155,7 @@ class LocalTrainer:
         self.problems = load_problems(self.spec.dataset, "train")
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
         # one process: the engine's copy of the policy computes where the policy does
-        device = gpu_plan(self.spec.policy.resources.gpus, 0, 1, {}, role_pods=False,
-                          cuda_available=torch.cuda.is_available()).policy_device
+        device = policy_device(self.spec.policy.resources.gpus, cuda_available=torch.cuda.is_available())
         self.policy, self.tokenizer = build_policy(self.spec, warmstart, device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.compute_dtype = resolve_dtype(self.spec.model.dtype)
