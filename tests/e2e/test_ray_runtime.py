@@ -48,7 +48,8 @@ def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-run")
     run = TLTTrainingRun.model_validate({"metadata": {"name": "e2e"}, "spec": SPEC})
     try:
-        trainer = RayTrainer(run, out, warmstart=reduced_config(), num_cpus=2)
+        # a display's callback, as `tlt train` has: the run then logs the workers' status as events
+        trainer = RayTrainer(run, out, warmstart=reduced_config(), num_cpus=2, on_event=lambda event: None)
         history = trainer.train()
     finally:
         ray.shutdown()
@@ -67,6 +68,16 @@ def test_three_step_tlt_run_finishes_with_checkpoint_policy_and_drafter(finished
     assert sum(m["streamed_rewards"] for m in history) > 0
     assert all(len(m["response_lengths"]) == 16 for m in history)
     assert write_report(out).is_file()
+
+
+def test_rollout_workers_froze_their_start_up_heap(finished_run):
+    """Each worker, a Ray actor, collected and froze its start-up heap before its first rollout
+    (`tlt.runtime.heap`): every status it reported says so."""
+    *_, out = finished_run
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    statuses = [s for e in events if e["type"] == "workers" for s in e["workers"]]
+    assert {s["worker"] for s in statuses} == {"rollout-0", "rollout-1"}
+    assert all(s["heap"] is not None and s["heap"]["frozen"] > 0 for s in statuses)
 
 
 def test_finished_run_writes_the_served_drafter_for_export(finished_run):

@@ -224,9 +224,11 @@ def create_actors(
     if hub is not None:
         ray.get(hub.ping.remote())
     warmups = " / ".join(f"{s.get('warmup_seconds', 0.0):.1f}" for s in statuses)
-    log.info("started %d rollout workers (%.2f CPU, %d threads, %s each; compile warm-up %s s), %d verifiers%s",
+    frozen = " / ".join(f"{s['heap']['seconds']:.2f}" for s in statuses if s.get("heap"))
+    log.info("started %d rollout workers (%.2f CPU, %d threads, %s each; compile warm-up %s s%s), %d verifiers%s",
              len(workers), plan.rollout_cpus, plan.rollout_threads,
-             f"{plan.gpus.rollout_gpus:g} GPU" if plan.gpus.rollout_gpus else "no GPU", warmups, len(verifiers),
+             f"{plan.gpus.rollout_gpus:g} GPU" if plan.gpus.rollout_gpus else "no GPU", warmups,
+             f"; heap frozen after a {frozen} s collection" if frozen else "", len(verifiers),
              ", a drafter hub" if hub is not None else "")
     actors = Actors(rollout=workers, verifiers=verifiers, hub=hub)
     if sidecar:

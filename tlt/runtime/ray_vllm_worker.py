@@ -33,6 +33,7 @@ from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
 from tlt.runtime import steps
+from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.ray_workers import GENERATING, IDLE, RolloutWorker
 from tlt.tasks.problem import Problem
 
@@ -71,6 +72,7 @@ class VllmRolloutWorker(RolloutWorker):
                                memory_fraction=0.1, kv_cache_bytes=2 * kv)
         self.warmup_seconds = time.time() - started
         self._setup_trainer(hub)
+        self.heap = freeze_actor_heap(self.name)  # as `RolloutWorker`'s (`tlt.runtime.heap`)
 
     def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
                 drafter: tuple[int, dict[str, torch.Tensor]] | None,

@@ -49,6 +49,7 @@ from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
 from tlt.runtime.after_rollout import AfterRollout
 from tlt.runtime.devices import actor_device, completion_to_cpu, to_cpu, tree_to_cpu
+from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.ray_services import hub_push, no_hub
 from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
@@ -101,6 +102,7 @@ class RolloutWorker:
         self.warmup_seconds = warm_up(self.engine, self.drafter,
                                       **drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0))
         self._setup_trainer(hub)
+        self.heap = freeze_actor_heap(self.name)  # last: a full collection now, not in a rollout (`tlt.runtime.heap`)
 
     def _setup(self, index: int, spec: RunSpec, model: Any, rows: int, verifiers: list[Any]) -> None:
         """What every rollout worker has, whatever its engine: identity, state reports, the drafter bound
@@ -167,7 +169,7 @@ class RolloutWorker:
             iterations = run.iterations if run is not None else 0
         return {"worker": self.name, "state": state, "since": since, "running": self.running,
                 "trainer_iterations": iterations, "warmup_seconds": getattr(self, "warmup_seconds", 0.0),
-                "device": str(self.model.device)}
+                "heap": getattr(self, "heap", None), "device": str(self.model.device)}
 
     def take_states(self) -> list[tuple[str, float]]:
         """State transitions since the last call (the current state stays as the first entry)."""
