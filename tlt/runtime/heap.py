@@ -5,8 +5,8 @@ and inductor keep many thousands of Python objects alive. A full collection (Pyt
 scans every tracked object, and the first one after start-up comes on its own some seconds later, in
 the middle of a rollout or while the first rollout's arguments are deserialized. Measured (session 29,
 countdown-deep-v3's 16-layer policy, AMD EPYC, 2 workers): 0.37-0.45 s per worker, with the worker
-stalled; a TLT run's first rollout started 0.44-0.48 s late on every one of 8 tries, or a later step
-took 0.4 s longer.
+stalled; in 11 of 13 TLT runs of the demo's settings the first rollout started 0.44-0.48 s late, and in
+another a later step took 0.66 s longer (docs/measurements-history.md, runs 27 to 29).
 
 `freeze_heap` pays that collection once, at start-up, then moves every object still alive into the
 permanent generation (`gc.freeze`), which later collections skip. Frozen objects are still freed by
