@@ -208,14 +208,32 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatc
 def test_interference_parts_say_which_part_of_the_step_grew():
     from tlt.bench.run_summary import part_deltas, step_parts
 
-    def summary(step, rollout, generate, overhead, update):
-        return {k: {"median": v} for k, v in (("step_seconds", step), ("rollout_seconds", rollout),
-                                              ("generate_seconds", generate), ("rollout_overhead_seconds", overhead),
-                                              ("update_seconds", update))}
+    def summary(generate, overhead, update, other):
+        return {k: {"median": v} for k, v in (("generate_seconds", generate), ("rollout_overhead_seconds", overhead),
+                                              ("update_seconds", update), ("other_seconds", other))}
 
-    vanilla = step_parts(summary(20.0, 10.0, 9.0, 1.0, 9.5))
-    shadow = step_parts(summary(22.0, 11.0, 9.6, 1.4, 10.0))
+    vanilla = step_parts(summary(9.0, 1.0, 9.5, 0.5))
+    shadow = step_parts(summary(9.6, 1.4, 10.0, 1.0))
     assert vanilla == pytest.approx({"generate": 9.0, "rollout_overhead": 1.0, "update": 9.5, "other": 0.5})
     assert part_deltas(vanilla, shadow, 20.0) == pytest.approx(
         {"generate": 0.03, "rollout_overhead": 0.02, "update": 0.025, "other": 0.025})
     assert part_deltas(vanilla, shadow, 0.0) == {}
+
+
+def test_the_rest_of_the_step_is_a_median_of_per_run_rests_not_a_difference_of_medians():
+    """Every run spends 1 s outside its rollout and update, but the slowest step and the slowest rollout come
+    from different repeats: the difference of the medians reads 3 s, the per-run rest 1 s."""
+    from tlt.bench.run_summary import step_parts, variant_summary
+
+    def run(rollout, update):
+        step = {"rollout_seconds": rollout, "update_seconds": update, "step_seconds": rollout + update + 1.0,
+                "generated_tokens": 10, "response_lengths": [5], "truncation_rate": 0.0, "reward_mean": 0.5,
+                "accept_length": None}
+        return {"steps": [step], "heldout_accept_length": [None]}
+
+    runs = [run(10.0, 5.0), run(14.0, 5.0), run(9.0, 8.0)]  # steps 16 / 20 / 18: medians 18, rollout 10, update 5
+    summary = variant_summary(runs)
+    medians = [summary[k]["median"] for k in ("step_seconds", "rollout_seconds", "update_seconds")]
+    assert medians == [18.0, 10.0, 5.0]  # their difference: 3 s
+    assert summary["other_seconds"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert step_parts(summary)["other"] == pytest.approx(1.0)

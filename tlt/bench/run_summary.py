@@ -26,7 +26,9 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
   the workers' own step timings (the plain arm is the same run's baseline).
 - step_parts (per variant): its step time split into the decode loops (generate), the rest of the
   rollout (rollout_overhead), the policy update and the rest of the step (other), each a median over
-  repeats of per-run sums; interference_by_part: tlt-shadow's part minus vanilla's, over vanilla's step
+  repeats of per-run sums (other too: step minus rollout minus update, summed per run; the difference of
+  the three medians would mix repeats, and read +0.071 of the step for tlt-shadow in countdown-deep-v6
+  run 1, where no run's rest grew by more than +0.025); interference_by_part: tlt-shadow's part minus vanilla's, over vanilla's step
   time (where the interference fraction comes from; medians, so the parts need not add up to the
   paired mean exactly); interference_per_token_by_range: tlt-shadow's time per decoded token over
   vanilla's, minus 1, per running-batch range (its trainer runs only in the tail, while a worker whose
@@ -115,6 +117,10 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "step_seconds": spread(step),
         # the policy update's seconds (the same tokens in every variant: coupled sampling)
         "update_seconds": spread([sum(s.get("update_seconds") or 0.0 for s in r["steps"]) for r in runs]),
+        # the rest of each step (rewards, trainer stops, drafter bookkeeping), summed per run before the median:
+        # median(step) - median(rollout) - median(update) would mix repeats
+        "other_seconds": spread([sum(s["step_seconds"] - s["rollout_seconds"] - (s.get("update_seconds") or 0.0)
+                                     for s in r["steps"]) for r in runs]),
         "rollout_share": spread([a / b for a, b in zip(rollout, step)]),
         "generated_tokens": spread([float(t) for t in tokens]),
         "seconds_per_token": spread([a / max(t, 1) for a, t in zip(rollout, tokens)]),
@@ -256,11 +262,10 @@ def per_token_speedup(base: dict[str, float], other: dict[str, float]) -> dict[s
 
 def step_parts(summary: dict[str, Any]) -> dict[str, float]:
     """A variant's step seconds by part (module docstring), from its `variant_summary`."""
-    med = {k: summary[k]["median"] for k in ("step_seconds", "rollout_seconds", "generate_seconds",
-                                             "rollout_overhead_seconds", "update_seconds")}
+    med = {k: summary[k]["median"] for k in ("generate_seconds", "rollout_overhead_seconds", "update_seconds",
+                                             "other_seconds")}
     return {"generate": med["generate_seconds"], "rollout_overhead": med["rollout_overhead_seconds"],
-            "update": med["update_seconds"],
-            "other": med["step_seconds"] - med["rollout_seconds"] - med["update_seconds"]}
+            "update": med["update_seconds"], "other": med["other_seconds"]}
 
 
 def part_deltas(base: dict[str, float], other: dict[str, float], base_step: float) -> dict[str, float]:
