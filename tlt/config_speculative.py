@@ -81,6 +81,13 @@ class SpeculativeSpec(Spec):
     ngram_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched.")
     drafter_path: PathStr | None = Field(None, description="Initial drafter checkpoint folder.")
     history: HistorySpec = Field(default_factory=HistorySpec, description="Rollout-history drafting.")
+    draft_vocab: int = Field(
+        0, ge=0, le=16_777_216,
+        description="The learned drafter drafts from this many tokens only: the ones each rollout worker's prompts "
+        "and responses hold most often, recounted every rollout (EAGLE-3's reduced draft vocabulary; its head "
+        "costs draftVocab / vocabulary of the full one). 0: the whole vocabulary. Lossless either way; must be "
+        "below the policy's vocabulary and >= every arm's topk.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> SpeculativeSpec:
@@ -90,6 +97,8 @@ class SpeculativeSpec(Spec):
             raise ValueError("speculative.buckets must be strictly ascending")
         if self.ngram_min > self.ngram_max:
             raise ValueError("speculative.ngramMin must be <= speculative.ngramMax")
+        if 0 < self.draft_vocab < max(a.topk for a in self.arms):
+            raise ValueError("speculative.draftVocab must be 0 (the whole vocabulary) or >= every arm's topk")
         return self
 
 

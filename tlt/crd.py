@@ -53,6 +53,7 @@ MSG_NGRAM = "speculative.ngramMin must be <= speculative.ngramMax"
 MSG_TRAINERS = "drafter.minTrainers must be <= drafter.maxTrainers"
 MSG_HISTORY_MATCH = "speculative.history.minMatch must be <= speculative.history.maxMatch"
 MSG_HISTORY_DEPTH = "speculative.arms of kind history or mixed must have depth <= speculative.history.maxDraft"
+MSG_DRAFT_VOCAB = "speculative.draftVocab must be 0 (the whole vocabulary) or >= every arm's topk"
 MSG_SIDECAR = "drafter.deviceClassName is required when drafter.placement is 'sidecar'"
 MSG_MANAGED_BY = "managedBy is immutable"
 MSG_MODEL = "model is immutable: the run's weights, dtype and context shape every checkpoint; start a new run"
@@ -92,6 +93,7 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         {"rule": "self.ngramMin <= self.ngramMax", "message": MSG_NGRAM},
         {"rule": "self.arms.all(a, (a.kind != 'history' && a.kind != 'mixed') || a.depth <= self.history.maxDraft)",
          "message": MSG_HISTORY_DEPTH},
+        {"rule": "self.draftVocab == 0 || self.arms.all(a, a.topk <= self.draftVocab)", "message": MSG_DRAFT_VOCAB},
     ],
     ("speculative", "history"): [{"rule": "self.minMatch <= self.maxMatch", "message": MSG_HISTORY_MATCH}],
     ("drafter",): [

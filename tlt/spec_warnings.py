@@ -39,6 +39,10 @@ def spec_warnings(spec: RunSpec) -> list[str]:
         if arm.kind == "tree" and arm.verify_tokens > tree_candidates(arm):
             out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the "
                        f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
+    if sd.draft_vocab and (sd.mode in ("off", "ngram") or spec.rollout.engine == "vllm"):
+        why = ("rollout.engine vllm drafts from the whole vocabulary" if spec.rollout.engine == "vllm"
+               else f"speculative.mode {sd.mode} has no learned drafter")
+        out.append(f"spec.speculative.draftVocab: {sd.draft_vocab} does nothing here: {why}")
     if spec.algorithm.max_new_tokens >= spec.model.max_context:
         out.append(f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
                    f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing")

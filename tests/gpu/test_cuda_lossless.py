@@ -71,12 +71,14 @@ def _drafter(name: str, model, compiled: bool):
     if not compiled or not name.startswith(("eagle", "mixed")):
         return greedy_tier.DRAFTERS[name](model, {})
     embed = model.get_input_embeddings()
-    if name == "eagle-tree":
-        return EagleTreeDrafter(H.random_eagle(model), embed, topk=2, depth=3, budget=5, max_batch_size=4,
+    # the CPU table's reduced draft vocabulary (the even ids), else the whole one
+    eagle = H.reduced_eagle(model, list(range(0, 32, 2))) if name.endswith("draft-vocab") else H.random_eagle(model)
+    if name.startswith("eagle-tree"):
+        return EagleTreeDrafter(eagle, embed, topk=2, depth=3, budget=5, max_batch_size=4,
                                 max_context=MAX_CONTEXT, compile=True)
     k = 4 if name == "eagle-chain-4" else 3
     guess = "argmax" if name == "eagle-chain-argmax" else "coupled"
-    chain = EagleChainDrafter(H.random_eagle(model), embed, k=k, max_batch_size=4, max_context=MAX_CONTEXT,
+    chain = EagleChainDrafter(eagle, embed, k=k, max_batch_size=4, max_context=MAX_CONTEXT,
                               compile=True, guess=guess)
     return MixedDrafter(H.history_store(), chain, k=k) if name == "mixed" else chain
 

@@ -7,7 +7,8 @@ procedure is run on a large batch of independent rows (vectorised), then compare
 
 Mutants (deliberately wrong verifiers) live here, test-only: the same G-test must reject them.
 `drafter_logits_along`: an EAGLE drafter's own cache-free forward, what the cached drafting must match.
-`random_eagle`, `history_store`: the engine-level tests' untrained EAGLE drafter and history store.
+`random_eagle`, `history_store`: the engine-level tests' untrained EAGLE drafter and history store;
+`reduced_eagle`: the drafter with a reduced draft vocabulary.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def random_eagle(model: PreTrainedModel, seed: int = 3) -> EagleDrafter:
     torch.manual_seed(seed)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).to(device=model.device, dtype=model.dtype)
     drafter.bind_policy(model)
+    return drafter
+
+
+def reduced_eagle(model: PreTrainedModel, ids: list[int], seed: int = 3) -> EagleDrafter:
+    """`random_eagle` drafting from the token ids `ids` only (a reduced draft vocabulary, `tlt.models.draft_vocab`)."""
+    drafter = random_eagle(model, seed)
+    vocab = drafter.set_draft_vocab(len(ids))
+    vocab.update(torch.tensor(sorted(ids)), model.get_output_embeddings())
     return drafter
 
 

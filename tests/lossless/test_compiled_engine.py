@@ -24,7 +24,7 @@ from tlt.rollout.compiled import AUTO_MIN_LAYERS, CompiledStep, bucket_size, res
 from tlt.rollout.drafting import EagleChainDrafter, EagleTreeDrafter, NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import causal_mask, decoder_forward
-from tlt.rollout.speculative import SpeculativeStepper
+from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Completion, Request, SamplingParams
 from tlt.rollout.warmup import warm_up
 
@@ -208,3 +208,41 @@ def test_warm_up_compiles_every_shape_class_before_the_first_generate(fresh_grap
     assert chain.state.compiles == drafter_before
     assert chain.state.compiles == 0, "the fused catch-up + chain graphs of depth 3 were warmed up"
     assert set(chain.state._chains) == {3}
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_compiled_draft_vocabulary_equals_eager_and_follows_in_place_updates(kind: str, fresh_graphs):
+    """A reduced draft vocabulary through compiled drafter graphs, float64: plain decoding's tokens; the same
+    drafts as eager (every row accepts as many at every step) under one subset and, after the subset changes
+    in place (as a rollout worker re-picks it), under the next, which compiles nothing new."""
+    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
+    plain = Engine(model, max_batch_size=4, max_context=CONTEXT).generate(_requests())
+    emitted = sorted({t for c in plain for t in c.token_ids})
+    others = [t for t in range(32) if t not in emitted]
+    assert len(emitted) <= 16 <= len(others)
+    # the tokens plain decoding emits (padded with others), then 16 it never emits: no draft can be accepted
+    subsets = [sorted(emitted + others[: 16 - len(emitted)]), others[-16:]]
+    accepted = {}
+    for compiled in (False, True):
+        drafter = _eagle(model)
+        vocab = drafter.set_draft_vocab(16)
+        engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=compiled)
+        embed = model.get_input_embeddings()
+        chosen = (EagleChainDrafter(drafter, embed, k=3, max_batch_size=4, max_context=CONTEXT, compile=compiled)
+                  if kind == "chain" else
+                  EagleTreeDrafter(drafter, embed, topk=2, depth=3, budget=5, max_batch_size=4, max_context=CONTEXT,
+                                   compile=compiled))
+        engine.stepper = SpeculativeStepper(engine.runner, chosen)
+        accepted[compiled] = []
+        for i, ids in enumerate(subsets):
+            vocab.update(torch.tensor(ids), model.get_output_embeddings())
+            graphs = (engine.runner.compiled.compiles, chosen.state.compiles) if compiled else None
+            engine.stepper.stats = AcceptanceStats()  # this subset's steps alone
+            out = engine.generate(_requests())
+            assert [c.token_ids for c in out] == [c.token_ids for c in plain]
+            accepted[compiled].append({r: list(n) for r, n in engine.stepper.stats.per_request.items()})
+            if compiled and i > 0:
+                assert (engine.runner.compiled.compiles, chosen.state.compiles) == graphs, "a subset update recompiled"
+    assert accepted[True] == accepted[False]
+    assert sum(map(sum, accepted[False][0].values())) > 0  # drafts from the first subset are accepted ...
+    assert sum(map(sum, accepted[True][1].values())) == 0  # ... from the second never: the update was read

@@ -1,7 +1,7 @@
 """Speculative decoding in the engine is lossless.
 
 Greedy: token for token equal to plain decoding in float64 for n-gram chains, EAGLE chains and trees,
-random (mostly rejected) trees and oracle drafters that are always right (also through non-first
+EAGLE drafters with a reduced draft vocabulary, random (mostly rejected) trees and oracle drafters that are always right (also through non-first
 branches, which forces cache compaction); on a tiny Qwen2, and for the n-gram, EAGLE, oracle-tree
 and mixed drafters on a tiny Qwen3 too. After such a step the next logits equal a fresh full
 forward; log-probs of accepted tokens equal the plain engine's in float32. Sampled: token for token
@@ -113,6 +113,14 @@ DRAFTERS: dict[str, DrafterFactory] = {
     ),
     "eagle-tree": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
         _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=ctx
+    ),
+    # a reduced draft vocabulary: the even ids of the 32 (the target's other tokens are never drafted)
+    "eagle-chain-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+        H.reduced_eagle(m, list(range(0, 32, 2))), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx
+    ),
+    "eagle-tree-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
+        H.reduced_eagle(m, list(range(0, 32, 2))), m.get_input_embeddings(), topk=2, depth=3, budget=5,
+        max_batch_size=4, max_context=ctx
     ),
     "history-chain": lambda m, a, ctx=MAX_CONTEXT: HistoryDrafter(_store(), k=4),
     "history-tree": lambda m, a, ctx=MAX_CONTEXT: HistoryTreeDrafter(_store(), topk=2, depth=3, budget=5),

@@ -59,3 +59,16 @@ def test_drafter_costs_are_measured_per_batch_and_interpolated():
     assert all(c.seconds > 0 and c.ratio > 0 for c in costs)
     table = [DrafterCost(1, 1e-3, 0.2), DrafterCost(5, 2e-3, 0.6)]
     assert drafter_ratio(table, 3) == pytest.approx(0.4) and drafter_ratio(table, 9) == pytest.approx(0.6)
+
+
+def test_drafter_costs_with_a_reduced_draft_vocabulary_come_side_by_side():
+    from tlt.adaptive.costs import DrafterCost, drafter_ratio, measure_drafter_costs
+
+    model = tiny_model("qwen2", vocab_size=32, seed=0).eval()
+    costs = measure_drafter_costs(model, batches=[1, 2], context=8, repeats=2, draft_vocabs=(0, 8))
+    assert [(c.batch, c.draft_vocab) for c in costs] == [(1, 0), (1, 8), (2, 0), (2, 8)]
+    assert all(c.seconds > 0 and c.ratio > 0 for c in costs)
+    table = [DrafterCost(1, 1e-3, 0.3), DrafterCost(1, 1e-3, 0.1, draft_vocab=8)]
+    assert drafter_ratio(table, 1) == pytest.approx(0.3) and drafter_ratio(table, 1, 8) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="draft_vocab=4"):
+        drafter_ratio(table, 1, 4)

@@ -44,6 +44,16 @@ def test_no_speculative_steps_leave_the_accept_length_unset():
     out = shard_rollout_metrics(completions, torch.tensor([[1.0]]), [only], 0.0, 2.0)
     assert out["accept_length"] is None and out["sd_arms"] == {} and out["idle_seconds"] == 0.0
     assert out["sd_by_position"] == {}  # results without the counts (vLLM workers) pool to nothing
+    assert out["draft_vocab_coverage"] is None  # no reduced draft vocabulary
+
+
+def test_draft_vocabulary_coverage_pools_the_workers_generated_tokens():
+    completions = [Completion("r0", [1], [5, 6], torch.zeros(2), None, "stop")]
+    trace = [StepMetrics(0, 1, 1, 2, 0, 0.1), StepMetrics(1, 1, 1, 1, 1, 0.1)]
+    a = {**_result(2.0, 1.0, trace, 0, 0, {}, 1), "draft_vocab_coverage": (9, 10)}
+    b = {**_result(2.5, 1.0, trace, 0, 0, {}, 0), "draft_vocab_coverage": (21, 30)}
+    out = shard_rollout_metrics(completions * 2, torch.tensor([[1.0], [0.0]]), [a, b], 0.0, 3.0)
+    assert out["draft_vocab_coverage"] == pytest.approx(30 / 40)  # tokens pooled, not the workers' rates averaged
 
 
 def test_workers_step_splits_are_pooled_when_they_report_them():

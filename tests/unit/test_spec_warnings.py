@@ -24,6 +24,8 @@ def test_the_default_spec_has_no_warnings():
     ({"verifier": {"resources": {"memory": "100m"}}}, "spec.verifier.resources.memory"),
     ({"rollout": {"resources": {"memory": "1.0001Ki"}}}, "spec.rollout.resources.memory"),
     ({"dataset": {"chat": True}}, "spec.dataset.chat"),
+    ({"speculative": {"mode": "off", "draftVocab": 1000}}, "spec.speculative.draftVocab"),
+    ({"speculative": {"draftVocab": 1000}, "rollout": {"engine": "vllm"}}, "spec.speculative.draftVocab"),
     ({"dataset": {"evalPath": "e.jsonl"}}, "spec.dataset.evalPath"),
     ({"dataset": {"source": "file", "path": "d.jsonl", "prompt": "{q}", "promptKey": "q"}}, "spec.dataset.promptKey"),
     ({"dataset": {"source": "file", "path": "d.jsonl", "evalPath": "e.jsonl", "evalFraction": 0.2}},
@@ -39,6 +41,7 @@ def test_boundaries_are_quiet():
                              "arms": [{"kind": "tree", "depth": 2, "topk": 2, "verifyTokens": 6}]},
              "model": {"maxContext": 256}, "algorithm": {"maxNewTokens": 255},
              "verifier": {"resources": {"memory": "1.5Gi"}}}
+    quiet["speculative"]["draftVocab"] = 1000  # mode tlt, engine tlt: a reduced draft vocabulary applies
     assert spec_warnings(RunSpec.model_validate(quiet)) == []
     assert tree_candidates(RunSpec().speculative.arms[2]) == 6
     assert quantity_bytes("1.5Gi") == 1610612736 and quantity_bytes("100m") == Decimal("0.1")

@@ -134,11 +134,13 @@ def measure_costs(
 class DrafterCost:
     """One EAGLE drafter step (fc + its layer + the LM head, one token per row) at `batch` rows after
     `context` cached slots: seconds (fastest repeat) and `ratio` to the target's 1-token forward at
-    the same batch (fastest over fastest), measured interleaved with it."""
+    the same batch (fastest over fastest), measured interleaved with it. draft_vocab: the head's tokens
+    (`tlt.models.draft_vocab`; 0: the whole vocabulary)."""
 
     batch: int
     seconds: float
     ratio: float
+    draft_vocab: int = 0
 
 
 @torch.no_grad()
@@ -150,10 +152,13 @@ def measure_drafter_costs(
     repeats: int,
     clock: Literal["cpu", "wall"] = "cpu",
     compile: bool = False,
+    draft_vocabs: tuple[int, ...] = (0,),
 ) -> list[DrafterCost]:
-    """Time one drafter step against one target step (1 token per row) for every batch; a drafter
-    of `model`'s shape with random weights (the cost does not depend on the values). compile: both
-    steps compiled."""
+    """Time one drafter step against one target step (1 token per row) for every batch and every head
+    size of `draft_vocabs` (0: the whole vocabulary; else a reduced draft vocabulary of that many random
+    tokens), all interleaved; a drafter of `model`'s shape with random weights (the cost does not depend
+    on the values). compile: the drafter's layer and the target compiled. Batch-major, then head size."""
+    from tlt.models.draft_vocab import DraftVocab
     from tlt.models.drafter import EagleDrafter, drafter_config_from_target
     from tlt.rollout.drafting import EagleCache
 
@@ -162,6 +167,16 @@ def measure_drafter_costs(
     now, sync = _clock_for(clock, model.device)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, model.dtype).eval()
     drafter.bind_policy(model)
+    head = model.get_output_embeddings()
+    generator = torch.Generator().manual_seed(0)
+    heads = {}
+    for n in dict.fromkeys(draft_vocabs):
+        if n == 0:
+            heads[n] = drafter.logits
+            continue
+        vocab = DraftVocab(head, n)
+        vocab.update(torch.randperm(vocab.vocab_size, generator=generator)[:n].sort().values, head)
+        heads[n] = vocab.logits
     rows = max(batches)
     state = EagleCache(drafter, model.get_input_embeddings(), rows, context + 2, compile)
     state.cache.start(rows)
@@ -171,26 +186,31 @@ def measure_drafter_costs(
     runner.cache.lengths = [context] * rows
     hidden = model.config.hidden_size
 
-    def draft_fn(b: int):
+    def draft_fn(b: int, logits: Callable):
         pos = torch.full((b, 1), context, dtype=torch.long, device=runner.device)
         mask = causal_mask(torch.full((b,), context, dtype=torch.long, device=runner.device), 1, context + 1)
         token = torch.ones(b, 1, dtype=torch.long, device=runner.device)
         feature = torch.zeros(b, 1, hidden, dtype=model.dtype, device=runner.device)
-        return lambda: drafter.logits(state.forward(token, feature, pos, pos, mask))
+        return lambda: logits(state.forward(token, feature, pos, pos, mask))
 
-    fns = {(b, kind): (draft_fn(b) if kind == "drafter" else forward_fn(runner, b, 1, context))
-           for b in batches for kind in ("drafter", "target")}
+    fns = {}
+    for b in batches:
+        fns[(b, "target")] = forward_fn(runner, b, 1, context)
+        fns.update({(b, n): draft_fn(b, logits) for n, logits in heads.items()})
     for fn in fns.values():
         fn()
     sync()
     seconds = _timed_rounds(fns, repeats, now, sync)
-    return [DrafterCost(b, min(seconds[(b, "drafter")]), min(seconds[(b, "drafter")]) / min(seconds[(b, "target")]))
-            for b in batches]
+    return [DrafterCost(b, min(seconds[(b, n)]), min(seconds[(b, n)]) / min(seconds[(b, "target")]), n)
+            for b in batches for n in heads]
 
 
-def drafter_ratio(costs: list[DrafterCost], batch: int) -> float:
-    """A drafter step's cost relative to a target step at `batch` (linear between measured batches)."""
-    ordered = sorted(costs, key=lambda c: c.batch)
+def drafter_ratio(costs: list[DrafterCost], batch: int, draft_vocab: int = 0) -> float:
+    """A drafter step's cost relative to a target step at `batch` (linear between measured batches), for the
+    head over `draft_vocab` tokens (0: the whole vocabulary)."""
+    ordered = sorted((c for c in costs if c.draft_vocab == draft_vocab), key=lambda c: c.batch)
+    if not ordered:
+        raise ValueError(f"no drafter cost measured with draft_vocab={draft_vocab}")
     return _interp(batch, [c.batch for c in ordered], [c.ratio for c in ordered])
 
 

@@ -12,6 +12,10 @@ on the device it would decode on, with no download. The accept lengths themselve
 Timing is `tlt.adaptive.costs`: every (batch, width) interleaved within a repeat, the fastest repeat
 kept; the CPU clock of this process on a CPU (one thread: set `--threads`), the wall clock with the
 device synchronised on CUDA.
+
+`--draft-vocab 0,N` times the drafter with its whole head and with a reduced draft vocabulary of N tokens
+(`tlt.models.draft_vocab`, `speculative.draftVocab`) side by side: for a real vocabulary the head is most
+of a one-layer drafter's step. The break-even accept lengths are given per head size.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class CostsConfig:
     context: int = 512
     repeats: int = 5
     compile: bool = False
+    draft_vocabs: tuple[int, ...] = (0,)
 
 
 def model_config(cfg: CostsConfig) -> PretrainedConfig:
@@ -77,16 +82,20 @@ def random_model(config: PretrainedConfig, device: torch.device, dtype: torch.dt
     return model.eval()
 
 
-def break_even(verify: list[CostPoint], drafter: list[DrafterCost], batch: int, depth: int) -> float:
+def break_even(verify: list[CostPoint], drafter: list[DrafterCost], batch: int, depth: int,
+               draft_vocab: int = 0) -> float:
     """Accept length (tokens a step keeps, the target's own included) at which a chain of `depth` drafts
-    costs what plain decoding does at `batch` rows: verify_ratio(batch, depth + 1) + depth x drafter_ratio."""
-    return cost_ratio(verify, batch, depth + 1) + depth * drafter_ratio(drafter, batch)
+    costs what plain decoding does at `batch` rows: verify_ratio(batch, depth + 1) + depth x drafter_ratio
+    (the drafter's head over `draft_vocab` tokens, 0: the whole vocabulary)."""
+    return cost_ratio(verify, batch, depth + 1) + depth * drafter_ratio(drafter, batch, draft_vocab)
 
 
 def run_costs(cfg: CostsConfig) -> dict[str, Any]:
     """Measure and summarise; the JSON-ready result (see the module docstring)."""
     if min(cfg.batches, default=0) < 1 or min(cfg.depths, default=0) < 1:
         raise ValueError(f"--batches and --depths must be integers >= 1, got {cfg.batches} and {cfg.depths}")
+    if not cfg.draft_vocabs or min(cfg.draft_vocabs) < 0:
+        raise ValueError(f"--draft-vocab sizes must be >= 0 (0: the whole vocabulary), got {cfg.draft_vocabs}")
     if cfg.context < 1 or cfg.repeats < 1:
         raise ValueError(f"--context and --repeats must be >= 1, got {cfg.context} and {cfg.repeats}")
     try:
@@ -103,8 +112,11 @@ def run_costs(cfg: CostsConfig) -> dict[str, Any]:
     widths = sorted({d + 1 for d in cfg.depths})
     verify = measure_costs(model, batches=list(cfg.batches), widths=widths, context=cfg.context,
                            repeats=cfg.repeats, clock=clock, compile=cfg.compile)
+    if max(cfg.draft_vocabs) >= config.vocab_size:
+        raise ValueError(f"--draft-vocab sizes must be below the shape's vocabulary ({config.vocab_size}), "
+                         f"got {max(cfg.draft_vocabs)}")
     drafter = measure_drafter_costs(model, batches=list(cfg.batches), context=cfg.context, repeats=cfg.repeats,
-                                    clock=clock, compile=cfg.compile)
+                                    clock=clock, compile=cfg.compile, draft_vocabs=tuple(cfg.draft_vocabs))
     return {
         "shape": cfg.shape, "config": str(cfg.config) if cfg.config else None, "model_type": config.model_type,
         "layers": config.num_hidden_layers, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
@@ -112,8 +124,8 @@ def run_costs(cfg: CostsConfig) -> dict[str, Any]:
         "device": cfg.device, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "dtype": cfg.dtype, "context": cfg.context, "repeats": cfg.repeats, "compile": cfg.compile, "clock": clock,
         "verify": [asdict(p) for p in verify], "drafter": [asdict(d) for d in drafter],
-        "break_even": [{"batch": b, "depth": d, "accept_length": break_even(verify, drafter, b, d)}
-                       for b in cfg.batches for d in cfg.depths],
+        "break_even": [{"batch": b, "depth": d, "draft_vocab": n, "accept_length": break_even(verify, drafter, b, d, n)}
+                       for b in cfg.batches for n in dict.fromkeys(cfg.draft_vocabs) for d in cfg.depths],
     }
 
 
@@ -124,11 +136,13 @@ def costs_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"{result['shape'] or result['config']} ({result['parameters'] / 1e6:.0f}M parameters) on "
                   f"{result['device_name'] or result['device']}, {result['dtype']}, context {result['context']}"
                   f"{', compiled' if result['compile'] else ''}: break-even accept length by chain depth")
-    for col in ("rows", "target ms", "drafter / target", *(f"d={d}" for d in depths)):
+    for col in ("rows", "target ms", "draft vocab", "drafter / target", *(f"d={d}" for d in depths)):
         table.add_column(col, justify="right")
     for d in result["drafter"]:
-        b = d["batch"]
+        b, n = d["batch"], d.get("draft_vocab", 0)
         target = next(p["seconds"] for p in result["verify"] if p["batch"] == b and p["width"] == 1)
-        even = {r["depth"]: r["accept_length"] for r in result["break_even"] if r["batch"] == b}
-        table.add_row(str(b), f"{target * 1e3:.2f}", f"{d['ratio']:.3f}", *(f"{even[x]:.2f}" for x in depths))
+        even = {r["depth"]: r["accept_length"] for r in result["break_even"]
+                if r["batch"] == b and r.get("draft_vocab", 0) == n}
+        table.add_row(str(b), f"{target * 1e3:.2f}", str(n or result["vocab_size"]), f"{d['ratio']:.3f}",
+                      *(f"{even[x]:.2f}" for x in depths))
     return table

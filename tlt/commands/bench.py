@@ -46,14 +46,22 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _batches(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--batches: comma-separated integers, got {text!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"--batches: every batch size must be >= 1, got {text!r}")
-    return out
+def _int_list(flag: str, least: int, what: str):
+    """An argparse type: comma-separated integers, each >= `least`; errors name `flag`."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: comma-separated integers, got {text!r}") from None
+        if not out or min(out) < least:
+            raise argparse.ArgumentTypeError(f"{flag}: every {what} must be >= {least}, got {text!r}")
+        return out
+    return parse
+
+
+_batches = _int_list("--batches", 1, "batch size")
+_depths = _int_list("--depths", 1, "depth")
+_draft_vocabs = _int_list("--draft-vocab", 0, "size (0: the whole vocabulary)")
 
 
 def _engine_run(args: argparse.Namespace) -> int:
@@ -337,12 +345,15 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float32 or float64")
     parser.add_argument("--batches", type=_batches, default=(1, 4, 16, 64),
                         help="running batch sizes (default 1,4,16,64)")
-    parser.add_argument("--depths", type=_batches, default=(1, 2, 3, 4, 6, 8),
+    parser.add_argument("--depths", type=_depths, default=(1, 2, 3, 4, 6, 8),
                         help="chain depths (default 1,2,3,4,6,8)")
     parser.add_argument("--context", type=int, default=512, help="cached tokens per row (default 512)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds, fastest kept (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (default 1)")
     parser.add_argument("--compile", action="store_true", help="time the compiled steps (as rollout.compile on)")
+    parser.add_argument("--draft-vocab", type=_draft_vocabs, default=(0,),
+                        help="drafter head sizes, side by side: 0 the whole vocabulary, N a reduced draft vocabulary "
+                        "of N tokens (speculative.draftVocab), e.g. 0,32768 (default 0)")
 
 
 def _costs_run(args: argparse.Namespace) -> int:
@@ -357,7 +368,7 @@ def _costs_run(args: argparse.Namespace) -> int:
     try:
         cfg = CostsConfig(shape=shape, config=args.config, device=args.device, dtype=args.dtype,
                           batches=args.batches, depths=args.depths, context=args.context, repeats=args.repeats,
-                          compile=args.compile)
+                          compile=args.compile, draft_vocabs=args.draft_vocab)
         with console.status("timing target, verify and drafter steps"):
             result = run_costs(cfg)
     except ValueError as exc:

@@ -35,6 +35,7 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from tlt.models.draft_vocab import DraftVocab
 from tlt.models.segment_attention import SEGMENT_ATTENTION
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class EagleDrafter(nn.Module):
         # and `.to(bfloat16)` leaves RoPE's inverse frequencies in float32.
         self._rotary: tuple[LlamaRotaryEmbedding] = (LlamaRotaryEmbedding(config),)
         self._bound: tuple[nn.Embedding, nn.Linear] | None = None
+        self._draft_vocab: DraftVocab | None = None  # drafting's reduced vocabulary; training never reads it
 
     def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> None:
         """Use the policy's embedding and LM head (frozen, by reference); call again after each policy update."""
@@ -117,6 +119,8 @@ class EagleDrafter(nn.Module):
                              f"{embed_tokens.weight.device} and its LM head on {lm_head.weight.device}: move the "
                              "drafter to the policy's device (drafter.to(device)) before binding")
         self._bound = (embed_tokens, lm_head)
+        if self._draft_vocab is not None:  # the new head's rows for the same ids
+            self._draft_vocab.update(self._draft_vocab.ids.clone(), lm_head)
 
     def bind_policy(self, policy: PreTrainedModel) -> None:
         """Bind the input embedding and output head of a Qwen2 / Qwen3 / Llama causal LM."""
@@ -176,6 +180,23 @@ class EagleDrafter(nn.Module):
         _, head = self._require_bound()
         bias = head.bias.detach() if head.bias is not None else None
         return F.linear(pred.to(head.weight.dtype), head.weight.detach(), bias)
+
+    def set_draft_vocab(self, size: int) -> DraftVocab | None:
+        """Draft from `size` tokens of the bound head (`tlt.models.draft_vocab`; ids 0 .. size - 1 until
+        updated); 0: from the whole vocabulary. Set it before the drafter's steps compile: the graphs
+        read the subset's tensors, which later updates refresh in place."""
+        _, head = self._require_bound()
+        self._draft_vocab = DraftVocab(head, size) if size else None
+        return self._draft_vocab
+
+    @property
+    def draft_vocab(self) -> DraftVocab | None:
+        return self._draft_vocab
+
+    def draft_logits(self, pred: torch.Tensor) -> torch.Tensor:
+        """What drafting ranks tokens by: `logits`, -inf outside the draft vocabulary when one is set.
+        pred [..., H] -> [..., V]."""
+        return self.logits(pred) if self._draft_vocab is None else self._draft_vocab.logits(pred)
 
 
 def target_features(

@@ -241,13 +241,15 @@ _SKIP_GUARDS = DynamoStance("default", skip_guard_eval_unsafe=True)
 
 
 def shape_class(module: torch.nn.Module, layers: int, tensors: tuple[torch.Tensor, ...]) -> tuple:
-    """What tells a step's calls apart beyond their tensors' own guards: the module (by identity), grad and
+    """What tells a step's calls apart beyond their tensors' own guards: the module (by identity, and its
+    `graph_key` where it has one: what it reads besides its parameters, e.g. a drafter's vocabulary), grad and
     inference mode, the number of cache layers, and per tensor its dtype, device, contiguity and sizes, each
     size as 1, 0, or the index of the first distinct size > 1 equal to it (so a span equal to the cache's
     capacity, or a batch equal to the cache's rows, is a class of its own: dynamo guards such relations)."""
     labels: dict[int, int] = {}
     sizes = tuple([-s if s < 2 else labels.setdefault(s, len(labels) + 1) for t in tensors for s in t.shape])
-    return (id(module), torch.is_grad_enabled(), torch.is_inference_mode_enabled(), layers, sizes,
+    return (id(module), getattr(module, "graph_key", None), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+            layers, sizes,
             tuple([(t.dtype, t.device, t.dim(), t.is_contiguous()) for t in tensors]))
 
 

@@ -95,6 +95,13 @@ class EagleStep(torch.nn.Module):
         self.embed = embed
         self.rotary = LlamaRotaryEmbedding(drafter.config).to(drafter.fc.weight.device)
 
+    @property
+    def graph_key(self) -> int:
+        """Tells compiled drafter graphs apart (`tlt.rollout.compiled.shape_class`): the draft vocabulary's
+        size, 0 for the whole vocabulary."""
+        vocab = self.drafter.draft_vocab
+        return 0 if vocab is None else vocab.size
+
 
 def eagle_forward(
     step: EagleStep,
@@ -271,7 +278,7 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
             span = torch.arange(mask.shape[-1], device=mask.device)
             drafts = []
             for i in range(k):
-                logits = step.drafter.logits(feature)  # [B, V]
+                logits = step.drafter.draft_logits(feature)  # [B, V]
                 token = logits.argmax(dim=-1) if u is None else coupled_guess(logits, u[:, i], temperature[:, i])
                 drafts.append(token)
                 if i + 1 < k:
@@ -356,7 +363,7 @@ class EagleTreeDrafter:
         L = batch.lengths()
         B, H = feature.shape
         k = self.topk
-        top = F.log_softmax(state.drafter.logits(feature).double(), dim=-1).topk(k, dim=-1)
+        top = F.log_softmax(state.drafter.draft_logits(feature).double(), dim=-1).topk(k, dim=-1)
         tokens, logprobs = [top.indices], [top.values]  # per level: [B, n_level]
         parents = [torch.full((B, k), -1, dtype=torch.long, device=L.device)]
         parent_feat = [feature[:, None, :].expand(B, k, H)]  # f-hat the candidate is fed with
@@ -375,7 +382,7 @@ class EagleTreeDrafter:
             slots = L[:, None] + expanded + torch.arange(width, device=L.device)[None, :]
             span = int(L.max()) + expanded + width
             out = state.forward(level_tokens, feats, (L + level - 1)[:, None].expand(B, width), slots, _expanded_mask(L, anc, span))
-            child = F.log_softmax(state.drafter.logits(out).double(), dim=-1).topk(k, dim=-1)  # [B, w, k]
+            child = F.log_softmax(state.drafter.draft_logits(out).double(), dim=-1).topk(k, dim=-1)  # [B, w, k]
             tokens.append(child.indices.reshape(B, width * k))
             logprobs.append(child.values.reshape(B, width * k))
             parents.append((offset + pick)[:, :, None].expand(B, width, k).reshape(B, width * k))

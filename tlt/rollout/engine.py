@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 import torch
 from transformers import PreTrainedModel
 
+from tlt.models.draft_vocab import DraftVocabTracker
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.sequence import Sequence
@@ -31,7 +32,9 @@ class Engine:
     the target forwarded: real prompt tokens plus every token fed while decoding. compile: run the
     target (and drafters built with `compile=engine.compiled`) through compiled steps.
     `wave_observers` are called with every wave's sequences once the wave has finished (e.g. the
-    rollout-history store indexes them, whichever stepper ran).
+    rollout-history store indexes them, whichever stepper ran). `draft_vocab`: when set, every generate
+    re-picks the drafter's reduced vocabulary first (from its requests' prompts, their stop tokens kept)
+    and counts the responses after, leaving (inside, total) generated tokens in `draft_vocab_coverage`.
     """
 
     def __init__(
@@ -55,6 +58,8 @@ class Engine:
         self.return_hidden = return_hidden
         self.tokens_processed = 0
         self.wave_observers: list[WaveObserver] = []
+        self.draft_vocab: DraftVocabTracker | None = None
+        self.draft_vocab_coverage: tuple[int, int] | None = None
 
     @property
     def compiled(self) -> bool:
@@ -63,9 +68,14 @@ class Engine:
     def generate(self, requests: list[Request], on_step: StepCallback | None = None) -> list[Completion]:
         """Complete every request; results in request order. on_step gets each step's metrics."""
         sequences = [self._sequence(r) for r in requests]
+        if self.draft_vocab is not None:
+            stops = sorted({t for r in requests for t in r.params.stop_token_ids})
+            self.draft_vocab.before([r.prompt_ids for r in requests], stops)
         out: list[Completion] = []
         for start in range(0, len(sequences), self.max_batch_size):
             out.extend(self._run_wave(sequences[start : start + self.max_batch_size], on_step))
+        if self.draft_vocab is not None:
+            self.draft_vocab_coverage = self.draft_vocab.after([c.token_ids for c in out])
         return out
 
     def _run_wave(self, sequences: list[Sequence], on_step: StepCallback | None) -> list[Completion]:

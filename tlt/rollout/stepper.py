@@ -2,10 +2,13 @@
 
 `PlainStepper` feeds each row's newest token and samples one more; speculative steppers feed a row's
 newest token plus drafts and keep a variable number. `prefill` is the first step of a wave.
+`FinishWatcher` wraps any stepper and hands each sequence on as it finishes (a rollout worker streams
+it to a verifier).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -13,6 +16,7 @@ import torch
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.runner import ModelRunner, causal_mask
 from tlt.rollout.sampling import sample_tokens
+from tlt.rollout.sequence import Sequence
 
 
 class Stepper(Protocol):
@@ -67,3 +71,20 @@ def _next_uniform(batch: RunningBatch) -> torch.Tensor | None:
     if not batch.sampled:
         return None
     return batch.uniform_window(1)[:, 0]
+
+
+class FinishWatcher:
+    """A stepper around another: after each step, hands every newly finished sequence to `on_finish`."""
+
+    def __init__(self, inner: Stepper, on_finish: Callable[[Sequence], None]) -> None:
+        self.inner = inner
+        self.on_finish = on_finish
+        self.seen: set[str] = set()
+
+    def step(self, batch: RunningBatch) -> int:
+        fed = self.inner.step(batch)
+        for seq in batch.sequences:
+            if seq.finished and seq.request.request_id not in self.seen:
+                self.seen.add(seq.request.request_id)
+                self.on_finish(seq)
+        return fed

@@ -65,6 +65,7 @@ class GraphSet:
     batch: int = 0
     guesses: tuple[str, ...] = ()  # the chains' draft kinds (`warm_up`'s guesses)
     step_widths: tuple[int, ...] = ()  # the drafter step's width classes (`warm_up`'s step_widths)
+    draft_vocab: int = 0  # speculative.draftVocab: the drafter's graphs read its reduced head
 
     def describe(self) -> str:
         what = f"drafter (chains {list(self.chain_depths)})" if self.drafter else (
@@ -94,7 +95,8 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
         plan = drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0)
         if plan["chain_depths"] or plan["step_widths"]:
             sets.append(GraphSet(**base, drafter=True, chain_depths=tuple(plan["chain_depths"]),
-                                 guesses=tuple(plan["guesses"]), step_widths=tuple(plan["step_widths"])))
+                                 guesses=tuple(plan["guesses"]), step_widths=tuple(plan["step_widths"]),
+                                 draft_vocab=spec.speculative.draft_vocab))
     return sets
 
 
@@ -167,6 +169,7 @@ def compile_set(s: GraphSet) -> float:
     if s.drafter:
         drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
         drafter.bind_policy(model)
+        drafter.set_draft_vocab(s.draft_vocab)
     return warm_up(engine, drafter, chain_depths=s.chain_depths, target=not s.drafter,
                    batches=None if s.batch == 0 else (s.batch,), guesses=s.guesses, step_widths=s.step_widths)
 

@@ -22,7 +22,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -37,14 +36,14 @@ from tlt.config import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer
+from tlt.models.draft_vocab import DraftVocabTracker
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
-from tlt.rollout.batch import RunningBatch
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.step_split import STEP_SPLIT_ENV, StepSplit
-from tlt.rollout.stepper import Stepper
+from tlt.rollout.stepper import FinishWatcher
 from tlt.rollout.warmup import warm_up
 from tlt.runtime import k8s_slots, steps
 from tlt.runtime.after_rollout import AfterRollout
@@ -58,23 +57,6 @@ log = logging.getLogger(__name__)
 
 GENERATING, IDLE, TRAINING = "GENERATING", "IDLE", "TRAINING"
 DRAFTER_MODES = ("static", "tlt")
-
-
-class FinishWatcher:
-    """A stepper around another: after each step, hands every newly finished sequence to `on_finish`."""
-
-    def __init__(self, inner: Stepper, on_finish: Callable[[Sequence], None]) -> None:
-        self.inner = inner
-        self.on_finish = on_finish
-        self.seen: set[str] = set()
-
-    def step(self, batch: RunningBatch) -> int:
-        fed = self.inner.step(batch)
-        for seq in batch.sequences:
-            if seq.finished and seq.request.request_id not in self.seen:
-                self.seen.add(seq.request.request_id)
-                self.on_finish(seq)
-        return fed
 
 
 def release_kv_cache(engine: Engine) -> None:
@@ -94,6 +76,7 @@ class RolloutWorker:
         self._setup(index, spec, model, rows, verifiers)
         self.engine = Engine(model, max_batch_size=self.rows, max_context=self.context,
                              return_hidden=self.uses_drafter, compile=resolve_compile(spec.rollout.compile, model))
+        self.engine.draft_vocab = self.draft_vocab
         self.plain_stepper = self.engine.stepper
         self.history = new_history_store(spec.speculative) if uses_history(spec.speculative) else None
         if self.history is not None:
@@ -130,6 +113,10 @@ class RolloutWorker:
         if self.uses_drafter:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, torch.float32).eval()
             self.drafter.bind_policy(model)
+        # the reduced draft vocabulary (before the drafter's graphs compile), re-picked every rollout
+        size = spec.speculative.draft_vocab if self.drafter is not None else 0
+        self.draft_vocab = (DraftVocabTracker(self.drafter.set_draft_vocab(size), model.get_output_embeddings())
+                            if size else None)
         # Kept across steps: a prompt's earlier responses draft its next ones. A finished wave is indexed
         # after the rollout's results return (~0.1 s for 32 rows here: not the rollout's critical path).
         self.history = None
@@ -269,7 +256,7 @@ class RolloutWorker:
                 "sd_by_position": ({str(e): list(c) for e, c in sorted(adaptive.stats.by_position.items())}
                                    if adaptive else {}),
                 "sd_arms": summary["arms_chosen"],
-                "sd_arm_rates": summary["arm_rates"],
+                "sd_arm_rates": summary["arm_rates"], "draft_vocab_coverage": self.engine.draft_vocab_coverage,
                 **({"step_split": split.table()} if split is not None else {})}
 
     def _index_waves(self, waves: list[list[Sequence]]) -> None:

@@ -63,6 +63,9 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
             arms[arm] = arms.get(arm, 0) + count
     out["sd_arms"] = dict(sorted(arms.items()))
     out["sd_arm_rates"] = merge_arm_rates([r.get("sd_arm_rates") or {} for r in results])
+    covered = [r["draft_vocab_coverage"] for r in results if r.get("draft_vocab_coverage")]
+    total = sum(n for _, n in covered)  # generated tokens inside the draft vocabulary in use / all of them
+    out["draft_vocab_coverage"] = sum(i for i, _ in covered) / total if total else None
     totals = {"seconds_by_running": Counter(), "steps_by_running": Counter(), "tokens_by_running": Counter()}
     for r in results:  # every worker's engine, not only the slowest
         trace = steps.RolloutTrace(steps=list(r["trace"]))
