@@ -92,6 +92,12 @@ def test_the_tracker_picks_from_prompts_then_counts_responses_and_their_coverage
     tracker.before([[2]], always=[11])
     assert tracker.vocab.ids.tolist() == [1, 3, 11]  # 1 (x4) and 3 (x3) outcount 2 (x2)
     assert tracker.after([]) == (0, 0)
+    resumed = DraftVocabTracker(DraftVocab(head, 3), head)
+    resumed.load_counts(tracker.counts)  # from a whole-run checkpoint
+    resumed.before([], always=[11])
+    assert resumed.vocab.ids.tolist() == [1, 3, 11]
+    with pytest.raises(ValueError, match="this policy has 12"):
+        resumed.load_counts(torch.zeros(13, dtype=torch.long))
 
 
 def test_the_engine_repicks_the_subset_every_generate_and_reports_coverage():

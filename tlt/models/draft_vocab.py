@@ -101,6 +101,14 @@ class DraftVocabTracker:
         self.vocab, self.head = vocab, head
         self.counts = torch.zeros(vocab.vocab_size, dtype=torch.long)
 
+    def load_counts(self, counts: Tensor) -> None:
+        """Resume from a checkpoint's counts [V] (the next `before` picks from them); counts of another
+        vocabulary are refused."""
+        if counts.shape != self.counts.shape:
+            raise ValueError(f"draft vocabulary counts of {tuple(counts.shape)} tokens; this policy has "
+                             f"{self.counts.shape[0]}")
+        self.counts = counts.to(torch.long).cpu().clone()
+
     def _count(self, token_lists: Iterable[Sequence[int]]) -> list[int]:
         flat = [t for tokens in token_lists for t in tokens]
         if flat:

@@ -322,16 +322,26 @@ class RolloutWorker:
 
     def trainer_state(self) -> dict[str, Any] | None:
         """The drafter buffer and shuffle epoch of this worker's trainer (`SpotTrainer.state_dict`), in
-        the container or the sidecar, for whole-run checkpoints; None without a learned drafter."""
+        the container or the sidecar, and its draft vocabulary's counts, for whole-run checkpoints; None
+        without a learned drafter."""
         self.agreement()  # the last rollout's samples are in the buffer
         if self.sidecar is not None:
-            return ray.get(self.sidecar.trainer_state.remote())
-        return tree_to_cpu(self.trainer.state_dict()) if self.trainer is not None else None
+            state = ray.get(self.sidecar.trainer_state.remote())
+        else:
+            state = tree_to_cpu(self.trainer.state_dict()) if self.trainer is not None else None
+        if state is not None and self.draft_vocab is not None:  # the draft vocabulary's token counts too
+            state["draft_vocab_counts"] = self.draft_vocab.counts.clone()
+        return state
 
     def load_trainer_state(self, state: dict[str, Any] | None) -> None:
-        """Resume the trainer's buffer from a checkpoint (before this worker's first rollout)."""
+        """Resume the trainer's buffer (and the draft vocabulary's counts) from a checkpoint (before this
+        worker's first rollout)."""
         if state is None:
             return
+        state = dict(state)
+        counts = state.pop("draft_vocab_counts", None)
+        if counts is not None and self.draft_vocab is not None:
+            self.draft_vocab.load_counts(counts)
         if self.sidecar is not None:
             ray.get(self.sidecar.load_trainer_state.remote(state))
         elif self.trainer is not None:
