@@ -72,3 +72,17 @@ def test_drafter_costs_with_a_reduced_draft_vocabulary_come_side_by_side():
     assert drafter_ratio(table, 1) == pytest.approx(0.3) and drafter_ratio(table, 1, 8) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="draft_vocab=4"):
         drafter_ratio(table, 1, 4)
+
+
+def test_timed_rounds_run_each_batch_in_rounds_of_its_own():
+    """A call right after a larger batch's reads slow: every timed call follows a call of its own batch."""
+    from tlt.adaptive.costs import _timed_rounds
+
+    calls = []
+    fns = {(b, w): (lambda b=b, w=w: calls.append((b, w))) for b in (1, 4) for w in (1, 2)}
+    ticks = iter(range(1000))
+    seconds = _timed_rounds(fns, repeats=3, now=lambda: float(next(ticks)))
+    assert all(len(v) == 3 for v in seconds.values())
+    first_four = [b for b, _ in calls].index(4)
+    assert set(calls[:first_four]) == {(1, 1), (1, 2)} and all(b == 4 for b, _ in calls[first_four:])
+    assert calls[:2] == [(1, 1), (1, 2)]  # the block settles into its shapes before its first timed round

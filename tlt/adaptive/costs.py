@@ -2,8 +2,9 @@
 
 Speculative decoding pays while verifying k + 1 tokens costs little more than decoding 1, i.e.
 while the running batch is small. `measure_costs` times the engine's own forward (runner + LM
-head) over a cache filled to `context` slots, for every (batch, width) pair, interleaved within
-each repeat so machine load hits all pairs alike. On a shared machine wall time mostly measures
+head) over a cache filled to `context` slots, for every (batch, width) pair, the widths of a batch
+interleaved within each repeat so machine load hits them alike (batches one after another: a ratio
+compares widths within a batch, and a call after a larger batch's reads slow). On a shared machine wall time mostly measures
 the scheduler: by default the clock is this process's CPU time (exact with one torch thread,
 which also avoids OpenMP threads spinning while their partner is descheduled) and the estimate
 is the fastest repeat (interference only adds time); the per-repeat ratios give the spread.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -58,20 +59,33 @@ def forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
     return go
 
 
-def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float], sync: Callable[[], None] = lambda: None) -> dict:
-    """`repeats` rounds; in each, every fn called twice in a row and the second call timed: key -> [seconds].
-    A decode loop runs a shape back to back; a call timed right after another shape's pays for what that
-    one evicted (measured: up to 1.3x slow). `sync` waits for the device's queued work (a CUDA device
-    runs kernels asynchronously: without it the clock reads the launches, not the work)."""
+def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float], sync: Callable[[], None] = lambda: None,
+                  block: Callable[[Any], Any] = lambda key: key[0]) -> dict:
+    """Block by block (keys grouped by `block(key)`, by default their first element: the batch), `repeats`
+    rounds of the block's fns; in each, every fn called twice in a row and the second call timed: key ->
+    [seconds]. A decode loop runs a shape back to back; a call timed right after another shape's pays for
+    what that one evicted (measured: up to 1.3x slow), and after a larger batch's, more than a second call
+    restores: a one-row, one-token forward of the 16 x 96 bench policy (compiled, 1 thread) read 1.5-1.9 ms
+    in rounds over batches 1-16 against 0.94-1.0 ms in rounds of its own batch, which put the one-row verify
+    ratios at 0.72-0.94 where a one-row decode loop pays 1.09-1.42 (session 31). Ratios compare widths
+    within a batch, so each batch's rounds run together. `sync` waits for the device's queued work (a CUDA
+    device runs kernels asynchronously: without it the clock reads the launches, not the work)."""
     seconds: dict = {key: [] for key in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            fn()
-            sync()
-            t0 = now()
-            fn()
-            sync()
-            seconds[key].append(max(now() - t0, 1e-9))
+    blocks: dict = {}
+    for key in fns:
+        blocks.setdefault(block(key), []).append(key)
+    for keys in blocks.values():
+        for key in keys:  # settle into this block's shapes before its first timed round
+            fns[key]()
+        sync()
+        for _ in range(repeats):
+            for key in keys:
+                fns[key]()
+                sync()
+                t0 = now()
+                fns[key]()
+                sync()
+                seconds[key].append(max(now() - t0, 1e-9))
     return seconds
 
 
@@ -100,10 +114,9 @@ def measure_costs(
 ) -> list[CostPoint]:
     """Time a forward of `width` tokens per row for `batch` rows after `context` cached slots.
 
-    Width 1 (plain decoding) is always measured. One warm-up round, then `repeats` rounds, each
-    running every (batch, width) twice and timing the second call: a decode loop runs a shape back to
-    back, and a call timed right after another shape's pays for what that one evicted (measured: the
-    first width after a switch of batch read up to 1.3x slow, biasing every ratio to it). clock: "cpu"
+    Width 1 (plain decoding) is always measured. One warm-up round, then per batch `repeats` rounds, each
+    running every width twice and timing the second call (`_timed_rounds`: a decode loop runs a shape back
+    to back, and a call timed right after another shape's pays for what that one evicted). clock: "cpu"
     (process CPU time; see the module docstring) or "wall". compile: time the compiled step (as `Engine(compile=True)` runs). Returns one
     CostPoint per pair, batch-major.
     """
