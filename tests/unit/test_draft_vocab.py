@@ -96,6 +96,8 @@ def test_the_tracker_picks_from_prompts_then_counts_responses_and_their_coverage
     resumed.load_counts(tracker.counts)  # from a whole-run checkpoint
     resumed.before([], always=[11])
     assert resumed.vocab.ids.tolist() == [1, 3, 11]
+    with pytest.raises(ValueError, match=r"speculative.draftVocab \(3\) must hold the requests' 4 stop tokens"):
+        resumed.before([], always=[0, 1, 2, 11])
     with pytest.raises(ValueError, match="this policy has 12"):
         resumed.load_counts(torch.zeros(13, dtype=torch.long))
 

@@ -117,6 +117,9 @@ class DraftVocabTracker:
 
     def before(self, prompts: Iterable[Sequence[int]], always: Sequence[int] = ()) -> None:
         self._count(prompts)
+        if len(set(always)) > self.vocab.size:
+            raise ValueError(f"speculative.draftVocab ({self.vocab.size}) must hold the requests' {len(set(always))} "
+                             "stop tokens")
         self.vocab.update(top_tokens(self.counts, self.vocab.size, always), self.head)
 
     def after(self, responses: Iterable[Sequence[int]]) -> tuple[int, int]:
