@@ -25,7 +25,7 @@ def quantity_bytes(quantity: str) -> Decimal:
 
 def tree_candidates(arm: ArmSpec) -> int:
     """Draft nodes a tree arm can offer its budget: topk children of the root, then topk children of
-    each of the best topk nodes of every further level (`rollout.drafting.EagleTreeDrafter`)."""
+    each of the best topk nodes of every further level (`rollout.eagle_tree.EagleTreeDrafter`)."""
     return arm.topk + (arm.depth - 1) * arm.topk * arm.topk
 
 

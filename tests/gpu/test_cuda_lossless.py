@@ -34,7 +34,8 @@ from tlt.adaptive.stepper import build_adaptive_stepper  # noqa: E402
 from tlt.config import ArmSpec, SpeculativeSpec  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.rollout.compiled import CompiledStep  # noqa: E402
-from tlt.rollout.drafting import EagleChainDrafter, EagleTreeDrafter  # noqa: E402
+from tlt.rollout.drafting import EagleChainDrafter  # noqa: E402
+from tlt.rollout.eagle_tree import EagleTreeDrafter  # noqa: E402
 from tlt.rollout.engine import Engine  # noqa: E402
 from tlt.rollout.mixed import MixedDrafter  # noqa: E402
 from tlt.rollout.runner import causal_mask, decoder_forward  # noqa: E402

@@ -21,7 +21,8 @@ from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.compiled import AUTO_MIN_LAYERS, CompiledStep, bucket_size, resolve_compile
-from tlt.rollout.drafting import EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.drafting import EagleChainDrafter, NgramDrafter
+from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import causal_mask, decoder_forward
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
@@ -246,3 +247,26 @@ def test_compiled_draft_vocabulary_equals_eager_and_follows_in_place_updates(kin
     assert accepted[True] == accepted[False]
     assert sum(map(sum, accepted[False][0].values())) > 0  # drafts from the first subset are accepted ...
     assert sum(map(sum, accepted[True][1].values())) == 0  # ... from the second never: the update was read
+
+
+def test_a_draft_vocabulary_set_after_compiling_gets_graphs_of_its_own(fresh_graphs):
+    """Compiled drafter graphs of the whole vocabulary are not served to a drafter that later drafts from a
+    subset (`shape_class`'s graph key; dynamo's skipped guards would not notice): with a subset of tokens plain
+    decoding never emits, no draft is accepted, and the chain compiled anew for it."""
+    model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
+    plain = Engine(model, max_batch_size=4, max_context=CONTEXT).generate(_requests())
+    emitted = {t for c in plain for t in c.token_ids}
+    never = [t for t in range(32) if t not in emitted][-8:]
+    drafter = _eagle(model)
+    engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
+    chain = EagleChainDrafter(drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
+                              compile=True)
+    engine.stepper = SpeculativeStepper(engine.runner, chain)
+    engine.generate(_requests())
+    before = chain.state.compiles
+    drafter.set_draft_vocab(8).update(torch.tensor(never), model.get_output_embeddings())
+    engine.stepper.stats = AcceptanceStats()
+    out = engine.generate(_requests())
+    assert [c.token_ids for c in out] == [c.token_ids for c in plain]
+    assert engine.stepper.stats.drafted > 0 and engine.stepper.stats.accepted == 0
+    assert chain.state.compiles > before

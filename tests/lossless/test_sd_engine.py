@@ -20,7 +20,8 @@ from transformers import PreTrainedModel
 from tlt.models.drafter import EagleDrafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, NgramDrafter
+from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.history import HistoryDrafter, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter

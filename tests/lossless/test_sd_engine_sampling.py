@@ -12,7 +12,8 @@ import torch
 from transformers import PreTrainedModel
 
 from tlt.models.tiny import tiny_model
-from tlt.rollout.drafting import Drafter, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.drafting import Drafter, EagleChainDrafter, NgramDrafter
+from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.history import HistoryDrafter, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter

@@ -9,7 +9,8 @@ from tlt.adaptive.stepper import AdaptiveStepper, new_bandit
 from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
-from tlt.rollout.drafting import EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.drafting import EagleChainDrafter, NgramDrafter
+from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import ModelRunner

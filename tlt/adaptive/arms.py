@@ -26,7 +26,8 @@ from torch import nn
 
 from tlt.config import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
-from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, NgramDrafter
+from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
 

@@ -30,7 +30,8 @@ from tlt.bench.engine import DTYPES
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
-from tlt.rollout.drafting import EagleCache, EagleChainDrafter, EagleTreeDrafter, NgramDrafter
+from tlt.rollout.drafting import EagleCache, EagleChainDrafter, NgramDrafter
+from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.history import HistoryDrafter, HistoryStore
 from tlt.rollout.mixed import MixedDrafter, RowGate

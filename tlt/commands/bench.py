@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from tlt.bench.run_cli import add_run_arguments, run_run
+from tlt.commands.bench_args import batches as _batches
+from tlt.commands.bench_args import depths as _depths
+from tlt.commands.bench_args import draft_vocabs as _draft_vocabs
+from tlt.commands.bench_args import write_json as _write_json
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -44,24 +46,6 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "group size and rollout.compile (instead of --warmstart); the vllm part's workload (default "
         "bench/workload-vllm-v1.yaml; with --quick, its quick overrides)",
     )
-
-
-def _int_list(flag: str, least: int, what: str):
-    """An argparse type: comma-separated integers, each >= `least`; errors name `flag`."""
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            out = tuple(int(x) for x in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag}: comma-separated integers, got {text!r}") from None
-        if not out or min(out) < least:
-            raise argparse.ArgumentTypeError(f"{flag}: every {what} must be >= {least}, got {text!r}")
-        return out
-    return parse
-
-
-_batches = _int_list("--batches", 1, "batch size")
-_depths = _int_list("--depths", 1, "depth")
-_draft_vocabs = _int_list("--draft-vocab", 0, "size (0: the whole vocabulary)")
 
 
 def _engine_run(args: argparse.Namespace) -> int:
@@ -274,17 +258,6 @@ def _update_run(args: argparse.Namespace) -> int:
                   f"first-pass {statistics.median(sec['first-pass']):.2f} (medians); recompute / first-pass "
                   f"{ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; load before {result['load_average']['before']}")
     return _write_json(console, args.json, result)
-
-
-def _write_json(console: Any, path: Path | None, result: dict) -> int:
-    """Write `result`, with the machine it was measured on, to `path` (when given) and say so; the bench's
-    exit status (0)."""
-    if path:
-        from tlt.bench.machine import machine_info
-
-        Path(path).write_text(json.dumps({**result, "machine": machine_info()}, indent=2) + "\n")
-        console.print(f"wrote {path}")
-    return 0
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:

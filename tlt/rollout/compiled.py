@@ -248,8 +248,8 @@ def shape_class(module: torch.nn.Module, layers: int, tensors: tuple[torch.Tenso
     capacity, or a batch equal to the cache's rows, is a class of its own: dynamo guards such relations)."""
     labels: dict[int, int] = {}
     sizes = tuple([-s if s < 2 else labels.setdefault(s, len(labels) + 1) for t in tensors for s in t.shape])
-    return (id(module), getattr(module, "graph_key", None), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            layers, sizes,
+    graph_key = module.graph_key if hasattr(type(module), "graph_key") else None  # no nn.Module __getattr__ miss
+    return (id(module), graph_key, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), layers, sizes,
             tuple([(t.dtype, t.device, t.dim(), t.is_contiguous()) for t in tensors]))
 
 

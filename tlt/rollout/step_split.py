@@ -117,7 +117,7 @@ class StepSplit:
         self._undo.append(lambda: setattr(owner, attr, original))
 
     def __enter__(self) -> StepSplit:
-        from tlt.rollout import batch, drafting, history, mixed, runner, speculative, stepper
+        from tlt.rollout import batch, drafting, eagle_tree, history, mixed, runner, speculative, stepper
 
         try:
             self._patch(stepper.PlainStepper, "step", self._step)
@@ -134,7 +134,7 @@ class StepSplit:
             self._patch(stepper, "causal_mask", functools.partial(self._part, "mask"))
             self._patch(drafting.EagleCache, "_catch_up_inputs", functools.partial(self._part, "draft_inputs"))
             self._patch(drafting.EagleCache, "_chain_step", self._timed_chain_step)
-            for cls in (drafting.NgramDrafter, drafting.EagleChainDrafter, drafting.EagleTreeDrafter,
+            for cls in (drafting.NgramDrafter, drafting.EagleChainDrafter, eagle_tree.EagleTreeDrafter,
                         history.HistoryDrafter, history.HistoryTreeDrafter, mixed.MixedDrafter):
                 self._patch(cls, "propose", functools.partial(self._part, "propose"))
         except BaseException:
