@@ -12,7 +12,9 @@ from tlt.bench.run_cli import add_run_arguments, run_run
 from tlt.commands.bench_args import batches as _batches
 from tlt.commands.bench_args import depths as _depths
 from tlt.commands.bench_args import draft_vocabs as _draft_vocabs
+from tlt.commands.bench_args import workload_file as _workload_file
 from tlt.commands.bench_args import write_json as _write_json
+from tlt.commands import bench_trainer
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -273,15 +275,11 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 def _worker_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tlt.bench.run import DEFAULT_WORKLOAD
     from tlt.bench.worker_alone import WorkerBenchConfig, run_worker_bench
 
     console = Console()
-    workload = args.workload or DEFAULT_WORKLOAD
     try:
-        if not Path(workload).is_file():
-            raise ValueError(f"--workload: no such file {str(workload)!r}")
-        cfg = WorkerBenchConfig(workload=Path(workload), shards=args.shards, threads=args.threads, quick=args.quick,
+        cfg = WorkerBenchConfig(workload=_workload_file(args.workload), shards=args.shards, threads=args.threads, quick=args.quick,
                                 split=args.split, repeats=args.repeats)
         with console.status("one rollout worker alone: vanilla vs tlt"):
             result = run_worker_bench(cfg)
@@ -361,6 +359,8 @@ BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callabl
                _update_arguments, _update_run),
     "worker": ("one rollout worker alone (no Ray): vanilla vs tlt on the same shards, interleaved",
                _worker_arguments, _worker_run),
+    "trainer": ("a decode loop with a spot trainer on another core switched off and on, interleaved: what idle-time "
+                "training costs a worker still decoding", bench_trainer.add_arguments, bench_trainer.run),
     "costs": ("verify and drafter cost of a model shape on this hardware: break-even accept length by depth",
               _costs_arguments, _costs_run),
 }

@@ -27,6 +27,17 @@ depths = int_list("--depths", 1, "depth")
 draft_vocabs = int_list("--draft-vocab", 0, "size (0: the whole vocabulary)")
 
 
+def workload_file(path: Path | None) -> Path:
+    """The `--workload` file (default: the pinned `bench/workload.yaml`); ValueError naming the flag when it is
+    not a file."""
+    from tlt.bench.run import DEFAULT_WORKLOAD
+
+    workload = Path(path) if path is not None else DEFAULT_WORKLOAD
+    if not workload.is_file():
+        raise ValueError(f"--workload: no such file {str(workload)!r}")
+    return workload
+
+
 def write_json(console: Any, path: Path | None, result: dict) -> int:
     """Write `result`, with the machine it was measured on, to `path` (when given) and say so; the bench's
     exit status (0)."""
