@@ -51,6 +51,13 @@ def test_config_refuses_bad_values(field, value, message):
         TrainerBesideConfig(workload=WORKLOAD, **{field: value})
 
 
+def test_compute_probe_counts_its_products():
+    from tlt.bench.trainer_beside import compute_probe
+
+    products, seconds = compute_probe(products=3, size=8)
+    assert products == 3 and seconds > 0
+
+
 def test_arms_flag_parses_and_refuses():
     assert arms("plain, chain-3") == ("plain", "chain-3")
     for bad in ("", "chain-", "chain-0", "plain,tree-2"):
@@ -65,10 +72,11 @@ def test_quick_bench_decodes_beside_a_training_process():
                               arms=("plain", "chain-2"), settle_seconds=0.1)
     result = run_trainer_beside(cfg)
     rows = {(r["arm"], r["batch"]) for r in result["rows"]}
-    assert rows == {("plain", 1), ("chain-2", 1), ("plain", 2), ("chain-2", 2)}
+    assert rows == {("plain", 1), ("chain-2", 1), ("plain", 2), ("chain-2", 2), ("compute-probe", 0)}
     assert all(r["rounds"] == 2 and r["tokens_per_s_on"] > 0 and r["tokens_per_s_off"] > 0 for r in result["rows"])
     assert result["trainer_tokens_per_s"] > 0, "the trainer process trained while it was on"
     # coupled sampling: the same tokens with the trainer on and off, only the time they take differs
-    tokens = {(r["arm"], r["batch"], r["round"], r["state"]): r["tokens"] for r in result["records"]}
+    tokens = {(r["arm"], r["batch"], r["round"], r["state"]): r["tokens"] for r in result["records"]
+              if r["arm"] != "compute-probe"}
     assert all(tokens[(a, b, k, "on")] == tokens[(a, b, k, "off")] for a, b, k, _ in tokens)
     assert result["config"]["trainer_rows"] >= 1

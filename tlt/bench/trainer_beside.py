@@ -11,6 +11,11 @@ Rounds are interleaved: in each, every arm decodes the same requests once with t
 with it on, the order flipped every round. Coupled sampling keeps the tokens the same in both, so the
 per-round ratio is a ratio of seconds. Reports per arm and batch: decode tokens/s off and on (medians),
 on over off paired by round (median and range), and the tokens/s the trainer trained while on.
+
+A control row, `compute-probe` (batch 0; "tokens" are matrix products): a 256 x 256 float32 matmul loop,
+compute-bound and cache-resident, timed in the same windows. Two separate cores leave it alone (measured
+here: within 3%); where a hypervisor runs the two vCPUs on one physical core's hyperthreads it slows with
+the trainer on too, and the decode's slowdown is then the shared core's, not the shared caches'.
 """
 
 from __future__ import annotations
@@ -79,6 +84,19 @@ def beside_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "tokens_per_s_on": statistics.median(v["on"] for v in rounds.values()),
                     "on_over_off": statistics.median(ratios), "on_over_off_range": [min(ratios), max(ratios)]})
     return out
+
+
+PROBE_ARM = "compute-probe"
+
+
+def compute_probe(products: int = 200, size: int = 256) -> tuple[int, float]:
+    """(products, seconds): `products` size x size float32 matrix products, back to back (the control row)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # noqa: B018 - warm: first-call set-up outside the clock
+    started = time.perf_counter()
+    for _ in range(products):
+        a @ b  # noqa: B018
+    return products, time.perf_counter() - started
 
 
 def _train_beside(folder: str, drafter_config: Any, drafter_state: dict[str, torch.Tensor], packs: list[Any],
@@ -186,6 +204,9 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
                     records.append({"arm": arm, "batch": b, "round": round_, "state": state_name,
                                     "tokens": sum(len(c.token_ids) for c in out),
                                     "seconds": time.perf_counter() - started})
+                products, seconds = compute_probe()
+                records.append({"arm": PROBE_ARM, "batch": 0, "round": round_, "state": state_name,
+                                "tokens": products, "seconds": seconds})
                 if state_name == "on":
                     on_seconds += time.perf_counter() - window_start
                     on_tokens += trained.value - tokens_start

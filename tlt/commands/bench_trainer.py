@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tlt.bench.trainer_beside import TrainerBesideConfig, run_trainer_beside
+    from tlt.bench.trainer_beside import PROBE_ARM, TrainerBesideConfig, run_trainer_beside
 
     console = Console()
     try:
@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right")
     for row in result["rows"]:
         low, high = row["on_over_off_range"]
-        table.add_row(row["arm"], str(row["batch"]), f"{row['tokens_per_s_off']:.0f}", f"{row['tokens_per_s_on']:.0f}",
-                      f"{row['on_over_off']:.3f}", f"{low:.3f}-{high:.3f}")
+        probe = row["arm"] == PROBE_ARM  # the control: matrix products / s, no batch
+        table.add_row(f"{row['arm']} (matmul/s)" if probe else row["arm"], "-" if probe else str(row["batch"]),
+                      f"{row['tokens_per_s_off']:.0f}", f"{row['tokens_per_s_on']:.0f}", f"{row['on_over_off']:.3f}",
+                      f"{low:.3f}-{high:.3f}")
     console.print(table)
     return write_json(console, args.json, result)
