@@ -80,3 +80,17 @@ def test_quick_bench_decodes_beside_a_training_process():
               if r["arm"] != "compute-probe"}
     assert all(tokens[(a, b, k, "on")] == tokens[(a, b, k, "off")] for a, b, k, _ in tokens)
     assert result["config"]["trainer_rows"] >= 1
+
+
+def test_a_trainer_process_that_dies_fails_the_bench(monkeypatch):
+    """No "on" round is timed without a trainer: a process that exits before it trains is an error, not a result."""
+    import functools
+    import sys
+
+    import tlt.bench.trainer_beside as beside
+
+    # a picklable target the spawned child can run: it exits at once (sys.exit refuses the extra arguments)
+    monkeypatch.setattr(beside, "_train_beside", functools.partial(sys.exit, 3))
+    cfg = TrainerBesideConfig(workload=WORKLOAD, quick=True, rounds=1, requests=1, arms=("plain",), settle_seconds=0.0)
+    with pytest.raises(RuntimeError, match="exited .* before it started training"):
+        beside.run_trainer_beside(cfg)

@@ -190,8 +190,9 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
     records: list[dict[str, Any]] = []
     on_seconds = on_tokens = 0.0
     try:
-        if not ready.wait(600):
-            raise RuntimeError("the trainer process did not start within 600 s")
+        while not ready.wait(1.0):  # loading the policy and drafter: seconds
+            if not proc.is_alive():
+                raise RuntimeError(f"the trainer process exited (code {proc.exitcode}) before it started training")
         for round_ in range(cfg.rounds):
             for state_name in (STATES if round_ % 2 == 0 else STATES[::-1]):
                 (gate.set if state_name == "on" else gate.clear)()
@@ -210,6 +211,8 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
                 if state_name == "on":
                     on_seconds += time.perf_counter() - window_start
                     on_tokens += trained.value - tokens_start
+                    if not proc.is_alive():  # an "on" window without a trainer would read as no interference
+                        raise RuntimeError(f"the trainer process died (code {proc.exitcode}) during round {round_ + 1}")
         gate.clear()
     finally:
         stop.set()
