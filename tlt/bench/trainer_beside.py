@@ -33,6 +33,11 @@ import torch
 STATES = ("off", "on")
 
 
+def is_arm(name: str) -> bool:
+    """Whether `name` is an arm this bench decodes with: "plain" or "chain-<k>", k >= 1."""
+    return name == "plain" or (name.startswith("chain-") and name[6:].isdigit() and int(name[6:]) >= 1)
+
+
 @dataclass(frozen=True)
 class TrainerBesideConfig:
     workload: Path
@@ -55,7 +60,7 @@ class TrainerBesideConfig:
         if not self.arms:
             raise ValueError("arms must name at least one arm (plain, chain-<k>)")
         for arm in self.arms:
-            if arm != "plain" and not (arm.startswith("chain-") and arm[6:].isdigit() and int(arm[6:]) >= 1):
+            if not is_arm(arm):
                 raise ValueError(f"arms: {arm!r} is not plain or chain-<k> with k >= 1")
         if self.settle_seconds < 0:
             raise ValueError(f"settle_seconds must be >= 0, got {self.settle_seconds}")

@@ -9,12 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from tlt.bench.run_cli import add_run_arguments, run_run
+from tlt.commands import bench_trainer
 from tlt.commands.bench_args import batches as _batches
 from tlt.commands.bench_args import depths as _depths
 from tlt.commands.bench_args import draft_vocabs as _draft_vocabs
 from tlt.commands.bench_args import workload_file as _workload_file
 from tlt.commands.bench_args import write_json as _write_json
-from tlt.commands import bench_trainer
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -279,8 +279,8 @@ def _worker_run(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        cfg = WorkerBenchConfig(workload=_workload_file(args.workload), shards=args.shards, threads=args.threads, quick=args.quick,
-                                split=args.split, repeats=args.repeats)
+        cfg = WorkerBenchConfig(workload=_workload_file(args.workload), shards=args.shards, threads=args.threads,
+                                quick=args.quick, split=args.split, repeats=args.repeats)
         with console.status("one rollout worker alone: vanilla vs tlt"):
             result = run_worker_bench(cfg)
     except ValueError as exc:

@@ -10,8 +10,10 @@ from tlt.commands.bench_args import batches, workload_file, write_json
 
 def arms(text: str) -> tuple[str, ...]:
     """An argparse type: comma-separated arms, each plain or chain-<k>."""
+    from tlt.bench.trainer_beside import is_arm
+
     out = tuple(a.strip() for a in text.split(",") if a.strip())
-    bad = [a for a in out if a != "plain" and not (a.startswith("chain-") and a[6:].isdigit() and int(a[6:]) >= 1)]
+    bad = [a for a in out if not is_arm(a)]
     if not out or bad:
         raise argparse.ArgumentTypeError(f"--arms: comma-separated plain or chain-<k> (k >= 1), got {text!r}")
     return out
@@ -19,7 +21,8 @@ def arms(text: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", type=Path, default=None, help="workload file (default bench/workload.yaml)")
-    parser.add_argument("--batches", type=batches, default=(1,), help="running batch sizes decoded, e.g. 1,4 (default 1)")
+    parser.add_argument("--batches", type=batches, default=(1,),
+                        help="running batch sizes decoded, e.g. 1,4 (default 1)")
     parser.add_argument("--arms", type=arms, default=("plain", "chain-3"),
                         help="decode arms, comma-separated: plain, chain-<k> (default plain,chain-3)")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds, each with the trainer off and on "
@@ -38,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        cfg = TrainerBesideConfig(workload=workload_file(args.workload), batches=args.batches, arms=args.arms, rounds=args.rounds,
-                                  requests=args.requests, threads=args.threads, quick=args.quick)
+        cfg = TrainerBesideConfig(workload=workload_file(args.workload), batches=args.batches, arms=args.arms,
+                                  rounds=args.rounds, requests=args.requests, threads=args.threads, quick=args.quick)
         with console.status("decoding with the trainer off and on") as status:
             result = run_trainer_beside(cfg, on_row=status.update)
     except ValueError as exc:
