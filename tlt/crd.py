@@ -66,7 +66,7 @@ MSG_ENV = "env.value and env.secretKeyRef are mutually exclusive"
 
 def _pod_template_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:
     """The toleration and env rules of every role's pod template (the checks the Pod API would make later)."""
-    toleration = "self.operator != 'Exists' || !has(self.value) || size(self.value) == 0"
+    toleration = "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || size(self.value) == 0"
     env = "!has(self.value) || size(self.value) == 0 || !has(self.secretKeyRef)"
     reserved = " && ".join(f"(!has(self.{m}) || self.{m}.all(k, !k.startsWith('{RESERVED_PREFIX}')))"
                            for m in ("labels", "annotations"))
@@ -78,28 +78,46 @@ def _pod_template_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:
     return rules
 
 
+def cel_string(text: str) -> str:
+    """`text` as a CEL single-quoted string literal. CEL knows only the escapes `\\\\ \\' \\" \\n ...`;
+    a regex's `\\.` must be written `\\\\.` (the apiserver refuses an unknown escape as a syntax error)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _present(*fields: str) -> str:
+    """`has()` of each field, joined: a rule reads a key only where it exists. The apiserver checks every
+    schema `default` (`{}` for a nested model) against that node's rules BEFORE nested defaults apply."""
+    return " && ".join(f"has(self.{f})" for f in fields)
+
+
 # Spec property path (`[]`: the items of a list) -> CEL rules on that node. `isSorted` is from
-# Kubernetes' CEL list library.
+# Kubernetes' CEL list library. Every rule guards the keys it reads (`_present`): see above.
 CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("dataset",): [
-        {"rule": "self.source != 'file' || has(self.path)", "message": MSG_DATASET_PATH},
+        {"rule": "!has(self.source) || self.source != 'file' || has(self.path)", "message": MSG_DATASET_PATH},
         {"rule": "!has(self.system) || (has(self.chat) && self.chat)", "message": MSG_DATASET_SYSTEM},
     ],
     ("speculative",): [
         {
-            "rule": "self.buckets.isSorted() && self.buckets.all(b, self.buckets.exists_one(c, c == b))",
+            "rule": "!has(self.buckets) || (self.buckets.isSorted() && "
+                    "self.buckets.all(b, self.buckets.exists_one(c, c == b)))",
             "message": MSG_BUCKETS,
         },
-        {"rule": "self.ngramMin <= self.ngramMax", "message": MSG_NGRAM},
-        {"rule": "self.arms.all(a, (a.kind != 'history' && a.kind != 'mixed') || a.depth <= self.history.maxDraft)",
+        {"rule": f"!({_present('ngramMin', 'ngramMax')}) || self.ngramMin <= self.ngramMax", "message": MSG_NGRAM},
+        {"rule": f"!({_present('arms', 'history', 'history.maxDraft')}) || self.arms.all(a, !has(a.kind) || "
+                 "!has(a.depth) || (a.kind != 'history' && a.kind != 'mixed') || a.depth <= self.history.maxDraft)",
          "message": MSG_HISTORY_DEPTH},
-        {"rule": "self.draftVocab == 0 || self.arms.all(a, a.topk <= self.draftVocab)", "message": MSG_DRAFT_VOCAB},
+        {"rule": f"!({_present('draftVocab', 'arms')}) || self.draftVocab == 0 || "
+                 "self.arms.all(a, !has(a.topk) || a.topk <= self.draftVocab)", "message": MSG_DRAFT_VOCAB},
     ],
-    ("speculative", "history"): [{"rule": "self.minMatch <= self.maxMatch", "message": MSG_HISTORY_MATCH}],
+    ("speculative", "history"): [{"rule": f"!({_present('minMatch', 'maxMatch')}) || self.minMatch <= self.maxMatch",
+                                  "message": MSG_HISTORY_MATCH}],
     ("drafter",): [
-        {"rule": "self.minTrainers <= self.maxTrainers", "message": MSG_TRAINERS},
+        {"rule": f"!({_present('minTrainers', 'maxTrainers')}) || self.minTrainers <= self.maxTrainers",
+         "message": MSG_TRAINERS},
         {
-            "rule": "self.placement != 'sidecar' || (has(self.deviceClassName) && size(self.deviceClassName) > 0)",
+            "rule": "!has(self.placement) || self.placement != 'sidecar' || "
+                    "(has(self.deviceClassName) && size(self.deviceClassName) > 0)",
             "message": MSG_SIDECAR,
         },
     ],
@@ -107,11 +125,13 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("monitoring",): [{"rule": f"!has(self.metricsPort) || (self.metricsPort != {GCS_PORT} && "
                                f"self.metricsPort != {RAY_CLIENT_PORT})", "message": MSG_METRICS_PORT}],
     ("model",): [{"rule": "self == oldSelf", "message": MSG_MODEL}],
-    (): [{"rule": f"!has(self.schedulingPolicy.queue) || !has(oldSelf.schedulingPolicy.queue) || ({_SAME_REPLICAS})",
+    (): [{"rule": "!has(self.schedulingPolicy) || !has(self.schedulingPolicy.queue) || "
+                  "!has(oldSelf.schedulingPolicy) || !has(oldSelf.schedulingPolicy.queue) || "
+                  f"({_SAME_REPLICAS})",
           "message": MSG_QUEUED_REPLICAS}],
-    ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches('{PARENT_SEGMENT}')",
+    ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches({cel_string(PARENT_SEGMENT)})",
                        "message": MSG_CHECKPOINT_PATH},
-                      {"rule": f"!has(self.claimName) || !has(self.path) || !self.path.matches('{OWN_MOUNT}')",
+                      {"rule": f"!has(self.claimName) || !has(self.path) || !self.path.matches({cel_string(OWN_MOUNT)})",
                        "message": MSG_CHECKPOINT_MOUNT}],
     **_pod_template_rules(),
 }
@@ -253,15 +273,17 @@ def build_schema() -> dict[str, Any]:
     spec["default"] = {}
     _attach_rules(spec)
     name_rule = (f"!has(self.metadata.name) || (size(self.metadata.name) <= {RUN_NAME_MAX} && "
-                 f"self.metadata.name.matches('{RUN_NAME_PATTERN}'))")
+                 f"self.metadata.name.matches({cel_string(RUN_NAME_PATTERN)}))")
     return {
         "description": "A GRPO training run with lossless speculative rollouts and an online drafter (TLT).",
         "type": "object",
+        # `fieldPath` must name a declared field: hence `metadata.name` below (the one metadata field, with
+        # `generateName`, that a CRD schema may declare).
         "x-kubernetes-validations": [{"rule": name_rule, "message": MSG_RUN_NAME, "fieldPath": ".metadata.name"}],
         "properties": {
             "apiVersion": {"type": "string", "description": "tlt.dev/v1alpha1"},
             "kind": {"type": "string", "description": KIND},
-            "metadata": {"type": "object"},
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec,
             "status": _status_schema(),
         },

@@ -182,16 +182,17 @@ def _program(rule: str) -> celpy.Runner:
     return _ENV.program(_ENV.compile(rule), functions=_FUNCTIONS)
 
 
-def _without_nulls(value: Any) -> Any:
+def without_nulls(value: Any) -> Any:
+    """`value` without null fields: CEL sees a null as absent (`has()` false)."""
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [without_nulls(v) for v in value]
     return value
 
 
 def _to_cel(value: Any) -> Any:
-    return celpy.json_to_cel(_without_nulls(value))
+    return celpy.json_to_cel(without_nulls(value))
 
 
 def _cel(node: dict[str, Any], value: Any, old: Any, path: str, out: list[FieldError]) -> None:

@@ -84,14 +84,14 @@ def test_worker_role_names_exactly_the_pods_that_report() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-worker", "namespace": "ml"}]
 
 
-def test_only_pods_that_call_the_api_mount_a_token() -> None:
+def test_every_pod_runs_as_the_runs_identity_and_only_api_callers_mount_a_token() -> None:
     spec = RunSpec.model_validate({"policy": {"replicas": 2}, "rollout": {"replicas": 2},
                                    "verifier": {"replicas": 1}})
     mounted = {p["metadata"]["name"]: (p["spec"]["automountServiceAccountToken"], p["spec"].get("serviceAccountName"))
                for p in _pods(spec)}
-    assert mounted == {"demo-policy-0": (True, "demo-worker"), "demo-policy-1": (False, None),
+    assert mounted == {"demo-policy-0": (True, "demo-worker"), "demo-policy-1": (False, "demo-worker"),
                        "demo-rollout-0": (True, "demo-worker"), "demo-rollout-1": (True, "demo-worker"),
-                       "demo-verifier-0": (False, None)}
+                       "demo-verifier-0": (False, "demo-worker")}
     (policy0,) = [p for p in _pods(FULL) if p["metadata"]["name"] == "demo-policy-0"]
     assert policy0["spec"]["serviceAccountName"] == "tlt-worker", "the template's own account is kept"
 

@@ -25,9 +25,9 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
   own pod, e.g. `{"step": 3, "lastStepSeconds": 41.2, "drafterVersion": 2, "acceptLength": 3.1,
   "activeTrainers": 2}`; the operator mirrors it into `.status.step` and `.status.drafter`.
   The run Succeeded when the policy rank-0 pod exits 0 (phase Succeeded) after the last step.
-- Identity: policy rank 0 and rollout pods run as the run's ServiceAccount `<run>-worker` (or the
-  template's `serviceAccountName`), whose Role grants `get`/`patch` on exactly those pods by name and
-  `get` on the run's status (`builders.security`); every other pod mounts no API token.
+- Identity: every pod runs as the run's ServiceAccount `<run>-worker` (or the template's
+  `serviceAccountName`), whose Role grants `get`/`patch` on exactly the policy rank-0 and rollout pods by
+  name and `get` on the run's status (`builders.security`); only those pods mount its token.
 - Trainer slots (`tlt.runtime.k8s_slots` implements both directions):
   - each rollout worker reports its state on its OWN pod, at every change, as the JSON annotation
     `tlt.dev/worker-state: {"state": "GENERATING"|"IDLE"|"TRAINING", "since": "<RFC 3339, UTC>"}`
@@ -216,10 +216,9 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[s
         pod_spec["nodeSelector"] = dict(overrides.node_selector)
     if overrides.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in overrides.tolerations]
-    if api_caller(role, rank):
-        pod_spec["serviceAccountName"] = overrides.service_account_name or names.worker_account_name(run.name)
-    elif overrides.service_account_name:
-        pod_spec["serviceAccountName"] = overrides.service_account_name
+    # Every pod runs as the run's own identity (never the namespace's `default` ServiceAccount, which a
+    # fresh namespace may not have yet); only the API callers mount its token.
+    pod_spec["serviceAccountName"] = overrides.service_account_name or names.worker_account_name(run.name)
     pod_spec["automountServiceAccountToken"] = api_caller(role, rank)
     if overrides.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in overrides.image_pull_secrets]

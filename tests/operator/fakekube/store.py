@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tlt.crd_lint import crd_problems
+
 from . import selectors
 from .patching import PatchError, json_patch, merge_patch
 from .resources import BUILTIN, ResourceType, from_crd
@@ -235,6 +237,11 @@ class Store:
     def _validate(self, rt: ResourceType, obj: Obj, old: Obj | None, strict: bool) -> Obj:
         """The object as stored (defaulted, pruned) or ApiError with the apiserver's Status;
         `strict`: the request's `fieldValidation=Strict` (unknown fields refused, not pruned)."""
+        if rt.kind == "CustomResourceDefinition" and self._validator_factory is not None:
+            problems = crd_problems(obj)
+            if problems:
+                raise ApiError(422, "Invalid", f'{rt.qualified} "{obj["metadata"]["name"]}" is invalid: '
+                               + "; ".join(problems))
         if rt.validator is None:
             return obj
         stored, status = rt.validator(obj, old, strict)
