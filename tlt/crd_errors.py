@@ -25,7 +25,7 @@ BLOCKING_REASONS = {"FieldValueRequired", "FieldValueNotSupported", "FieldValueT
 @dataclass(frozen=True)
 class FieldError:
     """One apiserver field error: `field` like `spec.speculative.arms[0].kind`, `kind` like
-    `Invalid value`, `detail` the rest (`"object": <rule message>`)."""
+    `Invalid value`, `detail` the rest (a rule's message, after the value when it is a scalar)."""
 
     field: str
     kind: str

@@ -8,7 +8,7 @@ and every `x-kubernetes-validations` CEL rule is evaluated with `cel-python` (`o
 only on update, where the old object has the field; none at all after a "blocking" schema
 error: required, enum, type, maxLength, maxItems, as the apiserver does); duplicates in
 `x-kubernetes-list-type` map lists and sets are reported. Errors read like the
-apiserver's, e.g. `spec.drafter: Invalid value: "object": drafter.minTrainers must be <= drafter.maxTrainers`,
+apiserver's, e.g. `spec.drafter: Invalid value: drafter.minTrainers must be <= drafter.maxTrainers`,
 and `Validation.status()` gives the `Status` body a real apiserver answers with (422 / 400).
 
 Simplifications: null values are treated as absent inside CEL; transition rules are not
@@ -93,7 +93,7 @@ def _child(node: dict[str, Any], key: Any) -> tuple[dict[str, Any] | None, str]:
     if key in node.get("properties", {}):
         return node["properties"][key], f".{key}"
     extra = node.get("additionalProperties")
-    return (extra if isinstance(extra, dict) else None), f"[{key}]"
+    return (extra if isinstance(extra, dict) else None), f".{key}"  # the apiserver names map keys with a dot
 
 
 def _path(root: dict[str, Any], keys: Any) -> str:
@@ -120,7 +120,7 @@ def _prune(node: dict[str, Any], value: Any, path: str, unknown: list[str]) -> N
                 if sub != "metadata":
                     _prune(props[key], value[key], sub, unknown)
             elif isinstance(extra, dict):
-                _prune(extra, value[key], f"{path}[{key}]", unknown)
+                _prune(extra, value[key], f"{path}.{key}", unknown)
             elif sub != "metadata":
                 unknown.append(sub)
                 del value[key]
@@ -214,18 +214,27 @@ def _cel(node: dict[str, Any], value: Any, old: Any, path: str, out: list[FieldE
         elif not result:
             message = rule.get("message") or f"failed rule: {rule['rule']}"
             where = path + rule["fieldPath"] if rule.get("fieldPath") else path  # the apiserver reports there
-            out.append(FieldError(where.lstrip("."), "Invalid value", f"{json.dumps(node['type'])}: {message}"))
+            # kube-apiserver 1.36 shows a scalar's value before the message and nothing for an object or list.
+            shown = "" if isinstance(value, (dict, list)) else f"{json.dumps(value)}: "
+            out.append(FieldError(where.lstrip("."), "Invalid value", f"{shown}{message}"))
     if isinstance(value, dict):
         props = node.get("properties", {})
         extra = node.get("additionalProperties")
         for key, item in value.items():
-            sub, suffix = (props[key], f".{key}") if key in props else (extra, f"[{key}]")
+            sub, suffix = (props[key], f".{key}") if key in props else (extra, f".{key}")
             if isinstance(sub, dict):
                 prev = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
                 _cel(sub, item, prev, (path + suffix).lstrip("."), out)
     elif isinstance(value, list) and "items" in node:
         for i, item in enumerate(value):
             _cel(node["items"], item, _MISSING, f"{path}[{i}]", out)
+
+
+def _go_number(value: Any) -> str:
+    """A bound as Go's `%v` prints a float64: `1`, not `1.0`."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return str(value)
 
 
 def _schema_error(root: dict[str, Any], err: jsonschema.ValidationError) -> list[FieldError]:
@@ -249,6 +258,7 @@ def _schema_error(root: dict[str, Any], err: jsonschema.ValidationError) -> list
             schema = err.schema
             exclusive = schema.get("exclusiveMinimum" if err.validator == "minimum" else "exclusiveMaximum")
             side = "greater" if err.validator == "minimum" else "less"
+            limit = _go_number(limit)
             bound = f"{side} than {limit}" if exclusive else f"{side} than or equal to {limit}"
             return [FieldError(path, "Invalid value", f"{_show(value)}: {where} should be {bound}")]
         case "maxLength":
@@ -260,7 +270,7 @@ def _schema_error(root: dict[str, Any], err: jsonschema.ValidationError) -> list
         case "maxItems" | "maxProperties":
             return [FieldError(path, "Too many", f"{len(value)}: must have at most {limit} items")]
         case "minItems" | "minProperties":
-            return [FieldError(path, "Invalid value", f"{_show(value)}: {where} should have at least {limit} items")]
+            return [FieldError(path, "Invalid value", f"{len(value)}: {where} should have at least {limit} items")]
         case "format":
             shown = _show(value)
             return [FieldError(path, "Invalid value", f"{shown}: {where} must be of type {limit}: {shown}")]
@@ -312,7 +322,7 @@ class CRDValidator:
             _prune(self.schema, prev, "", [])
             _default(self.schema, prev)
         if any(e.reason in _BLOCKING for e in errors):
-            errors.append(FieldError("<nil>", "Invalid value", f'"null": {CEL_SKIPPED}'))
+            errors.append(FieldError("<nil>", "Invalid value", f"null: {CEL_SKIPPED}"))
         else:
             _cel(self.schema, new, prev, "", errors)
         return Validation(new, errors, unknown, strict, self.kind, self.group, self.version)

@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         "TLT_OPERATOR_WATCH_SECONDS (see tlt_operator.settings).")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
     parser.add_argument("--health-port", type=int, default=8080, help="liveness endpoint port (/healthz)")
+    parser.add_argument("--listen-address", default="0.0.0.0",
+                        help="address the metrics and health endpoints bind to (default: all; the kubelet probes the pod IP)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -30,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     from .settings import namespaces
 
     if args.metrics_port:
-        prometheus_client.start_http_server(args.metrics_port)
+        prometheus_client.start_http_server(args.metrics_port, addr=args.listen_address)
     asyncio.run(kopf.operator(
         standalone=True,
         clusterwide=not namespaces(),
         namespaces=namespaces(),
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        liveness_endpoint=f"http://{args.listen_address}:{args.health_port}/healthz",
     ))
     return 0

@@ -68,7 +68,7 @@ def test_invalid_run_is_refused_by_the_api_with_the_servers_message(cluster: Clu
         cluster.create_run("bad", {"drafter": {"minTrainers": 4, "maxTrainers": 2}})
     status = json.loads(caught.value.body)
     assert (caught.value.status, status["reason"]) == (422, "Invalid")
-    assert status["message"] == ('TLTTrainingRun.tlt.dev "bad" is invalid: spec.drafter: Invalid value: "object": '
+    assert status["message"] == ('TLTTrainingRun.tlt.dev "bad" is invalid: spec.drafter: Invalid value: '
                                  "drafter.minTrainers must be <= drafter.maxTrainers")
 
 

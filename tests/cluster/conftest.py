@@ -1,0 +1,127 @@
+"""The real control-plane tier: one control plane per test session (see controlplane.py), TLT installed
+into it as a user would (`kubectl apply -k manifests/base`), the operator as a process holding a token of
+ITS ServiceAccount (so RBAC is the real check), and a test node agent playing the kubelet of four
+nodes: two GPU mocks (`nvidia.com/gpu: 8`, tainted as GPU nodes are), one CPU node (both hold pods
+without running them) and one CPU node that runs pods as local processes (tainted so that only pods
+that ask for it land there)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+from controlplane import ControlPlane, free_port, missing_binaries
+from node_agent import FakeNode, NodeAgent
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "tlt-system"
+EXEC_TAINT = {"key": "tlt.test/local-processes", "value": "true", "effect": "NoSchedule"}
+EXEC_LABEL = {"tlt.test/local-processes": "true"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+NODES = [
+    FakeNode("gpu-0", "hold", {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
+             {"nvidia.com/gpu.present": "true"}, [GPU_TAINT]),
+    FakeNode("gpu-1", "hold", {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
+             {"nvidia.com/gpu.present": "true"}, [GPU_TAINT]),
+    FakeNode("cpu-0", "hold", {"cpu": "16", "memory": "64Gi", "pods": "110"}),
+    FakeNode("local-0", "execute", {"cpu": "64", "memory": "256Gi", "pods": "110"}, EXEC_LABEL, [EXEC_TAINT]),
+]
+
+pytestmark = pytest.mark.apiserver
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.fspath):
+            item.add_marker(pytest.mark.apiserver)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    why = missing_binaries()
+    if why:
+        pytest.skip(f"skipped: {why}")
+    plane = ControlPlane(tmp_path_factory.mktemp("controlplane")).start()
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def installed(control_plane: ControlPlane) -> ControlPlane:
+    """`kubectl apply -k manifests/base`, as the README says, then the CRD Established. The operator's
+    Deployment is scaled to zero: its image is not here; the same operator runs as a process below."""
+    control_plane.kubectl("apply", "-k", str(ROOT / "manifests" / "base"))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                          "crd/tltrainingruns.tlt.dev")
+    control_plane.kubectl("scale", "deployment/tlt-operator", "-n", OPERATOR_NAMESPACE, "--replicas=0")
+    return control_plane
+
+
+@pytest.fixture(scope="session")
+def api(installed: ControlPlane) -> kubernetes.client.ApiClient:
+    """An admin client (the tests' view)."""
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(str(installed.admin_kubeconfig), client_configuration=config)
+    return kubernetes.client.ApiClient(config)
+
+
+@pytest.fixture(scope="session")
+def nodes(api: kubernetes.client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
+    agent = NodeAgent(api, NODES, tmp_path_factory.mktemp("node-agent")).start()
+    core = kubernetes.client.CoreV1Api(api)
+    deadline = time.monotonic() + 90
+    while any(t.key == "node.kubernetes.io/not-ready" for n in core.list_node().items for t in (n.spec.taints or [])):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the node lifecycle controller did not lift the not-ready taints")
+        time.sleep(0.5)
+    yield agent
+    agent.stop()
+
+
+@pytest.fixture(scope="session")
+def operator_process(installed: ControlPlane, nodes: NodeAgent,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(installed, tmp_path_factory.mktemp("operator")).start()
+    yield proc
+    proc.stop()
+
+
+class OperatorProcess:
+    """`tlt-operator` from this checkout, authenticated with a token of the ServiceAccount the install made."""
+
+    def __init__(self, plane: ControlPlane, root: Path) -> None:
+        self.plane = plane
+        self.root = root
+        self.log = root / "operator.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        token = self.plane.kubectl("create", "token", "tlt-operator", "-n", OPERATOR_NAMESPACE,
+                                   "--duration=4h").strip()
+        config = self.plane.write_kubeconfig(self.root / "kubeconfig", token)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env.update(KUBECONFIG=str(config), TLT_OPERATOR_RECONCILE_SECONDS="1", TLT_OPERATOR_REQUEST_TIMEOUT="10",
+                   TLT_OPERATOR_WATCH_SECONDS="60", TLT_OPERATOR_NAMESPACE=OPERATOR_NAMESPACE)
+        argv = [str(Path(sys.executable).parent / "tlt-operator"), "--metrics-port", "0",
+                "--health-port", str(free_port()), "--listen-address", "127.0.0.1"]
+        self.process = subprocess.Popen(argv, env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        return self
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=20)
