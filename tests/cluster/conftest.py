@@ -8,8 +8,10 @@ that ask for it land there)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 from controlplane import ControlPlane, free_port, missing_binaries
+from kube_view import KubeView
 from node_agent import FakeNode, NodeAgent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +76,9 @@ def api(installed: ControlPlane) -> kubernetes.client.ApiClient:
 
 @pytest.fixture(scope="session")
 def nodes(api: kubernetes.client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
-    agent = NodeAgent(api, NODES, tmp_path_factory.mktemp("node-agent")).start()
+    # Not under /tmp: the pods mount their own /tmp over it, which would hide the volumes' sources.
+    root = Path(tempfile.mkdtemp(prefix="tlt-node-agent-", dir="/var/tmp"))
+    agent = NodeAgent(api, NODES, root).start()
     core = kubernetes.client.CoreV1Api(api)
     deadline = time.monotonic() + 90
     while any(t.key == "node.kubernetes.io/not-ready" for n in core.list_node().items for t in (n.spec.taints or [])):
@@ -82,6 +87,7 @@ def nodes(api: kubernetes.client.ApiClient, tmp_path_factory: pytest.TempPathFac
         time.sleep(0.5)
     yield agent
     agent.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -125,3 +131,13 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=20)
+
+
+@pytest.fixture
+def view(operator_process: OperatorProcess, installed: ControlPlane, nodes: NodeAgent) -> Iterator[KubeView]:
+    """A fresh namespace; at the end, the operator's log must hold no Forbidden (a verb its RBAC lacks)."""
+    view = KubeView(installed).create_namespace()
+    view.agent = nodes
+    yield view
+    view.delete_namespace()
+    assert "Forbidden" not in operator_process.text(), operator_process.text()[-4000:]

@@ -8,6 +8,8 @@ then lifts the `not-ready` taint and keeps the node schedulable) and, for each p
   each bind-mounted at its `mountPath`; an `/etc/hosts` naming every pod of the namespace by
   `<hostname>.<subdomain>` (the headless Service's DNS records); env with `fieldRef`, `secretKeyRef`,
   `configMapKeyRef` resolved; the pod's IP a 127.0.0.x address of its own;
+  a projected ServiceAccount token (TokenRequest, bound to the pod) with `KUBERNETES_SERVICE_HOST/PORT`
+  naming the real API server;
 - `hold` nodes (the GPU mocks: nothing here can run a GPU pod) report the pod Running and run nothing.
 Phase, IP, readiness and exit code go to the pod's status; a pod deleted gracefully gets SIGTERM, then
 SIGKILL after its grace period, and the agent completes the deletion as the kubelet does. Pods with
@@ -42,6 +44,16 @@ POLL_S = 0.3
 POD_EXEC = Path(__file__).with_name("pod_exec.py")
 
 
+def why_pods_cannot_run() -> str | None:
+    """Why `execute` nodes cannot run pods here (one line), or None: they need mount namespaces (root)."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "util-linux `unshare` and `mount` are needed to run pods as local processes"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"no mount namespace for pods here (`unshare --mount` says: {probe.stderr.strip()[:200]})"
+    return None
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -71,6 +83,8 @@ class NodeAgent:
 
     def __init__(self, api: kubernetes.client.ApiClient, nodes: list[FakeNode], root: Path) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
+        host, _, port = api.configuration.host.removeprefix("https://").partition(":")
+        self.api_host, self.api_port = host, port or "443"
         self.nodes = {n.name: n for n in nodes}
         self.root = root
         self.pods: dict[str, _Pod] = {}
@@ -136,23 +150,30 @@ class NodeAgent:
                 self._kill(pod, grace=0)
                 del self.pods[uid]
         for uid, obj in live.items():
-            pod = self.pods.get(uid)
-            if obj.metadata.deletion_timestamp is not None:
-                if pod is not None:
-                    self._kill(pod, grace=obj.metadata.deletion_grace_period_seconds or 0)
-                with contextlib.suppress(kubernetes.client.ApiException):
-                    self.core.delete_namespaced_pod(obj.metadata.name, obj.metadata.namespace, grace_period_seconds=0,
-                                                    body={"preconditions": {"uid": uid}})
-                self.pods.pop(uid, None)
-                continue
-            if pod is None and obj.status.phase == "Pending":
-                self.pods[uid] = self._admit(obj)
-                self._refresh_hosts(obj.metadata.namespace)
-            elif pod is not None and pod.process is not None and not pod.finished:
-                code = pod.process.poll()
-                if code is not None:
-                    pod.finished = True
-                    self._report_exit(obj, code)
+            try:
+                self._sync_pod(uid, obj)
+            except kubernetes.client.ApiException as exc:  # one pod's trouble must not starve the others
+                if exc.status != 404:
+                    self.errors.append(f"{obj.metadata.namespace}/{obj.metadata.name}: {exc.status} {exc.reason}")
+
+    def _sync_pod(self, uid: str, obj: Any) -> None:
+        pod = self.pods.get(uid)
+        if obj.metadata.deletion_timestamp is not None:
+            if pod is not None:
+                self._kill(pod, grace=obj.metadata.deletion_grace_period_seconds or 0)
+            # The kubelet's final delete; with a body, the apiserver reads the options from it alone.
+            self.core.delete_namespaced_pod(obj.metadata.name, obj.metadata.namespace,
+                                            body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+            self.pods.pop(uid, None)
+            return
+        if pod is None and obj.status.phase == "Pending":
+            self.pods[uid] = self._admit(obj)
+            self._refresh_hosts(obj.metadata.namespace)
+        elif pod is not None and pod.process is not None and not pod.finished:
+            code = pod.process.poll()
+            if code is not None:
+                pod.finished = True
+                self._report_exit(obj, code)
 
     def _admit(self, obj: Any) -> _Pod:
         ip = f"127.0.0.{self._next_ip}"
@@ -241,7 +262,8 @@ class NodeAgent:
         (pod_dir / "plan.json").write_text(json.dumps(plan))
         pod.log_path = pod_dir / "log"
         pod.process = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", sys.executable, str(POD_EXEC), str(pod_dir / "plan.json")],
+            ["unshare", "--mount", "--propagation", "private", sys.executable, str(POD_EXEC),
+             str(pod_dir / "plan.json")],
             stdout=pod.log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def _ensure_dir(self, path: Path) -> None:
@@ -270,6 +292,10 @@ class NodeAgent:
                 (path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
                 (path / item["path"]).write_text(data[item["key"]])
             return path, "dir"
+        if "projected" in volume:
+            for source in volume["projected"].get("sources", []):
+                self._project(pod, source, path)
+            return path, "dir"
         if "emptyDir" in volume:
             return path, "tmpfs" if (volume["emptyDir"] or {}).get("medium") == "Memory" else "dir"
         if "persistentVolumeClaim" in volume:
@@ -278,6 +304,30 @@ class NodeAgent:
             return claim, "dir"
         raise ValueError(f"volume {volume['name']}: the test node agent supports configMap, secret, emptyDir and "
                          "persistentVolumeClaim volumes")
+
+    def _project(self, pod: _Pod, source: dict[str, Any], path: Path) -> None:
+        """One source of a projected volume (what the ServiceAccount admission plugin adds for the API token)."""
+        if "serviceAccountToken" in source:
+            sat = source["serviceAccountToken"]
+            raw = self.core.read_namespaced_pod(pod.name, pod.namespace)
+            spec = {"expirationSeconds": sat.get("expirationSeconds", 3600),
+                    "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.name, "uid": pod.uid}}
+            if sat.get("audience"):
+                spec["audiences"] = [sat["audience"]]
+            token = self.core.create_namespaced_service_account_token(
+                raw.spec.service_account_name, pod.namespace, {"spec": spec})
+            (path / sat["path"]).write_text(token.status.token)
+        elif "configMap" in source:
+            data = self.core.read_namespaced_config_map(source["configMap"]["name"], pod.namespace).data or {}
+            for item in source["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
+                (path / item["path"]).write_text(data[item["key"]])
+        elif "downwardAPI" in source:
+            live = self.core.read_namespaced_pod(pod.name, pod.namespace)
+            raw = self.core.api_client.sanitize_for_serialization(live)
+            for item in source["downwardAPI"].get("items", []):
+                (path / item["path"]).write_text(self._field(raw, item["fieldRef"]["fieldPath"], pod.ip))
+        else:
+            raise ValueError(f"projected volume source {sorted(source)}: not supported by the test node agent")
 
     def _refresh_hosts(self, namespace: str) -> None:
         """Rewrite (in place: the pods bind-mounted these inodes) every running pod's hosts file."""
@@ -299,7 +349,10 @@ class NodeAgent:
             out.truncate()
 
     def _env(self, pod: _Pod, raw: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": raw["spec"].get("hostname", pod.name)}
+        # The kubelet's `kubernetes` Service variables, pointing at the real API server (no Service network here).
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        env = {"PATH": path, "HOSTNAME": raw["spec"].get("hostname", pod.name),
+               "KUBERNETES_SERVICE_HOST": self.api_host, "KUBERNETES_SERVICE_PORT": self.api_port}
         for var in container.get("env", []):
             if "value" in var:
                 env[var["name"]] = var["value"]

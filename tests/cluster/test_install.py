@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "schema"))
 from invalid_runs import INVALID, manifest  # noqa: E402
 
-MANIFESTS = [ROOT / "examples" / "run.yaml", ROOT / "examples" / "demo.yaml", ROOT / "manifests" / "samples" / "run.yaml",
-             ROOT / "manifests" / "samples" / "gang-kueue.yaml"]
+MANIFESTS = [ROOT / "examples" / "run.yaml", ROOT / "examples" / "demo.yaml",
+             ROOT / "manifests" / "samples" / "run.yaml", ROOT / "manifests" / "samples" / "gang-kueue.yaml"]
 
 
 @pytest.fixture
