@@ -1,9 +1,12 @@
 """`kubectl apply -f` to a trained run on one machine: a CPU-sized run is scheduled onto the node whose
 pods the test node agent runs as local processes (`tlt worker` for real: the Ray head and coordinator
 on policy rank 0, a rollout pod joining it), trains to `phase: Succeeded` with its step progress in
-the status, and `kubectl delete` leaves nothing behind."""
+the status, and `kubectl delete` leaves nothing behind. A rollout pod deleted in the middle of a run is
+replaced by the operator and the run finishes with the step metrics of an undisturbed run."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from conftest import EXEC_LABEL, EXEC_TAINT
@@ -14,9 +17,12 @@ from tlt.tasks.warmstart import reduced_config, warm_start
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 STEPS = 2
+# What a step learned (not how long it took): equal when recovery is exact.
+LEARNED = ("step", "reward_mean", "response_lengths", "generated_tokens", "loss", "policy_loss", "grad_norm", "kl",
+           "clip_fraction")
 
 
-def local_run(name: str, policy: str) -> dict:
+def local_run(name: str, policy: str, steps: int = STEPS, prompts: int = 2, new_tokens: int = 16) -> dict:
     """A run sized for this CPU whose pods all tolerate and select the node that runs processes."""
     template = {"nodeSelector": EXEC_LABEL,
                 "tolerations": [{"key": EXEC_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
@@ -26,7 +32,8 @@ def local_run(name: str, policy: str) -> dict:
     return {"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": name}, "spec": {
         "model": {"path": policy, "dtype": "float32", "maxContext": 256},
         "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
-        "algorithm": {"steps": STEPS, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16, "microBatchSize": 4},
+        "algorithm": {"steps": steps, "promptsPerStep": prompts, "groupSize": 2, "maxNewTokens": new_tokens,
+                      "microBatchSize": 4},
         "policy": {"replicas": 1, "resources": cpu, "podTemplate": template},
         "rollout": {"replicas": 1, "resources": cpu, "podTemplate": template},
         "verifier": {"replicas": 0, "resources": cpu, "podTemplate": template},
@@ -54,3 +61,43 @@ def test_kubectl_apply_trains_a_run_to_succeeded_and_delete_leaves_nothing(view)
     view.kubectl("delete", "tltrun/trained", "--wait=true", "--timeout=60s")
     wait_for("nothing of the run left", lambda: not view.children(uid) and not view.labelled("trained"),
              timeout=120, poll=1.0)
+
+
+def _step_metrics(view, run: str) -> list[dict]:
+    path = view.agent.root / "pods" / view.namespace / f"{run}-policy-0" / "volumes" / "work" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: row.get(k) for k in LEARNED} for row in rows]
+
+
+def _finish(view, run: str, logs) -> dict:
+    status = wait_for(f"{run} finished", lambda: (s := view.status(run)).get("phase") in ("Succeeded", "Failed")
+                      and s, timeout=480, poll=2.0, describe=logs)
+    assert status["phase"] == "Succeeded", f"{status}\n{logs()}"
+    return status
+
+
+def test_a_rollout_pod_deleted_mid_run_is_replaced_and_the_run_ends_as_an_undisturbed_one(view):
+    if why := why_pods_cannot_run():
+        pytest.skip(f"skipped: {why}")
+    policy = str(warm_start(reduced_config()))
+
+    def logs(run: str):
+        return lambda: "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}"
+                                  for name in view.pods(run)) + f"\nagent errors: {view.agent.errors[-5:]}"
+
+    sized = {"steps": 40, "prompts": 4, "new_tokens": 32}  # ~10 s of steps: the deletion lands mid-run
+    view.apply(local_run("calm", policy, **sized))
+    _finish(view, "calm", logs("calm"))
+    view.apply(local_run("shaken", policy, **sized))
+    wait_for("step 3 done", lambda: (view.status("shaken").get("step") or {}).get("current", 0) >= 3,
+             timeout=300, poll=1.0, describe=logs("shaken"))
+    old_uid = view.pods("shaken")["shaken-rollout-0"]["metadata"]["uid"]
+    view.kubectl("delete", "pod", "shaken-rollout-0", "--wait=false")
+    wait_for("a new shaken-rollout-0", lambda: (p := view.pods("shaken").get("shaken-rollout-0"))
+             and p["metadata"]["uid"] != old_uid, timeout=60, describe=logs("shaken"))
+    _finish(view, "shaken", logs("shaken"))
+    work = view.agent.root / "pods" / view.namespace / "shaken-policy-0" / "volumes" / "work"
+    events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+    restarts = [e for e in events if e["type"] == "restart"]
+    assert len(restarts) == 1 and restarts[0]["failed_step"] >= 4, "the deletion must land mid-run: " + str(restarts)
+    assert _step_metrics(view, "shaken") == _step_metrics(view, "calm")
