@@ -23,6 +23,10 @@ from kube_view import KubeView
 from node_agent import FakeNode, NodeAgent
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the operator tests' harness and fake API server
+from _operator_harness import NAMESPACE, Cluster, fake_server, installed_cluster, running_operator  # noqa: E402
+from real_cluster import RealCluster  # noqa: E402
+
 OPERATOR_NAMESPACE = "tlt-system"
 EXEC_TAINT = {"key": "tlt.test/local-processes", "value": "true", "effect": "NoSchedule"}
 EXEC_LABEL = {"tlt.test/local-processes": "true"}
@@ -141,3 +145,27 @@ def view(operator_process: OperatorProcess, installed: ControlPlane, nodes: Node
     yield view
     view.delete_namespace()
     assert "Forbidden" not in operator_process.text(), operator_process.text()[-4000:]
+
+
+@pytest.fixture(scope="session")
+def real_cluster(operator_process: OperatorProcess, api: kubernetes.client.ApiClient) -> RealCluster:
+    cluster = RealCluster(api)
+    cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
+    return cluster
+
+
+@pytest.fixture(params=["fake", "real"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """The operator tests' cluster, once on the fake API server (the operator under KopfRunner) and once on
+    the real control plane (the operator process): the same test body holds the fake to the real."""
+    if request.param == "fake":
+        with fake_server(tmp_path, monkeypatch) as server:
+            fake = installed_cluster(server)
+            with running_operator():
+                yield fake
+        return
+    real = request.getfixturevalue("real_cluster")
+    try:
+        yield real
+    finally:
+        real.clean()

@@ -13,10 +13,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes
+import pytest
 from fakekube import FakeKube
+from fakekube.validation import crd_validator
 from kopf.testing import KopfRunner
 
 from tlt.config import API_GROUP, API_VERSION, PLURAL
+from tlt.crd import build_crd
 
 # Read once when the handlers module is imported (the timer period is fixed at decoration).
 os.environ.setdefault("TLT_OPERATOR_RECONCILE_SECONDS", "1")
@@ -115,8 +118,36 @@ class Cluster:
     def succeed_pod(self, name: str, namespace: str = NAMESPACE) -> None:
         self.fake.call(lambda: self.fake.kubelet.finish(namespace, name, "Succeeded", 0))
 
+    def annotate_pod(self, name: str, annotations: dict[str, str], namespace: str = NAMESPACE) -> None:
+        """What the coordinator does on its own pod (progress reports)."""
+        self.fake.call(lambda: self.fake.kubelet.annotate(namespace, name, annotations))
+
     def events(self, namespace: str = NAMESPACE) -> list[Any]:
         return self.core.list_namespaced_event(namespace).items
+
+
+@contextlib.contextmanager
+def fake_server(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
+    """The fake API server (validating as the real one does), reached over a kubeconfig by every client."""
+    server = FakeKube(validator_factory=crd_validator).start()
+    try:
+        kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig", NAMESPACE))
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
+        # The client reads $KUBECONFIG once, at import: point its default at this server's file.
+        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+        yield server
+    finally:
+        server.stop()
+
+
+def installed_cluster(server: FakeKube) -> Cluster:
+    """The fake with TLT's CRD, the two PodGroup CRDs and the test namespace."""
+    cluster = Cluster(server)
+    cluster.crds.create_custom_resource_definition(build_crd())
+    cluster.crds.create_custom_resource_definition(podgroup_crd("scheduling.x-k8s.io", "v1alpha1"))
+    cluster.crds.create_custom_resource_definition(podgroup_crd("scheduling.volcano.sh", "v1beta1"))
+    cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
+    return cluster
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
