@@ -36,8 +36,8 @@ CEL_SKIPPED = (
     "correct the existing errors to complete validation"
 )
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_SUBDOMAIN_MSG = (
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_SUBDOMAIN_MSG = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
     "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
     "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
@@ -286,8 +286,8 @@ def _metadata_errors(meta: Any) -> list[FieldError]:
         if meta.get("generateName"):
             return []
         return [FieldError("metadata.name", "Required value", "name or generateName is required")]
-    if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-        return [FieldError("metadata.name", "Invalid value", f"{_show(name)}: {_DNS_SUBDOMAIN_MSG}")]
+    if not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+        return [FieldError("metadata.name", "Invalid value", f"{_show(name)}: {DNS_SUBDOMAIN_MSG}")]
     return []
 
 

@@ -108,6 +108,9 @@ class RunStatus(StatusPart):
     start_time: datetime | None = Field(None, description="When the run's pods were first created.")
     completion_time: datetime | None = Field(None, description="When the run Succeeded or Failed.")
     message: Message | None = Field(None, description="Human-readable summary of the phase.")
+    ray_token_secret: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="Name of the run's Ray token Secret, made by the server when the operator created it "
+        "(generateName): the pods use this one only, never a Secret someone else named.")
 
     @model_validator(mode="after")
     def _one_condition_per_type(self) -> RunStatus:

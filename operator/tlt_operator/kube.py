@@ -3,8 +3,8 @@
 Every call runs the synchronous client in a worker thread with a request timeout. Failures
 surface as `KubeError` with the HTTP code (0 for a timeout or a dropped connection), so the
 reconciler can tell "already exists" (409 on create), "gone" (404) and "try again later" apart.
-Children are applied as DESIGN.md asks: create; on 409 read the live object and merge-patch the
-fields we own with a resourceVersion precondition (no server-side apply).
+Children are applied as DESIGN.md asks: create; on 409 read the live object and, only if this run
+controls it, merge-patch the fields we own with a resourceVersion precondition (no server-side apply).
 """
 
 from __future__ import annotations
@@ -44,6 +44,29 @@ def path_of(api_version: str, kind: str, namespace: str | None, name: str | None
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{_PLURALS[kind]}" if namespace else f"{base}/{_PLURALS[kind]}"
     return path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+class ChildConflict(Exception):
+    """An object holds a child's name but is not controlled by this run: it is never patched, used or deleted."""
+
+    def __init__(self, kind: str, name: str, holder: str) -> None:
+        super().__init__(f"{kind} {name} exists and is not this run's (its controller: {holder}); nothing of it was "
+                         "changed: delete or rename it, or give this run another name")
+        self.kind = kind
+        self.name = name
+
+
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    """The UID of the object's controller (the ownerReference with `controller: true`), or None."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return next((ref.get("uid") for ref in refs if ref.get("controller")), None)
+
+
+def holder(obj: dict[str, Any]) -> str:
+    """`Kind/name` of the object's controller, for messages."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), None)
+    return f"{ref.get('kind')}/{ref.get('name')} (uid {ref.get('uid')})" if ref else "none"
 
 
 def _contains(live: Any, desired: Any) -> bool:
@@ -115,7 +138,9 @@ class Kube:
 
     async def apply(self, obj: dict[str, Any]) -> str:
         """Create `obj`, or bring the live object's fields to it; returns created / patched / unchanged.
-        One GET in the steady state; a create racing another writer falls back to the patch path."""
+        One GET in the steady state; a create racing another writer falls back to the patch path. A live
+        object that `obj`'s controller (its ownerReference with `controller: true`) does not control is
+        never adopted: ChildConflict, and nothing of it is changed."""
         meta = obj["metadata"]
         collection = path_of(obj["apiVersion"], obj["kind"], meta["namespace"])
         path = f"{collection}/{meta['name']}"
@@ -131,6 +156,9 @@ class Kube:
                 if exc_create.code != 409:
                     raise
             live = await self.get(path)
+        owner = controller_uid(obj)
+        if owner is not None and controller_uid(live) != owner:
+            raise ChildConflict(obj["kind"], meta["name"], holder(live))
         desired = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
         if _contains(live, desired):
             return "unchanged"

@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
     parser.add_argument("--health-port", type=int, default=8080, help="liveness endpoint port (/healthz)")
     parser.add_argument("--listen-address", default="0.0.0.0",
-                        help="address the metrics and health endpoints bind to (default: all; the kubelet probes the pod IP)")
+                        help="address the metrics and health endpoints bind to "
+                        "(default: all; the kubelet probes the pod IP)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 

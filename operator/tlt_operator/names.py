@@ -55,9 +55,10 @@ def _suffixed(run: str, suffix: str) -> str:
     return f"{run}{suffix}" if len(run) + len(suffix) <= 253 else f"{run[:242 - len(suffix)]}-{_digest(run)}{suffix}"
 
 
-def ray_token_secret_name(run: str) -> str:
-    """The Secret holding the run's Ray authentication token (key `token`)."""
-    return _suffixed(run, "-ray-token")
+def ray_token_secret_prefix(run: str) -> str:
+    """`generateName` of the Secret holding the run's Ray token (key `token`): the server appends 5
+    random characters, so no one can make the Secret a run will use before the run makes it."""
+    return _suffixed(run, "-ray-token-")[:248]
 
 
 def network_policy_name(run: str) -> str:

@@ -32,7 +32,7 @@ from .builders import (
 )
 from .builders.common import RunRef
 from .idleness import SlotTracker
-from .kube import Kube, KubeError, path_of
+from .kube import ChildConflict, Kube, KubeError, path_of
 from .lifecycle import FINAL, PodView, decide, desired_pods, view_pod
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ class SpecError(ValueError):
     """The stored spec does not parse as a RunSpec (it passed the CRD, so the CRD lags the model)."""
 
 
-def _desired_pods(ref: RunRef, spec: RunSpec) -> dict[str, dict[str, Any]]:
-    pods = [build_pod(ref, spec, role, rank) for role, rank in sorted(desired_pods(spec))]
+def _desired_pods(ref: RunRef, spec: RunSpec, token_secret: str) -> dict[str, dict[str, Any]]:
+    pods = [build_pod(ref, spec, role, rank, token_secret) for role, rank in sorted(desired_pods(spec))]
     return {p["metadata"]["name"]: p for p in pods}
 
 
@@ -77,21 +77,35 @@ def _spec_condition(run: dict[str, Any], error: str) -> RunStatus:
                                   "conditions": set_condition(list(old.conditions or []), condition)})
 
 
-def _created(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
-    """Condition `Created` (as Trainer v2): False with the API's message when a child was rejected;
-    True again once every child was made, only if it had been False (no noise on healthy runs)."""
-    before = next((c for c in status.conditions or [] if c.type == "Created"), None)
-    if error is None and (before is None or before.status == "True"):
+def _problem(status: RunStatus, kind: str, error: str | None, bad: str, reasons: tuple[str, str], cleared: str,
+             generation: int, now: datetime.datetime) -> RunStatus:
+    """Condition `kind` set to `bad` with `error` (reason `reasons[0]`), or back from it (reason `reasons[1]`,
+    message `cleared`) once the error is gone; none at all on a run that never had the problem (no noise)."""
+    before = next((c for c in status.conditions or [] if c.type == kind), None)
+    if error is None and (before is None or before.status != bad):
         return status
-    condition = Condition(type="Created", status="False" if error else "True",
-                          reason="ChildRejected" if error else "ChildrenCreated",
-                          message=error or "every child was created", observed_generation=generation,
-                          last_transition_time=now)
+    good = "False" if bad == "True" else "True"
+    condition = Condition(type=kind, status=bad if error else good, reason=reasons[0] if error else reasons[1],
+                          message=error or cleared, observed_generation=generation, last_transition_time=now)
     return status.model_copy(update={"conditions": set_condition(list(status.conditions or []), condition)})
 
 
+def _created(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
+    """Condition `Created` (as Trainer v2): False with the API's message when a child was rejected."""
+    return _problem(status, "Created", error, "False", ("ChildRejected", "ChildrenCreated"),
+                    "every child was created", generation, now)
+
+
+def _conflict(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
+    """Condition `ChildConflict`: True naming the object while one holds a child's name (also the status
+    message), False once it is gone."""
+    status = _problem(status, "ChildConflict", error, "True", ("ChildConflict", "NoConflict"),
+                      "no object holds a child's name", generation, now)
+    return status.model_copy(update={"message": error[:1024]}) if error else status
+
+
 async def _create_once(kube: Kube, child: dict[str, Any]) -> None:
-    """Create `child` unless it exists (never patched: pods are immutable, the token must not rotate)."""
+    """Create a pod unless one of its name exists (pods are immutable; one not the run's is `PodNameTaken`)."""
     try:
         await kube.request("POST", path_of(child["apiVersion"], child["kind"], child["metadata"]["namespace"]), child)
         metrics.CHILDREN_CREATED.labels(kind=child["kind"]).inc()
@@ -102,9 +116,29 @@ async def _create_once(kube: Kube, child: dict[str, Any]) -> None:
             raise
 
 
+async def _token_secret(kube: Kube, run: dict[str, Any], ref: RunRef, spec: RunSpec, old: RunStatus) -> str:
+    """The name of the run's Ray token Secret: the one `status.rayTokenSecret` records, else a new one the
+    server names (`generateName`), recorded in the status at once, before any pod can refer to it. A
+    Secret someone planted is never used: its name is not the recorded one. A record lost to a failed
+    status write costs one unused Secret (the run owns it: garbage-collected with the run)."""
+    if old.ray_token_secret:
+        return old.ray_token_secret
+    secret = build_ray_token_secret(ref, spec, secrets.token_hex(32))
+    try:
+        created = await kube.request("POST", path_of("v1", "Secret", ref.namespace), secret)
+    except KubeError as exc:
+        if exc.code in REJECTED:
+            raise _rejected(secret, exc) from exc
+        raise
+    metrics.CHILDREN_CREATED.labels(kind="Secret").inc()
+    name = str(created["metadata"]["name"])
+    await _write_status(kube, run, old.model_copy(update={"ray_token_secret": name}), 0)
+    return name
+
+
 async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]],
                             live: set[str]) -> None:
-    await _create_once(kube, build_ray_token_secret(ref, spec, secrets.token_hex(32)))
+    """Every child this pass lacks but the token Secret (ChildConflict before any pod when a name is held)."""
     children = (build_configmap(ref, spec), build_service(ref, spec),
                 build_network_policy(ref, spec, settings.operator_namespace()), *build_worker_identity(ref, spec),
                 build_podgroup(ref, spec), build_resource_claim_template(ref, spec))
@@ -217,12 +251,24 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
         await _write_status(kube, run, _spec_condition(run, str(error)), 0)
         raise error from exc
     ref = RunRef(name, namespace, meta["uid"])
-    wanted = _desired_pods(ref, spec)
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    old = RunStatus.model_validate(run.get("status") or {})
+    token = old.ray_token_secret or ""
+    if not token and old.phase not in FINAL:  # a finished run makes no pod: it needs no token
+        try:
+            token = await _token_secret(kube, run, ref, spec, old)
+        except ChildRejected as exc:
+            log.warning("%s/%s: %s", namespace, name, exc)
+            await _write_status(kube, run, _created(old, str(exc), int(meta.get("generation", 1)), now), 0)
+            await _post_event(kube, build_event(run, "Warning", "ChildRejected", str(exc), now))
+            return
+        run = await kube.get(path_of(RUN_API, KIND, namespace, name))  # its status now records the token
+        meta = run["metadata"]
+        old = RunStatus.model_validate(run.get("status") or {})
+    wanted = _desired_pods(ref, spec, token)
     live = await kube.list(path_of("v1", "Pod", namespace), names.run_selector(name))
     views = [view_pod(p, ref.uid) for p in live]
     hashes = {n: p["metadata"]["annotations"][names.SPEC_HASH_ANNOTATION] for n, p in wanted.items()}
-    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    old = RunStatus.model_validate(run.get("status") or {})
     decision = decide(spec, old, views, int(meta.get("generation", 1)), now, hashes)
 
     removed = await _remove(kube, namespace, decision.restart, "failed")
@@ -233,6 +279,7 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     status = decision.status.model_copy(update={
         "restarts": (old.restarts or 0) + restarted,
         "selector": f"{names.run_selector(name)},{names.ROLE_LABEL}=rollout",
+        "ray_token_secret": old.ray_token_secret,
     })
     if any(c.type == "ValidSpec" and c.status == "False" for c in status.conditions or []):
         valid = Condition(type="ValidSpec", status="True", reason="SpecValid", message="the spec is valid",
@@ -240,13 +287,19 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
         status = status.model_copy(update={"conditions": set_condition(list(status.conditions or []), valid)})
     if decision.create_missing:
         gone = {p.name for p in decision.restart + decision.remove}
+        generation = int(meta.get("generation", 1))
         try:
             await _create_children(kube, ref, spec, wanted, {p.name for p in views} | gone)
-            status = _created(status, None, int(meta.get("generation", 1)), now)
+            status = _created(status, None, generation, now)
+            status = _conflict(status, None, generation, now)
         except ChildRejected as exc:
             log.warning("%s/%s: %s", namespace, name, exc)
-            status = _created(status, str(exc), int(meta.get("generation", 1)), now)
+            status = _created(status, str(exc), generation, now)
             decision.events.append(("Warning", "ChildRejected", str(exc)))
+        except ChildConflict as exc:
+            log.warning("%s/%s: %s", namespace, name, exc)
+            status = _conflict(status, str(exc), generation, now)
+            decision.events.append(("Warning", "ChildConflict", str(exc)))
     slot_events: list[tuple[str, str, str]] = []
     if slots is not None:
         status, slot_events = await _slots(slots, namespace, name, spec, live, views, status)

@@ -18,6 +18,7 @@ from tlt.config import RunSpec, TLTTrainingRun
 from tlt.crd import build_crd
 
 RUN = RunRef("demo", "ml", "0c6f3e1a-0000-4000-8000-000000000001")
+TOKEN_SECRET = "demo-ray-token-x7k2p"  # the run's Ray token Secret, as the server would name it
 FULL = RunSpec.model_validate({
     "policy": {"replicas": 2, "resources": {"gpus": 1}, "podTemplate": {
         "labels": {"team": "rl"}, "annotations": {"note": "x"}, "nodeSelector": {"gpu": "h100"},
@@ -63,7 +64,7 @@ def check_against_model(value: Any, type_name: str, where: str) -> list[str]:
 
 
 def all_children(spec: RunSpec) -> list[tuple[dict[str, Any], str]]:
-    pods = [build_pod(RUN, spec, role, rank) for role, n in
+    pods = [build_pod(RUN, spec, role, rank, TOKEN_SECRET) for role, n in
             (("policy", spec.policy.replicas), ("rollout", spec.rollout.replicas), ("verifier", spec.verifier.replicas))
             for rank in range(n)]
     return [(p, "V1Pod") for p in pods] + [(build_configmap(RUN, spec), "V1ConfigMap"),
@@ -82,14 +83,14 @@ def test_children_are_valid_upstream_objects(spec: RunSpec) -> None:
 
 
 def test_a_mistyped_field_is_caught_by_the_model_check() -> None:
-    pod = build_pod(RUN, RunSpec(), "policy", 0)
+    pod = build_pod(RUN, RunSpec(), "policy", 0, TOKEN_SECRET)
     pod["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
     assert check_against_model(pod, "V1Pod", "Pod") == [
         "Pod.spec.containers[0].securityContext.runAsNonroot: no such field in V1SecurityContext"]
 
 
 def test_pods_run_locked_down_with_writable_emptydirs() -> None:
-    pod = build_pod(RUN, FULL, "rollout", 1)
+    pod = build_pod(RUN, FULL, "rollout", 1, TOKEN_SECRET)
     spec, (container,) = pod["spec"], pod["spec"]["containers"]
     assert spec["securityContext"]["runAsUser"] == 1000 and spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -109,7 +110,7 @@ def test_commands_are_exec_form_without_spec_fields() -> None:
     env = [{"name": "X", "value": "$(rm -rf /); `id`"}]
     hostile = RunSpec.model_validate({"policy": {"podTemplate": {"env": env}}})
     for role in ("policy", "rollout", "verifier"):
-        pod = build_pod(RUN, hostile, role, 0)
+        pod = build_pod(RUN, hostile, role, 0, TOKEN_SECRET)
         (container,) = pod["spec"]["containers"]
         assert container["command"] == ["tlt", "worker", "--role", role, "--spec", "/etc/tlt/run.yaml"]
         assert "args" not in container
@@ -136,18 +137,19 @@ def test_scheduling_metadata_on_every_child_and_gang_podgroup() -> None:
         assert child["metadata"]["ownerReferences"][0]["uid"] == RUN.uid
     podgroup = build_podgroup(RUN, FULL)
     assert podgroup["spec"] == {"minMember": 6, "scheduleTimeoutSeconds": 60}
-    pod = build_pod(RUN, FULL, "policy", 0)
+    pod = build_pod(RUN, FULL, "policy", 0, TOKEN_SECRET)
     assert pod["spec"]["priorityClassName"] == "high"
     assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
     volcano = RunSpec.model_validate({"schedulingPolicy": {"gang": {"scheduler": "volcano"}}})
     assert build_podgroup(RUN, volcano)["apiVersion"] == "scheduling.volcano.sh/v1beta1"
-    assert build_pod(RUN, volcano, "rollout", 0)["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "demo"
+    annotations = build_pod(RUN, volcano, "rollout", 0, TOKEN_SECRET)["metadata"]["annotations"]
+    assert annotations["scheduling.k8s.io/group-name"] == "demo"
     assert build_podgroup(RUN, RunSpec()) is None
 
 
 def test_long_run_names_still_give_valid_names_and_labels() -> None:
     run = RunRef("a" * 250, "ml", RUN.uid)
-    pod = build_pod(run, RunSpec(), "verifier", 0)
+    pod = build_pod(run, RunSpec(), "verifier", 0, TOKEN_SECRET)
     assert len(pod["metadata"]["name"]) <= 253
     assert all(len(v) <= 63 for v in pod["metadata"]["labels"].values())
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", pod["spec"]["subdomain"]) and len(pod["spec"]["subdomain"]) <= 63

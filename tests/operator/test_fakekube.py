@@ -177,3 +177,16 @@ def test_injected_timeout_times_the_client_out(cluster: Cluster) -> None:
     with pytest.raises(Exception) as exc:
         cluster.core.list_namespaced_config_map(NAMESPACE, _request_timeout=(0.2, 0.2))
     assert "timed out" in str(exc.value).lower()
+
+
+def test_names_and_secrets_as_the_apiserver_has_them(cluster: Cluster) -> None:
+    """Held to kube-apiserver 1.36 (tests/cluster runs the same cases there): a name must be a DNS-1123
+    subdomain, and a Secret's write-only stringData is folded into data."""
+    with pytest.raises(kubernetes.client.ApiException) as caught:
+        cluster.core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "ends-with-"}})
+    assert caught.value.status == 422
+    message = json.loads(caught.value.body)["message"]
+    assert 'metadata.name: Invalid value: "ends-with-": a lowercase RFC 1123 subdomain' in message
+    cluster.core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "s"}, "stringData": {"k": "v"}})
+    secret = cluster.core.read_namespaced_secret("s", NAMESPACE)
+    assert secret.data == {"k": "dg=="} and secret.string_data is None

@@ -10,7 +10,7 @@ import kubernetes
 import pytest
 from _operator_harness import NAMESPACE, Cluster, wait_for
 from pydantic import ValidationError
-from test_builders import RUN, check_against_model
+from test_builders import RUN, TOKEN_SECRET, check_against_model
 from tlt_operator.builders import build_pod, build_resource_claim_template
 
 from tlt.config import RunSpec
@@ -35,7 +35,7 @@ def _claim_template_crd() -> dict[str, Any]:
 
 def test_rollout_pods_share_one_claim_between_worker_and_trainer() -> None:
     spec = RunSpec.model_validate(SIDECAR)
-    pod = build_pod(RUN, spec, "rollout", 0)
+    pod = build_pod(RUN, spec, "rollout", 0, TOKEN_SECRET)
     (worker,), (trainer,) = pod["spec"]["containers"], pod["spec"]["initContainers"]
     assert (worker["name"], trainer["name"]) == ("worker", "drafter-trainer")
     assert trainer["command"] == ["tlt", "drafter-trainer", "--spec", "/etc/tlt/run.yaml"]
@@ -48,7 +48,7 @@ def test_rollout_pods_share_one_claim_between_worker_and_trainer() -> None:
         assert "nvidia.com/gpu" not in {**container["resources"]["requests"], **container["resources"]["limits"]}, \
             "a sidecar with its own nvidia.com/gpu request would get a different GPU"
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    policy = build_pod(RUN, spec, "policy", 0)
+    policy = build_pod(RUN, spec, "policy", 0, TOKEN_SECRET)
     assert [c["name"] for c in policy["spec"]["containers"]] == ["worker"], "only rollout pods have slots"
     assert "initContainers" not in policy["spec"]
     assert policy["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -23,6 +23,7 @@ from tlt.monitoring.prometheus import PrometheusLogger
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
 RUN = RunRef("demo", "ml", "0c6f3e1a-0000-4000-8000-000000000001")
+TOKEN_SECRET = "demo-ray-token-x7k2p"  # the run's Ray token Secret, as the server would name it
 SPEC = RunSpec.model_validate({"rollout": {"replicas": 2}, "monitoring": {"loggers": ["prometheus"],
                                                                            "metricsPort": 9400}})
 
@@ -40,9 +41,9 @@ def _selected(monitor: dict[str, Any], pod: dict[str, Any]) -> bool:
 
 def test_podmonitor_scrapes_the_coordinator_on_its_named_metrics_port():
     runs = _podmonitors()["tlt-runs"]
-    policy = build_pod(RUN, SPEC, "policy", 0)
-    others = [build_pod(RUN, SPEC, "policy", 1)] if SPEC.policy.replicas > 1 else []
-    others += [build_pod(RUN, SPEC, "rollout", rank) for rank in range(SPEC.rollout.replicas)]
+    policy = build_pod(RUN, SPEC, "policy", 0, TOKEN_SECRET)
+    others = [build_pod(RUN, SPEC, "policy", 1, TOKEN_SECRET)] if SPEC.policy.replicas > 1 else []
+    others += [build_pod(RUN, SPEC, "rollout", rank, TOKEN_SECRET) for rank in range(SPEC.rollout.replicas)]
     assert _selected(runs, policy) and not any(_selected(runs, p) for p in others)
     (endpoint,) = runs["spec"]["podMetricsEndpoints"]
     ports = {p["name"]: p["containerPort"] for c in policy["spec"]["containers"] for p in c.get("ports", [])}

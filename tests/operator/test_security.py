@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from _operator_harness import NAMESPACE, Cluster, wait_for
-from test_builders import FULL, RUN, check_against_model
+from test_builders import FULL, RUN, TOKEN_SECRET, check_against_model
 from tlt_operator import names
 from tlt_operator.builders import build_network_policy, build_pod, build_ray_token_secret, build_worker_identity
 from tlt_operator.lifecycle import desired_pods
@@ -24,7 +24,7 @@ SIDECAR = RunSpec.model_validate({"rollout": {"replicas": 2}, "drafter": {
 
 
 def _pods(spec: RunSpec) -> list[dict[str, Any]]:
-    return [build_pod(RUN, spec, role, rank) for role, rank in sorted(desired_pods(spec))]
+    return [build_pod(RUN, spec, role, rank, TOKEN_SECRET) for role, rank in sorted(desired_pods(spec))]
 
 
 def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -38,13 +38,13 @@ def test_every_container_uses_token_auth_with_the_runs_secret_by_reference(spec:
             env = {e["name"]: e for e in container["env"]}
             assert env["RAY_AUTH_MODE"]["value"] == "token", pod["metadata"]["name"]
             assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-                "name": "demo-ray-token", "key": "token"}, "by reference, never the token itself"
+                "name": TOKEN_SECRET, "key": "token"}, "by reference, never the token itself"
 
 
 def test_a_pod_template_cannot_turn_token_auth_off() -> None:
     spec = RunSpec.model_validate({"verifier": {"podTemplate": {"env": [
         {"name": "RAY_AUTH_MODE", "value": "disabled"}, {"name": "RAY_AUTH_TOKEN", "value": "guessable"}]}}})
-    pod = build_pod(RUN, spec, "verifier", 0)
+    pod = build_pod(RUN, spec, "verifier", 0, TOKEN_SECRET)
     env = [e for e in pod["spec"]["containers"][0]["env"] if e["name"].startswith("RAY_AUTH")]
     assert [e["name"] for e in env] == ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN"]
     assert env[0]["value"] == "token" and "valueFrom" in env[1]
@@ -53,7 +53,8 @@ def test_a_pod_template_cannot_turn_token_auth_off() -> None:
 def test_the_token_secret_holds_the_given_token() -> None:
     secret = build_ray_token_secret(RUN, FULL, "s3cr3t")
     assert check_against_model(secret, "V1Secret", "Secret") == []
-    assert secret["metadata"]["name"] == names.ray_token_secret_name("demo") == "demo-ray-token"
+    assert "name" not in secret["metadata"], "the server names it: no one can plant it under that name first"
+    assert secret["metadata"]["generateName"] == names.ray_token_secret_prefix("demo") == "demo-ray-token-"
     assert base64.b64decode(secret["data"]["token"]).decode() == "s3cr3t"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == RUN.uid
 
@@ -121,7 +122,9 @@ def _secret_token(cluster: Cluster, name: str) -> str:
 def test_operator_makes_the_isolation_children_and_never_rotates_the_token(cluster: Cluster, operator) -> None:
     cluster.create_run("r1", {"rollout": {"replicas": 1}})
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
-    token = _secret_token(cluster, "r1-ray-token")
+    secret_name = cluster.run("r1")["status"]["rayTokenSecret"]
+    assert secret_name.startswith("r1-ray-token-") and len(secret_name) == len("r1-ray-token-") + 5
+    token = _secret_token(cluster, secret_name)
     assert len(base64.b64decode(token)) >= 32
     policy = cluster.client.call_api(
         f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies/r1-ray", "GET",
@@ -138,7 +141,8 @@ def test_operator_makes_the_isolation_children_and_never_rotates_the_token(clust
     wait_for("the Role follows the scale", lambda: role_pods() == ["r1-policy-0", "r1-rollout-0", "r1-rollout-1"])
     cluster.fail_pod("r1-rollout-0")
     wait_for("restarted", lambda: (cluster.run("r1").get("status") or {}).get("restarts") == 1)
-    assert _secret_token(cluster, "r1-ray-token") == token, "a later pass must not rotate the run's token"
+    assert cluster.run("r1")["status"]["rayTokenSecret"] == secret_name
+    assert _secret_token(cluster, secret_name) == token, "a later pass must not rotate the run's token"
 
 
 def test_admission_knows_every_mount_of_the_pod() -> None:

@@ -10,7 +10,7 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
   `TLT_POD_IP` (downward API), `TLT_HEAD_ADDRESS` = `policy-0.<service>:6379`: the fixed DNS
   name of policy rank 0 under the headless Service, where it serves the Ray head (GCS) and the
   coordinator; every other pod joins it. `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN` from the run's
-  Secret `<run>-ray-token` (by reference, `builders.security`). User `env` from the spec comes after
+  Secret `<run>-ray-token-<random>` (by reference, `builders.security`). User `env` from the spec comes after
   these and cannot replace them. Replica counts are read from the spec file, not the environment, so scaling a
   role adds or removes pods without replacing the others.
 - Writable paths: /tmp, $HOME (/home/tlt), /var/lib/tlt (working directory; relative
@@ -81,7 +81,7 @@ def role_spec(spec: RunSpec, role: names.Role) -> RoleSpec:
     return {"policy": spec.policy, "rollout": spec.rollout, "verifier": spec.verifier}[role]
 
 
-def _env(run: RunRef, spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
+def _env(run: RunRef, spec: RunSpec, role: names.Role, token_secret: str) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"fieldRef": {"fieldPath": path}}
 
@@ -96,7 +96,7 @@ def _env(run: RunRef, spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
         {"name": "HOME", "value": HOME_DIR},
         {"name": "RAY_AUTH_MODE", "value": "token"},
         {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": names.ray_token_secret_name(run.name), "key": names.RAY_TOKEN_KEY}}},
+            "name": token_secret, "key": names.RAY_TOKEN_KEY}}},
     ]
     taken = {e["name"] for e in fixed}
     for var in role_spec(spec, role).pod_template.env:
@@ -183,14 +183,15 @@ def spec_hash(pod: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int) -> dict[str, Any]:
-    """Pod `<run>-<role>-<rank>`; see the module docstring for the worker contract."""
+def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int, token_secret: str) -> dict[str, Any]:
+    """Pod `<run>-<role>-<rank>`; see the module docstring for the worker contract. `token_secret`: the
+    name of the run's Ray token Secret (`status.rayTokenSecret`)."""
     rs = role_spec(spec, role)
     overrides = rs.pod_template
     volumes, mounts = _volumes(run, spec, role)
     sidecar = sidecar_placement(spec, role)
     spec_file = posixpath.join(names.SPEC_DIR, names.SPEC_FILE)
-    env, resources = _env(run, spec, role), _resources(rs, sidecar)
+    env, resources = _env(run, spec, role, token_secret), _resources(rs, sidecar)
     worker = _container("worker", rs.image, ["tlt", "worker", "--role", role, "--spec", spec_file],
                         env, resources, mounts)
     worker["ports"] = _ports(spec, role)

@@ -9,6 +9,7 @@ dependents of a removed owner are deleted a moment later, as the real collector 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import uuid
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlt.crd_lint import crd_problems
+from tlt.crd_validate import DNS_SUBDOMAIN, DNS_SUBDOMAIN_MSG
 
 from . import selectors
 from .patching import PatchError, json_patch, merge_patch
@@ -128,6 +130,9 @@ class Store:
                                "metadata.name: Required value: name or generateName is required")
             meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         name = meta["name"]
+        if rt.validator is None and (len(name) > 253 or not DNS_SUBDOMAIN.match(name)):  # built-in kinds
+            raise ApiError(422, "Invalid", f'{rt.kind} "{name}" is invalid: metadata.name: Invalid value: '
+                           f'"{name}": {DNS_SUBDOMAIN_MSG}')
         if (namespace if rt.namespaced else "", name) in self._objects[rt.key]:
             raise ApiError(409, "AlreadyExists", f'{rt.qualified} "{name}" already exists',
                            {"name": name, "group": rt.group, "kind": rt.plural})
@@ -139,6 +144,10 @@ class Store:
             obj.pop("status", None)
         if rt.kind == "Pod":
             obj["status"] = {"phase": "Pending"}
+        if rt.kind == "Secret" and "stringData" in obj:  # write-only: the server folds it into data
+            strings = obj.pop("stringData") or {}
+            obj["data"] = {**(obj.get("data") or {}),
+                           **{k: base64.b64encode(v.encode()).decode() for k, v in strings.items()}}
         stored = self._commit(rt, self._validate(rt, obj, None, strict), "ADDED")
         if rt.kind == "CustomResourceDefinition":
             self._establish(stored)
