@@ -372,12 +372,33 @@ MSG_RUN_NAME = (f"metadata.name must be at most {RUN_NAME_MAX} characters of low
 RunName = Annotated[str, Field(min_length=1, max_length=RUN_NAME_MAX, pattern=RUN_NAME_PATTERN)]
 
 
+# `generateName`: the server appends 5 characters, so the prefix leaves room for them within RUN_NAME_MAX.
+GENERATED_SUFFIX = 5
+RunNamePrefix = Annotated[str, Field(min_length=1, max_length=RUN_NAME_MAX - GENERATED_SUFFIX,
+                                     pattern=r"^[a-z][-a-z0-9]*$")]
+
+
 class ObjectMeta(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: RunName = "tlt-run"
+    generate_name: RunNamePrefix | None = Field(None, alias="generateName")
     namespace: Name | None = None
     labels: dict[QualifiedName, LabelValue] | None = None  # typed as the apiserver types them
     annotations: dict[QualifiedName, str] | None = None
+
+    @model_validator(mode="after")
+    def _generated_name(self) -> ObjectMeta:
+        """Only `generateName`: the server will name the run; locally it is the prefix without its '-'."""
+        if "name" not in self.model_fields_set and self.generate_name:
+            self.__dict__["name"] = self.generate_name.rstrip("-")  # not marked as given: `shown_name` tells
+        return self
+
+    @property
+    def shown_name(self) -> str:
+        """The name as the file gives it: `prefix-*` where the server will complete it."""
+        if "name" not in self.model_fields_set and self.generate_name:
+            return f"{self.generate_name}* (generateName: the server adds {GENERATED_SUFFIX} characters)"
+        return self.name
 
 
 class TLTTrainingRun(BaseModel):

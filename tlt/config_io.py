@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-import re
 
 import yaml
 from pydantic import ValidationError
@@ -47,13 +46,22 @@ PATTERN_WORDS = {
 }
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats, as kubectl reads them: `1e-5` is a number, not the string PyYAML 1.1 makes; and a
-    key given twice in one mapping is an error (kubectl's strict decoding), not the last one winning."""
+# libyaml's parser where PyYAML was built with it (~20x faster on a large manifest), else the pure-Python one.
+_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_OBJECT_BYTES = 3 * 2**20 // 2  # etcd's default request limit: the API server stores no larger object
+MAX_ANNOTATION_BYTES = 256 * 2**10  # the API server's limit on all of an object's annotations together
+
+
+class _Loader(_SafeLoader):  # type: ignore[misc, valid-type]
+    """YAML 1.2 floats, as kubectl reads them: `1e-5` is a number, not the string PyYAML 1.1 makes; a key
+    given twice in one mapping is an error (kubectl's strict decoding), not the last one winning; merge
+    keys (`<<: *anchor`) are merged as kubectl does, keys written beside them winning."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -118,6 +126,11 @@ def parse_run(doc: Any, source: str = "<run>") -> TLTTrainingRun:
     full = "kind" in doc or "apiVersion" in doc or "spec" in doc
     if full and doc.get("kind", KIND) != KIND:
         raise SpecError(source, [f"kind: expected {KIND!r}, got {doc.get('kind')!r}"])
+    meta = doc.get("metadata")
+    manifest = "kind" in doc or "apiVersion" in doc  # what kubectl would send
+    if manifest and not (isinstance(meta, dict) and (meta.get("name") or meta.get("generateName"))):
+        raise SpecError(source, ["metadata.name: Required value: name or generateName is required (as the API "
+                                 "server says; a spec without kind and apiVersion runs as 'tlt-run')"])
     try:
         if full:
             return TLTTrainingRun.model_validate(doc)
@@ -126,13 +139,40 @@ def parse_run(doc: Any, source: str = "<run>") -> TLTTrainingRun:
         raise SpecError(source, [_format(e) for e in exc.errors()]) from None
 
 
+def decode_manifest(raw: bytes, source: str) -> str:
+    """The text of a manifest file, refused (one line, `SpecError`) where the API server would refuse it
+    or it is not text: over MAX_OBJECT_BYTES, or not UTF-8 (the offset of the first bad byte)."""
+    if len(raw) > MAX_OBJECT_BYTES:
+        raise SpecError(source, [f"the file is {len(raw)} bytes; the API server stores objects of at most "
+                                 f"{MAX_OBJECT_BYTES} bytes (1.5 MiB)"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(source, [f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+                                 "(save the file as UTF-8)"]) from None
+
+
+def _annotation_errors(doc: Any) -> list[str]:
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict):
+        return []
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size <= MAX_ANNOTATION_BYTES:
+        return []
+    return [f"metadata.annotations: Too long: may not be more than {MAX_ANNOTATION_BYTES} bytes (got {size})"]
+
+
 def load_run(path: str | Path) -> TLTTrainingRun:
     """Read and validate a run file; raises `SpecError` listing every problem with its field path."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), ["file not found"])
+    text = decode_manifest(path.read_bytes(), str(path))
     try:
-        doc = read_yaml(path.read_text())
+        doc = read_yaml(text)
     except yaml.YAMLError as exc:
         raise SpecError(str(path), [f"not valid YAML: {exc}"]) from None
+    if errors := _annotation_errors(doc):
+        raise SpecError(str(path), errors)
     return parse_run(doc, str(path))

@@ -6,21 +6,21 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from fractions import Fraction
 
 from tlt.config import ArmSpec, RunSpec
 
-_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+_SUFFIX = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 
 
-def quantity_bytes(quantity: str) -> Decimal:
-    """The bytes a memory quantity means ("1.5Gi" -> 1610612736; "100m" -> 0.1)."""
+def quantity_bytes(quantity: str) -> Fraction:
+    """The bytes a memory quantity means, exactly, at any size ("1.5Gi" -> 1610612736; "100m" -> 1/10)."""
     match = _QUANTITY.match(quantity)
     if match is None:
         raise ValueError(f"{quantity!r} is not a quantity")
-    return Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
+    return Fraction(match.group(1)) * _SUFFIX[match.group(2) or ""]
 
 
 def tree_candidates(arm: ArmSpec) -> int:
@@ -39,6 +39,13 @@ def spec_warnings(spec: RunSpec) -> list[str]:
         if arm.kind == "tree" and arm.verify_tokens > tree_candidates(arm):
             out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the "
                        f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
+    seen: dict[tuple[str, int, int, int], int] = {}
+    for i, arm in enumerate(sd.arms):
+        key = (arm.kind, arm.depth, arm.topk, arm.verify_tokens)
+        if key in seen:
+            out.append(f"spec.speculative.arms[{i}]: the same arm as arms[{seen[key]}]; the bandit splits its "
+                       "rounds between the two copies, so the duplicate only slows its learning")
+        seen.setdefault(key, i)
     if sd.draft_vocab and (sd.mode in ("off", "ngram") or spec.rollout.engine == "vllm"):
         why = ("rollout.engine vllm drafts from the whole vocabulary" if spec.rollout.engine == "vllm"
                else f"speculative.mode {sd.mode} has no learned drafter")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 import yaml
@@ -44,7 +44,7 @@ def test_boundaries_are_quiet():
     quiet["speculative"]["draftVocab"] = 1000  # mode tlt, engine tlt: a reduced draft vocabulary applies
     assert spec_warnings(RunSpec.model_validate(quiet)) == []
     assert tree_candidates(RunSpec().speculative.arms[2]) == 6
-    assert quantity_bytes("1.5Gi") == 1610612736 and quantity_bytes("100m") == Decimal("0.1")
+    assert quantity_bytes("1.5Gi") == 1610612736 and quantity_bytes("100m") == Fraction(1, 10)
 
 
 def test_tlt_validate_prints_warnings_and_still_succeeds(tmp_path, capsys):

@@ -73,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: {exc}", file=sys.stderr)
             failed += 1
             continue
-        print(f"{path}: ok ({run_.kind} {run_.metadata.name})")
-        for warning in spec_warnings(run_.spec):
+        warnings = spec_warnings(run_.spec)  # before "ok": nothing may fail after it is printed
+        print(f"{path}: ok ({run_.kind} {run_.metadata.shown_name})")
+        for warning in warnings:
             print(f"{path}: warning: {warning}", file=sys.stderr)
         cpu_problem = vllm_spec_problem(run_.spec, cuda=False)
         if cpu_problem is not None:
