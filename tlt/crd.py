@@ -23,14 +23,16 @@ from pydantic_core import core_schema
 from tlt.config import (
     API_GROUP,
     API_VERSION,
+    FORBIDDEN_MOUNT,
     GCS_PORT,
     KIND,
+    MSG_CHECKPOINT_CANONICAL,
     MSG_CHECKPOINT_MOUNT,
     MSG_CHECKPOINT_PATH,
     MSG_METRICS_PORT,
     MSG_RESERVED,
     MSG_RUN_NAME,
-    OWN_MOUNT,
+    NON_CANONICAL,
     PARENT_SEGMENT,
     PLURAL,
     RAY_CLIENT_PORT,
@@ -131,7 +133,11 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
           "message": MSG_QUEUED_REPLICAS}],
     ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches({cel_string(PARENT_SEGMENT)})",
                        "message": MSG_CHECKPOINT_PATH},
-                      {"rule": f"!has(self.claimName) || !has(self.path) || !self.path.matches({cel_string(OWN_MOUNT)})",
+                      {"rule": "!has(self.path) || self.path == '.' || "
+                               f"!self.path.matches({cel_string(NON_CANONICAL)})",
+                       "message": MSG_CHECKPOINT_CANONICAL},
+                      {"rule": "!has(self.claimName) || !has(self.path) || "
+                               f"!self.path.matches({cel_string(FORBIDDEN_MOUNT)})",
                        "message": MSG_CHECKPOINT_MOUNT}],
     **_pod_template_rules(),
 }

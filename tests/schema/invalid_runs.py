@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tlt.config import API_GROUP, API_VERSION, KIND, MSG_CHECKPOINT_MOUNT, MSG_CHECKPOINT_PATH, MSG_METRICS_PORT, MSG_RESERVED
+from tlt.config import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    MSG_CHECKPOINT_CANONICAL,
+    MSG_CHECKPOINT_MOUNT,
+    MSG_CHECKPOINT_PATH,
+    MSG_METRICS_PORT,
+    MSG_RESERVED,
+)
 from tlt.crd import (
     MSG_BUCKETS,
     MSG_DATASET_PATH,
@@ -78,7 +87,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.rollout.podTemplate.nodeSelector.gpu"),
     ("queue not a label value", {"schedulingPolicy": {"queue": "team/a"}}, "spec.schedulingPolicy.queue"),
     ("checkpoint path leaving its folder", {"checkpoint": {"path": "ckpt/../../etc"}}, "spec.checkpoint"),
-    ("checkpoint volume over /tmp", {"checkpoint": {"path": "/tmp/", "claimName": "ckpt"}}, "spec.checkpoint"),
+    ("checkpoint volume over /tmp", {"checkpoint": {"path": "/tmp", "claimName": "ckpt"}}, "spec.checkpoint"),
+    ("checkpoint volume over the spec mount, not canonical", {"checkpoint": {"path": "/etc/tlt/.", "claimName": "c"}},
+     "spec.checkpoint"),
+    ("checkpoint volume over the root", {"checkpoint": {"path": "/", "claimName": "ckpt"}}, "spec.checkpoint"),
+    ("checkpoint volume over the token directory", {"checkpoint": {
+        "path": "/var/run/secrets/kubernetes.io/serviceaccount", "claimName": "ckpt"}}, "spec.checkpoint"),
+    ("checkpoint volume over a folder holding a mount", {"checkpoint": {"path": "/etc", "claimName": "ckpt"}},
+     "spec.checkpoint"),
     ("checkpoint volume over the working dir", {"checkpoint": {"path": ".", "claimName": "ckpt"}}, "spec.checkpoint"),
     ("toleration value with a space", {"rollout": {"podTemplate": {"tolerations": [
         {"key": "gpu", "value": "a b"}]}}}, "spec.rollout.podTemplate.tolerations[0].value"),
@@ -120,6 +136,10 @@ CEL_MESSAGES = {
     "env value and secret": MSG_ENV,
     "checkpoint path leaving its folder": MSG_CHECKPOINT_PATH,
     "checkpoint volume over /tmp": MSG_CHECKPOINT_MOUNT,
+    "checkpoint volume over the spec mount, not canonical": MSG_CHECKPOINT_CANONICAL,
+    "checkpoint volume over the root": MSG_CHECKPOINT_MOUNT,
+    "checkpoint volume over the token directory": MSG_CHECKPOINT_MOUNT,
+    "checkpoint volume over a folder holding a mount": MSG_CHECKPOINT_MOUNT,
     "checkpoint volume over the working dir": MSG_CHECKPOINT_MOUNT,
     "reserved label": MSG_RESERVED,
     "reserved annotation": MSG_RESERVED,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.config import OWN_MOUNT, PARENT_SEGMENT, RUN_NAME_PATTERN
+from tlt.config import FORBIDDEN_MOUNT, NON_CANONICAL, PARENT_SEGMENT, RUN_NAME_PATTERN
 from tlt.crd import CEL_RULES, build_crd, build_schema, cel_string
 from tlt.crd_lint import compile_error, crd_problems, evaluate, run_rule, schema_problems
 from tlt.crd_validate import _default
@@ -87,7 +87,9 @@ def test_an_undeclared_function_is_reported_not_missed():
 
 @pytest.mark.parametrize("pattern,samples", [
     (PARENT_SEGMENT, ["..", "a/../b", "a/..", "../a", "a/.b", "a..b", "/x/y"]),
-    (OWN_MOUNT, ["/etc/tlt", "/etc/tlt/", "/tmp//", ".", "./", "/etc/tlt/x", "/var/lib/tlt2", "a"]),
+    (FORBIDDEN_MOUNT, ["/etc/tlt", "/", "/etc", "/var/lib", "/tmp/x", ".", "/etc/tlt/x", "/var/lib/tlt2", "a",
+                       "/var/lib/tlt/a", "/var/run/secrets/kubernetes.io/serviceaccount"]),
+    (NON_CANONICAL, ["/etc/tlt/.", "//etc", "a/", "/", "./x", "a/./b", "a.b", ".hidden", "x/.hidden"]),
     (RUN_NAME_PATTERN, ["a", "a-b", "-a", "a-", "A", "a1"]),
 ])
 def test_cel_string_keeps_the_regex_python_uses(pattern, samples):

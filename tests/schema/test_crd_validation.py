@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from invalid_runs import CEL_MESSAGES, INVALID, manifest
 
 from tlt.config import API_GROUP, KIND
