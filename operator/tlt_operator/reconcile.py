@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
+from tlt.spec_references import reference_problems
 from tlt.status import Condition, DrafterStatus, RunStatus, set_condition, status_patch
 
 from . import metrics, names, settings
@@ -250,6 +251,11 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
         error = SpecError(f"spec of {namespace}/{name} is not a valid RunSpec: {exc}")
         await _write_status(kube, run, _spec_condition(run, str(error)), 0)
         raise error from exc
+    references = reference_problems(name, spec, settings.shared_names())
+    if references:  # the CRD cannot know the admin's lists: the operator is the gate, and creates nothing
+        error = SpecError(f"spec of {namespace}/{name} names what it may not: " + "; ".join(references))
+        await _write_status(kube, run, _spec_condition(run, str(error)), 0)
+        raise error
     ref = RunRef(name, namespace, meta["uid"])
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     old = RunStatus.model_validate(run.get("status") or {})

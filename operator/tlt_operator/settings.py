@@ -7,7 +7,9 @@ Tunables come from the environment (set in the Deployment), read when the operat
 `TLT_OPERATOR_NAMESPACE` (the operator's own namespace, from the downward API; each run's
 NetworkPolicy admits metrics scrapes from the operator's pods there; default tlt-system),
 `TLT_OPERATOR_PROMETHEUS_URLS` (comma-separated Prometheus base URLs a run's
-`monitoring.prometheusUrl` may name; empty: no run's Prometheus is read) and
+`monitoring.prometheusUrl` may name; empty: no run's Prometheus is read),
+`TLT_OPERATOR_SHARED_SECRETS` / `TLT_OPERATOR_SERVICE_ACCOUNTS` (names any run's pods may use besides the
+run's own `<run>.*`; `tlt.spec_references`) and
 `TLT_OPERATOR_WATCH_SECONDS` (server-side watch timeout, default 300).
 """
 
@@ -17,6 +19,8 @@ import logging
 import os
 
 import kopf
+
+from tlt.spec_references import SharedNames
 
 
 def _number(name: str, default: float) -> float:
@@ -50,6 +54,12 @@ def prometheus_allowlist() -> frozenset[str]:
     """The Prometheus base URLs (no trailing slash) the operator may query for a run."""
     raw = os.environ.get("TLT_OPERATOR_PROMETHEUS_URLS", "")
     return frozenset(url.strip().rstrip("/") for url in raw.split(",") if url.strip())
+
+
+def shared_names() -> SharedNames:
+    """The Secrets and ServiceAccounts every run may name (`TLT_OPERATOR_SHARED_SECRETS`,
+    `TLT_OPERATOR_SERVICE_ACCOUNTS`; see `tlt.spec_references`)."""
+    return SharedNames.from_environment()
 
 
 def configure(settings: kopf.OperatorSettings) -> None:

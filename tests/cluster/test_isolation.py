@@ -6,6 +6,7 @@ it. Each case on the fake API server and on the real one."""
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -113,3 +114,19 @@ def test_a_planted_token_secret_is_never_used(cluster: Cluster):
         assert base64.b64decode(secret.data["token"]) == b"the planter knows this"
         assert not secret.metadata.owner_references
         delete(name)
+
+
+@pytest.mark.parametrize("template", [
+    {"env": [{"name": "T", "secretKeyRef": {"name": "victim-ray-token-ab12c", "key": "token"}}]},
+    {"serviceAccountName": "namespace-admin"},
+], ids=["another-runs-secret", "borrowed-identity"])
+def test_a_reference_the_run_may_not_make_creates_nothing(cluster: Cluster, template):
+    """The API server cannot know the admin's lists, so it accepts the run: the operator refuses it, with
+    the field path in `ValidSpec=False`, and creates no child at all."""
+    cluster.create_run("r4", {**SMALL, "rollout": {"replicas": 1, "podTemplate": template}})
+    condition = wait_for("ValidSpec=False", lambda: (c := _condition(cluster, "r4", "ValidSpec"))
+                         and c["status"] == "False" and c)
+    assert "spec.rollout.podTemplate." in condition["message"], condition
+    time.sleep(2.0)  # two more passes of the operator
+    assert not cluster.pod_names("r4") and not cluster.children("r4")
+    cluster.delete_run("r4")

@@ -92,3 +92,13 @@ def test_duplicate_arms_are_warned(tmp_path, capsys):
     code, out, err = _validate(tmp_path, body, capsys)
     assert code == 0 and ": ok (" in out
     assert "spec.speculative.arms[1]: the same arm as arms[0]" in err
+
+
+def test_a_reference_to_another_runs_secret_is_refused_unless_the_admin_shares_it(tmp_path, capsys, monkeypatch):
+    body = HEAD + ("spec:\n  rollout:\n    podTemplate:\n      env:\n      - name: RAY_TOKEN\n"
+                   "        secretKeyRef: {name: victim-ray-token-ab12c, key: token}\n")
+    code, _, err = _validate(tmp_path, body, capsys)
+    assert code == 1 and "spec.rollout.podTemplate.env[0].secretKeyRef.name: Secret 'victim-ray-token-ab12c'" in err
+    monkeypatch.setenv("TLT_OPERATOR_SHARED_SECRETS", "victim-ray-token-ab12c")
+    code, out, _ = _validate(tmp_path, body, capsys)
+    assert code == 0 and ": ok (" in out

@@ -18,6 +18,7 @@ from tlt.config import RunSpec
 from tlt.config_io import SpecError, load_run
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
+from tlt.spec_references import SharedNames, reference_problems
 from tlt.spec_warnings import spec_warnings
 from tlt.tasks.datasets import DatasetError, load_problems
 from tlt.tasks.prompt_format import PromptError, encode_prompt
@@ -57,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
             run_ = load_run(path)
         except SpecError as exc:
             print(exc, file=sys.stderr)
+            failed += 1
+            continue
+        references = reference_problems(run_.metadata.name, run_.spec, SharedNames.from_environment())
+        if references:
+            print("\n".join(f"{path}: {line}" for line in references), file=sys.stderr)
             failed += 1
             continue
         vllm_problem = vllm_spec_problem(run_.spec, cuda=True)
