@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
@@ -43,10 +44,25 @@ NODES = [
 pytestmark = pytest.mark.apiserver
 
 
+# What this tier started, stopped as soon as its last test is done (not at the end of the whole session, so
+# the other tiers do not share the machine with a control plane, an operator and a node agent).
+_RUNNING: list[Any] = []
+
+
+def _in_tier(item: pytest.Item | None) -> bool:
+    return item is not None and "tests/cluster/" in str(item.fspath)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/cluster/" in str(item.fspath):
+        if _in_tier(item):
             item.add_marker(pytest.mark.apiserver)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _in_tier(item) and not _in_tier(nextitem):
+        while _RUNNING:
+            _RUNNING.pop().stop()
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +71,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     if why:
         pytest.skip(f"skipped: {why}")
     plane = ControlPlane(tmp_path_factory.mktemp("controlplane")).start()
+    _RUNNING.append(plane)
     yield plane
     plane.stop()
 
@@ -83,6 +100,7 @@ def nodes(api: kubernetes.client.ApiClient, tmp_path_factory: pytest.TempPathFac
     # Not under /tmp: the pods mount their own /tmp over it, which would hide the volumes' sources.
     root = Path(tempfile.mkdtemp(prefix="tlt-node-agent-", dir="/var/tmp"))
     agent = NodeAgent(api, NODES, root).start()
+    _RUNNING.append(agent)
     core = kubernetes.client.CoreV1Api(api)
     deadline = time.monotonic() + 90
     while any(t.key == "node.kubernetes.io/not-ready" for n in core.list_node().items for t in (n.spec.taints or [])):
@@ -98,6 +116,7 @@ def nodes(api: kubernetes.client.ApiClient, tmp_path_factory: pytest.TempPathFac
 def operator_process(installed: ControlPlane, nodes: NodeAgent,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(installed, tmp_path_factory.mktemp("operator")).start()
+    _RUNNING.append(proc)
     yield proc
     proc.stop()
 
@@ -118,7 +137,7 @@ class OperatorProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env.update(KUBECONFIG=str(config), TLT_OPERATOR_RECONCILE_SECONDS="1", TLT_OPERATOR_REQUEST_TIMEOUT="10",
                    TLT_OPERATOR_WATCH_SECONDS="60", TLT_OPERATOR_NAMESPACE=OPERATOR_NAMESPACE)
-        argv = [str(Path(sys.executable).parent / "tlt-operator"), "--metrics-port", "0",
+        argv = [str(Path(sys.executable).absolute().parent / "tlt-operator"), "--metrics-port", "0",
                 "--health-port", str(free_port()), "--listen-address", "127.0.0.1"]
         self.process = subprocess.Popen(argv, env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -137,14 +156,22 @@ class OperatorProcess:
                 self.process.wait(timeout=20)
 
 
+# What the API server says when RBAC denies the operator's ServiceAccount a verb (not, say, a write into a
+# namespace being deleted, which is "forbidden" too).
+RBAC_DENIED = f'forbidden: User "system:serviceaccount:{OPERATOR_NAMESPACE}:tlt-operator" cannot'
+
+
 @pytest.fixture
 def view(operator_process: OperatorProcess, installed: ControlPlane, nodes: NodeAgent) -> Iterator[KubeView]:
-    """A fresh namespace; at the end, the operator's log must hold no Forbidden (a verb its RBAC lacks)."""
+    """A fresh namespace; at the end, the operator's log of the test must show no RBAC denial (a verb the
+    installed ClusterRole lacks)."""
     view = KubeView(installed).create_namespace()
     view.agent = nodes
+    start = len(operator_process.text())
     yield view
+    during = operator_process.text()[start:]
     view.delete_namespace()
-    assert "Forbidden" not in operator_process.text(), operator_process.text()[-4000:]
+    assert RBAC_DENIED not in during, during[-4000:]
 
 
 @pytest.fixture(scope="session")

@@ -262,7 +262,7 @@ class NodeAgent:
         (pod_dir / "plan.json").write_text(json.dumps(plan))
         pod.log_path = pod_dir / "log"
         pod.process = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", sys.executable, str(POD_EXEC),
+            ["unshare", "--mount", "--propagation", "private", str(Path(sys.executable).absolute()), str(POD_EXEC),
              str(pod_dir / "plan.json")],
             stdout=pod.log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -350,7 +350,8 @@ class NodeAgent:
 
     def _env(self, pod: _Pod, raw: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         # The kubelet's `kubernetes` Service variables, pointing at the real API server (no Service network here).
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        # This interpreter's bin folder first (where `tlt` is), absolute: the pod runs in its own working directory.
+        path = os.pathsep.join([str(Path(sys.executable).absolute().parent), os.environ.get("PATH", "/usr/bin:/bin")])
         env = {"PATH": path, "HOSTNAME": raw["spec"].get("hostname", pod.name),
                "KUBERNETES_SERVICE_HOST": self.api_host, "KUBERNETES_SERVICE_PORT": self.api_port}
         for var in container.get("env", []):

@@ -81,3 +81,15 @@ def test_kubectl_scale_suspend_resume_and_delete_with_garbage_collection(view):
     view.kubectl("delete", "tltrun/life", "--wait=true", "--timeout=60s")
     wait_for("every child garbage-collected", lambda: not view.children(uid) and not view.labelled("life"),
              timeout=120, poll=1.0)
+
+
+def test_the_operators_identity_reads_no_secret(operator_process, installed):
+    """The installed RBAC is least privilege where it matters most: the operator creates Secrets (the Ray
+    token) but can read none, in any namespace (what a real server answers `kubectl auth can-i`)."""
+    config = operator_process.root / "kubeconfig"
+    for verb in ("get", "list", "watch"):
+        answer = installed.kubectl_result("auth", "can-i", verb, "secrets", "--all-namespaces",
+                                          kubeconfig_file=config)
+        assert answer.stdout.strip() == "no", (verb, answer.stdout, answer.stderr)
+    assert installed.kubectl_result("auth", "can-i", "create", "secrets", "-n", "any",
+                                    kubeconfig_file=config).stdout.strip() == "yes"
