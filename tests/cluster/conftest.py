@@ -59,7 +59,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.apiserver)
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the test's own fixtures are torn down first (they still talk to the control plane)
     if _in_tier(item) and not _in_tier(nextitem):
         while _RUNNING:
             _RUNNING.pop().stop()
