@@ -258,7 +258,11 @@ class NodeAgent:
                 self._ensure_dir(target)
         env = self._env(pod, raw, container)
         argv = [*container.get("command", []), *container.get("args", [])]
-        plan = {"mounts": mounts, "cwd": container.get("workingDir", "/"), "argv": argv, "env": env}
+        targets = [Path(m["target"]) for m in mounts]
+        needed = {Path(sys.prefix).absolute(), Path(__file__).resolve().parents[2]}  # virtualenv, source tree
+        keep = sorted(str(p) for p in needed if any(p.is_relative_to(t) for t in targets))
+        plan = {"mounts": mounts, "cwd": container.get("workingDir", "/"), "argv": argv, "env": env,
+                "keep": keep, "aside": str(pod_dir / "aside")}
         (pod_dir / "plan.json").write_text(json.dumps(plan))
         pod.log_path = pod_dir / "log"
         pod.process = subprocess.Popen(
