@@ -41,7 +41,8 @@ RUN_API = f"{API_GROUP}/{API_VERSION}"
 
 
 class SpecError(ValueError):
-    """The stored spec does not parse as a RunSpec (it passed the CRD, so the CRD lags the model)."""
+    """The stored spec does not parse as a RunSpec (it passed the CRD, so the CRD lags the model), or names a
+    Secret or ServiceAccount it may not (`tlt.spec_references`: the CRD cannot know the admin's lists)."""
 
 
 def _desired_pods(ref: RunRef, spec: RunSpec, token_secret: str) -> dict[str, dict[str, Any]]:
