@@ -18,8 +18,8 @@ no `enabledSlots` list there means "the operator has not decided yet". A status 
 after a poll loses that poll's GPU-seconds and events (the next poll writes the slots again):
 the counts err low, never high.
 
-The worker-state annotation (`tlt.dev/worker-state`) is the contract described in
-`builders.pod`; `parse_worker_state` reads it.
+Worker states come from the run's reports ConfigMap (`builders.reports`, read by `reports`): the
+contract is described in `builders.pod`; `parse_worker_state` reads one value.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 from tlt.config import MonitoringSpec, RunSpec
 from tlt.status import DrafterStatus
 
-from . import metrics, names
+from . import metrics
 from .gpu_metrics import PrometheusClient, PrometheusError
 from .slots import (
     PodObservation,
@@ -58,10 +58,9 @@ PROMETHEUS_THREADS = 2
 Reader = Callable[[MonitoringSpec, str], dict[str, float]]
 
 
-def parse_worker_state(pod: str, annotations: Mapping[str, str]) -> tuple[WorkerState, float] | None:
-    """(state, since in epoch seconds) from a pod's `tlt.dev/worker-state` annotation
+def parse_worker_state(pod: str, raw: str | None) -> tuple[WorkerState, float] | None:
+    """(state, since in epoch seconds) from a rollout pod's reported state
     `{"state": "IDLE", "since": "2026-01-01T00:00:00Z"}`; None when absent or unreadable (logged)."""
-    raw = annotations.get(names.WORKER_STATE_ANNOTATION)
     if raw is None:
         return None
     try:
@@ -69,8 +68,8 @@ def parse_worker_state(pod: str, annotations: Mapping[str, str]) -> tuple[Worker
         state = WorkerState(report["state"])
         since = datetime.datetime.fromisoformat(report["since"])
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        log.warning("pod %s: unreadable %s annotation %r (want {\"state\": GENERATING|IDLE|TRAINING, "
-                    "\"since\": RFC 3339}): %s", pod, names.WORKER_STATE_ANNOTATION, raw[:200], exc)
+        log.warning("pod %s: unreadable worker state %r (want {\"state\": GENERATING|IDLE|TRAINING, "
+                    "\"since\": RFC 3339}): %s", pod, raw[:200], exc)
         return None
     if since.tzinfo is None:
         since = since.replace(tzinfo=datetime.UTC)
@@ -107,16 +106,16 @@ def due(memory: RunSlots, spec: RunSpec, now: float) -> bool:
     return memory.last_poll is None or now - memory.last_poll >= spec.monitoring.poll_seconds
 
 
-def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, Mapping[str, str]], reading: Mapping[str, float] | None,
+def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, str | None], reading: Mapping[str, float] | None,
          old: DrafterStatus, now: float) -> tuple[RunSlots, SlotOutcome]:
-    """One poll, pure: `pods` maps each running rollout pod to its annotations, `reading` is this
+    """One poll, pure: `pods` maps each running rollout pod to its reported state (None: none), `reading` is this
     poll's Prometheus answer ({pod: utilisation}; None without Prometheus or when it failed), `old`
     the drafter status so far, `now` epoch seconds."""
     drafter = spec.drafter
     horizon = max(drafter.idle_window_seconds, drafter.busy_window_seconds) + 2 * spec.monitoring.poll_seconds
     ours = {p: u for p, u in (reading or {}).items() if p in pods}
     history = record_utilization({p: s for p, s in memory.history.items() if p in pods}, ours, now, horizon)
-    reports = {p: parse_worker_state(p, annotations) for p, annotations in pods.items()}
+    reports = {p: parse_worker_state(p, raw) for p, raw in pods.items()}
     observed = [PodObservation(p, *(reports[p] or (None, None)), utilization=history.get(p, ()))
                 for p in sorted(pods)]
     previous = memory.state
@@ -170,7 +169,7 @@ class SlotTracker:
         self._runs.pop((namespace, name), None)
         metrics.forget_slots(namespace, name)
 
-    async def poll(self, namespace: str, name: str, spec: RunSpec, pods: Mapping[str, Mapping[str, str]],
+    async def poll(self, namespace: str, name: str, spec: RunSpec, pods: Mapping[str, str | None],
                    old: DrafterStatus) -> SlotOutcome | None:
         """This run's slots after one more poll; None while no poll is due (`monitoring.pollSeconds`)."""
         key, now = (namespace, name), self._clock()

@@ -22,8 +22,8 @@ and `ttlSecondsAfterFinished` deletes the run after `completionTime`.
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,7 +53,6 @@ class PodView:
     ready: bool
     owned: bool
     spec_hash: str
-    progress: dict[str, Any]
     disrupted: bool = False
 
 
@@ -72,17 +71,11 @@ def view_pod(pod: dict[str, Any], run_uid: str) -> PodView:
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     rank = labels.get(names.RANK_LABEL, "")
-    try:
-        progress = json.loads(annotations.get(names.PROGRESS_ANNOTATION, "{}"))
-    except (ValueError, RecursionError):
-        log.warning("pod %s has an unreadable %s annotation", meta["name"], names.PROGRESS_ANNOTATION)
-        progress = {}
     return PodView(
         name=meta["name"], uid=meta["uid"], role=labels.get(names.ROLE_LABEL, ""),
         rank=int(rank) if rank.isdigit() else -1, phase=status.get("phase", "Pending"), ready=ready,
         owned=any(ref.get("uid") == run_uid for ref in meta.get("ownerReferences") or []),
         spec_hash=annotations.get(names.SPEC_HASH_ANNOTATION, ""),
-        progress=progress if isinstance(progress, dict) else {},
         disrupted=status.get("reason") == "Evicted" or any(
             c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []),
     )
@@ -100,9 +93,9 @@ def _role_counts(spec: RunSpec, pods: list[PodView]) -> dict[str, RoleStatus]:
             for role in names.ROLES}
 
 
-def _progress(spec: RunSpec, pods: list[PodView], old: RunStatus) -> tuple[StepStatus, DrafterStatus | None]:
-    head = next((p for p in pods if p.role == "policy" and p.rank == 0), None)
-    report = head.progress if head else {}
+def _progress(spec: RunSpec, report: Mapping[str, Any], old: RunStatus) -> tuple[StepStatus, DrafterStatus | None]:
+    """Step and drafter status from the coordinator's progress `report` (written by the workers:
+    each value is checked against the status field it feeds)."""
 
     def number(key: str, part: type[StepStatus | DrafterStatus], name: str) -> Any:
         """The report's value when the status field takes it (type and bounds), else None (logged)."""
@@ -114,8 +107,7 @@ def _progress(spec: RunSpec, pods: list[PodView], old: RunStatus) -> tuple[StepS
                 return getattr(part.model_validate({name: value}), name)
             except ValidationError:
                 pass
-        log.warning("pod %s reports %s=%.80r, outside what status.%s takes: ignored", head.name if head else "",
-                    key, value, name)
+        log.warning("progress report %s=%.80r is outside what status.%s takes: ignored", key, value, name)
         return None
 
     old_step = old.step or StepStatus()
@@ -138,8 +130,9 @@ def _condition(kind: str, status: bool, reason: str, message: str, generation: i
 
 
 def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, now: datetime,
-           desired_hashes: dict[str, str]) -> Decision:
-    """The next step for one run. `desired_hashes` maps each desired pod name to its spec hash."""
+           desired_hashes: dict[str, str], progress: Mapping[str, Any] | None = None) -> Decision:
+    """The next step for one run. `desired_hashes` maps each desired pod name to its spec hash;
+    `progress` is the coordinator's last report (`reports.Reports.progress`)."""
     mine = [p for p in pods if p.owned]
     wanted = desired_pods(spec)
     phase, reason, message = old.phase or "Pending", "", ""
@@ -207,7 +200,7 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
         level = "Warning" if phase in ("Failed", "Restarting") else "Normal"
         decision.events.append((level, reason, message))
     counts = _role_counts(spec, mine)
-    step, drafter = _progress(spec, mine, old)
+    step, drafter = _progress(spec, progress or {}, old)
     decision.status = old.model_copy(update=dict(
         phase=phase, conditions=conditions, observed_generation=generation, policy=counts["policy"],
         rollout=counts["rollout"], verifier=counts["verifier"],

@@ -17,8 +17,8 @@ RUN_LABEL = "tlt.dev/run"
 ROLE_LABEL = "tlt.dev/role"
 RANK_LABEL = "tlt.dev/rank"
 SPEC_HASH_ANNOTATION = "tlt.dev/spec-hash"
-PROGRESS_ANNOTATION = "tlt.dev/progress"
-WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
+PROGRESS_KEY = "progress"  # the reports ConfigMap's key the coordinator writes
+STATE_KEY_PREFIX = "state."  # + `rollout-<rank>`: the key each rollout worker writes
 SPEC_DIR = "/etc/tlt"
 SPEC_FILE = "run.yaml"
 RAY_TOKEN_KEY = "token"
@@ -63,6 +63,11 @@ def ray_token_secret_prefix(run: str) -> str:
 
 def network_policy_name(run: str) -> str:
     return _suffixed(run, "-ray")
+
+
+def reports_name(run: str) -> str:
+    """The ConfigMap the run's workers write their reports into (progress, worker states)."""
+    return _suffixed(run, "-reports")
 
 
 def worker_account_name(run: str) -> str:

@@ -27,6 +27,7 @@ from .builders import (
     build_pod,
     build_podgroup,
     build_ray_token_secret,
+    build_reports_configmap,
     build_resource_claim_template,
     build_service,
     build_worker_identity,
@@ -35,6 +36,7 @@ from .builders.common import RunRef
 from .idleness import SlotTracker
 from .kube import ChildConflict, Kube, KubeError, path_of
 from .lifecycle import FINAL, PodView, decide, desired_pods, view_pod
+from .reports import Reports, parse_reports, state_of_pod
 
 log = logging.getLogger(__name__)
 RUN_API = f"{API_GROUP}/{API_VERSION}"
@@ -141,7 +143,7 @@ async def _token_secret(kube: Kube, run: dict[str, Any], ref: RunRef, spec: RunS
 async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]],
                             live: set[str]) -> None:
     """Every child this pass lacks but the token Secret (ChildConflict before any pod when a name is held)."""
-    children = (build_configmap(ref, spec), build_service(ref, spec),
+    children = (build_configmap(ref, spec), build_reports_configmap(ref, spec), build_service(ref, spec),
                 build_network_policy(ref, spec, settings.operator_namespace()), *build_worker_identity(ref, spec),
                 build_podgroup(ref, spec), build_resource_claim_template(ref, spec))
     for child in children:
@@ -209,7 +211,8 @@ def _training_slots(spec: RunSpec) -> bool:
 
 
 async def _slots(slots: SlotTracker, namespace: str, name: str, spec: RunSpec, live: list[dict[str, Any]],
-                 views: list[PodView], status: RunStatus) -> tuple[RunStatus, list[tuple[str, str, str]]]:
+                 views: list[PodView], reports: Reports,
+                 status: RunStatus) -> tuple[RunStatus, list[tuple[str, str, str]]]:
     """The drafter status after one more trainer-slot poll (see `idleness`), and its events. Only
     Running rollout pods have slots; a suspended or finished run has none."""
     drafter = status.drafter or DrafterStatus()
@@ -219,13 +222,24 @@ async def _slots(slots: SlotTracker, namespace: str, name: str, spec: RunSpec, l
             status = status.model_copy(update={"drafter": drafter.model_copy(
                 update={"enabled_slots": [], "enabled_trainers": 0, "active_trainers": 0})})
         return status, []
-    running = {v.name for v in views if v.owned and v.role == "rollout" and v.phase == "Running"}
-    pods = {p["metadata"]["name"]: p["metadata"].get("annotations") or {} for p in live
-            if p["metadata"]["name"] in running and not p["metadata"].get("deletionTimestamp")}
+    leaving = {p["metadata"]["name"] for p in live if p["metadata"].get("deletionTimestamp")}
+    pods = {v.name: state_of_pod(reports, v.rank, v.uid) for v in views
+            if v.owned and v.role == "rollout" and v.phase == "Running" and v.name not in leaving}
     outcome = await slots.poll(namespace, name, spec, pods, drafter)
     if outcome is None:
         return status, []
     return status.model_copy(update={"drafter": outcome.drafter}), outcome.events
+
+
+async def _reports(kube: Kube, ref: RunRef) -> Reports:
+    """What the run's workers reported (`builders.reports`); nothing while the ConfigMap does not exist."""
+    try:
+        live = await kube.get(path_of("v1", "ConfigMap", ref.namespace, names.reports_name(ref.name)))
+    except KubeError as exc:
+        if exc.code != 404:
+            raise
+        return Reports()
+    return parse_reports(live, ref.uid)
 
 
 async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | None = None) -> None:
@@ -275,8 +289,9 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     wanted = _desired_pods(ref, spec, token)
     live = await kube.list(path_of("v1", "Pod", namespace), names.run_selector(name))
     views = [view_pod(p, ref.uid) for p in live]
+    reports = await _reports(kube, ref)
     hashes = {n: p["metadata"]["annotations"][names.SPEC_HASH_ANNOTATION] for n, p in wanted.items()}
-    decision = decide(spec, old, views, int(meta.get("generation", 1)), now, hashes)
+    decision = decide(spec, old, views, int(meta.get("generation", 1)), now, hashes, reports.progress)
 
     removed = await _remove(kube, namespace, decision.restart, "failed")
     metrics.POD_RESTARTS.inc(removed)
@@ -309,7 +324,7 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
             decision.events.append(("Warning", "ChildConflict", str(exc)))
     slot_events: list[tuple[str, str, str]] = []
     if slots is not None:
-        status, slot_events = await _slots(slots, namespace, name, spec, live, views, status)
+        status, slot_events = await _slots(slots, namespace, name, spec, live, views, reports, status)
     await _write_status(kube, run, status, restarted)
     metrics.observe_phase(namespace, name, status.phase)
     for level, reason, message in decision.events + slot_events:

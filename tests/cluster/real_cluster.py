@@ -34,8 +34,9 @@ class RealCluster(Cluster):
     def succeed_pod(self, name: str, namespace: str = NAMESPACE) -> None:
         self._finish(name, namespace, "Succeeded", 0)
 
-    def annotate_pod(self, name: str, annotations: dict[str, str], namespace: str = NAMESPACE) -> None:
-        self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+    def report(self, run: str, key: str, value: str, namespace: str = NAMESPACE) -> None:
+        """What a worker does: one key of the run's reports ConfigMap (`progress`, `state.rollout-<rank>`)."""
+        self.core.patch_namespaced_config_map(f"{run}-reports", namespace, {"data": {key: value}})
 
     def clean(self, timeout: float = 120.0) -> None:
         """Delete every run and pod of the test namespace and wait until nothing of them is left."""

@@ -53,6 +53,7 @@ def _calls(cluster: Cluster, kind: str) -> tuple[Callable[..., Any], Callable[..
 
 CHILDREN = [("ServiceAccount", names.worker_account_name), ("Role", names.worker_account_name),
             ("RoleBinding", names.worker_account_name), ("ConfigMap", names.configmap_name),
+            ("ConfigMap", names.reports_name),
             ("NetworkPolicy", names.network_policy_name), ("Service", names.service_name)]
 
 
@@ -61,7 +62,7 @@ def _condition(cluster: Cluster, run: str, kind: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c["type"] == kind), None)
 
 
-@pytest.mark.parametrize(("kind", "child_name"), CHILDREN, ids=[c[0] for c in CHILDREN])
+@pytest.mark.parametrize(("kind", "child_name"), CHILDREN, ids=[f"{k}-{f.__name__}" for k, f in CHILDREN])
 def test_a_name_held_by_another_object_is_a_conflict_never_an_adoption(cluster: Cluster, kind, child_name):
     create, read, delete = _calls(cluster, kind)
     name = child_name("r1")

@@ -14,7 +14,8 @@ PODS = {"r1-policy-0", "r1-rollout-0", "r1-rollout-1", "r1-verifier-0"}
 def test_create_makes_owned_children_and_reaches_running(cluster: Cluster) -> None:
     run = cluster.create_run("r1", SMALL)
     wait_for("4 pods", lambda: cluster.pod_names("r1") == PODS)
-    assert cluster.children("r1") == {f"Pod/{p}" for p in PODS} | {"ConfigMap/r1-spec", "Service/r1"}
+    assert cluster.children("r1") == {f"Pod/{p}" for p in PODS} | {"ConfigMap/r1-spec", "ConfigMap/r1-reports",
+                                                                           "Service/r1"}
     for pod in cluster.pods("r1").values():
         (ref,) = pod.metadata.owner_references
         assert (ref.kind, ref.name, ref.uid, ref.controller) == ("TLTTrainingRun", "r1", run["metadata"]["uid"], True)
@@ -95,7 +96,7 @@ def test_progress_reported_by_the_coordinator_reaches_status(cluster: Cluster) -
     cluster.create_run("r1", SMALL)
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
     report = '{"step": 3, "lastStepSeconds": 41.5, "drafterVersion": 2, "acceptLength": 3.25, "activeTrainers": 1}'
-    cluster.annotate_pod("r1-policy-0", {"tlt.dev/progress": report})
+    cluster.report("r1", "progress", report)
     status = wait_for("step 3 in status", lambda: (s := cluster.run("r1")["status"])["step"]["current"] == 3 and s)
     assert status["step"] == {"current": 3, "total": 20, "lastStepSeconds": 41.5}
     assert status["drafter"] == {"version": 2, "acceptLength": 3.25, "activeTrainers": 1}

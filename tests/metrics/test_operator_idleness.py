@@ -103,7 +103,7 @@ def test_operator_enables_slots_of_idle_gpus_read_from_prometheus(cluster, prome
 
         # rollout-1's GPU is now busy with its own trainer, as its worker reports: it keeps its slot.
         # rollout-0 is busy with rollout again: its slot goes to rollout-2, idle all along.
-        SlotApi(cluster.fake.url, "r1-rollout-1", NAMESPACE, "r1").report_state("TRAINING")
+        SlotApi(cluster.fake.url, "r1-rollout-1", NAMESPACE, "r1", "r1-reports").report_state("TRAINING")
         went_busy = time.monotonic()
         _set(dcgm_exporter, ["r1-rollout-0", "r1-rollout-1"], BUSY)
         off = watch.until("the busy GPU's slot handed over", {"r1-rollout-1", "r1-rollout-2"})

@@ -118,9 +118,9 @@ class Cluster:
     def succeed_pod(self, name: str, namespace: str = NAMESPACE) -> None:
         self.fake.call(lambda: self.fake.kubelet.finish(namespace, name, "Succeeded", 0))
 
-    def annotate_pod(self, name: str, annotations: dict[str, str], namespace: str = NAMESPACE) -> None:
-        """What the coordinator does on its own pod (progress reports)."""
-        self.fake.call(lambda: self.fake.kubelet.annotate(namespace, name, annotations))
+    def report(self, run: str, key: str, value: str, namespace: str = NAMESPACE) -> None:
+        """What a worker does: one key of the run's reports ConfigMap (`progress`, `state.rollout-<rank>`)."""
+        self.core.patch_namespaced_config_map(f"{run}-reports", namespace, {"data": {key: value}})
 
     def events(self, namespace: str = NAMESPACE) -> list[Any]:
         return self.core.list_namespaced_event(namespace).items

@@ -19,7 +19,7 @@ HASHES = {n: "h" for n in NAMES}
 
 def pod(name: str, phase: str = "Running", owned: bool = True, spec_hash: str = "h") -> PodView:
     role, rank = name.split("-")[1], int(name.split("-")[2])
-    return PodView(name, f"uid-{name}", role, rank, phase, phase == "Running", owned, spec_hash, {})
+    return PodView(name, f"uid-{name}", role, rank, phase, phase == "Running", owned, spec_hash)
 
 
 def all_running(**overrides: str) -> list[PodView]:

@@ -21,7 +21,7 @@ SPEC = {
 
 
 def _workers(cluster: Cluster) -> dict[str, SlotApi]:
-    return {p: SlotApi(cluster.fake.url, p, NAMESPACE, "r1") for p in ROLLOUT}
+    return {p: SlotApi(cluster.fake.url, p, NAMESPACE, "r1", "r1-reports") for p in ROLLOUT}
 
 
 def _ago(seconds: float) -> datetime.datetime:

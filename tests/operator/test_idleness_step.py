@@ -21,9 +21,9 @@ def _spec(**drafter: object) -> RunSpec:
                                    "monitoring": {"pollSeconds": 10}, "drafter": drafter})
 
 
-def _state(state: str, at: float) -> dict[str, str]:
+def _state(state: str, at: float) -> str:
     since = datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat()
-    return {"tlt.dev/worker-state": json.dumps({"state": state, "since": since})}
+    return json.dumps({"state": state, "since": since})
 
 
 def test_idle_and_harvested_gpu_seconds_add_up_per_poll() -> None:
@@ -53,13 +53,13 @@ def test_after_a_restart_enabled_slots_are_kept_for_the_cooldown() -> None:
 
 
 def test_nothing_observed_leaves_the_status_alone() -> None:
-    _, outcome = step(RunSlots(), _spec(), {"r-rollout-0": {}}, None, DrafterStatus(version=3), T0)
+    _, outcome = step(RunSlots(), _spec(), {"r-rollout-0": None}, None, DrafterStatus(version=3), T0)
     assert outcome.drafter == DrafterStatus(version=3), "no list must mean 'not decided yet'"
 
 
 def test_utilisation_of_pods_not_in_the_run_is_ignored() -> None:
     spec = _spec(idleWindowSeconds=10)
-    pods = {"r-rollout-0": {}}
+    pods = {"r-rollout-0": None}
     reading = {"r-rollout-0": 0.01, "someone-else": 0.0}
     memory, _ = step(RunSlots(), spec, pods, reading, DrafterStatus(), T0)
     memory, outcome = step(memory, spec, pods, reading, DrafterStatus(), T0 + 10)

@@ -1,4 +1,4 @@
-"""The shared operator against a tenant's Prometheus URL (issue 16): only the admin's allowlist is
+"""The shared operator against a tenant's Prometheus URL: only the admin's allowlist is
 read, on the tracker's own threads, abandoned at a deadline, so a hung server freezes nothing else."""
 
 from __future__ import annotations

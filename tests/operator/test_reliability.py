@@ -1,5 +1,5 @@
-"""Reconcile survives what a run's own pods and the API throw at it (issue 16): hostile progress and
-worker-state annotations, children the API rejects, failures counted per group restart (JobSet's
+"""Reconcile survives what a run's own pods and the API throw at it: hostile progress and worker-state
+reports, children the API rejects, failures counted per group restart (JobSet's
 failurePolicy), disruptions not counted, pods of others left alone."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from _operator_harness import NAMESPACE, Cluster, wait_for
 from tlt_operator.idleness import parse_worker_state
 from tlt_operator.lifecycle import PodView, decide, view_pod
+from tlt_operator.reports import parse_reports, state_of_pod
 
 from tlt.config import RunSpec
 from tlt.status import RunStatus, status_patch
@@ -22,9 +23,9 @@ HASHES = {n: "h" for n in NAMES}
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-def _pod(name: str, phase: str = "Running", disrupted: bool = False, progress: dict | None = None) -> PodView:
+def _pod(name: str, phase: str = "Running", disrupted: bool = False) -> PodView:
     _, role, rank = name.split("-")
-    return PodView(name, f"uid-{name}", role, int(rank), phase, True, True, "h", progress or {}, disrupted)
+    return PodView(name, f"uid-{name}", role, int(rank), phase, True, True, "h", disrupted)
 
 
 def _raw_pod(status: dict, annotations: dict | None = None) -> dict:
@@ -57,16 +58,18 @@ def test_disruptions_are_replaced_without_counting() -> None:
 def test_progress_outside_the_status_bounds_still_gives_a_writable_status() -> None:
     for progress in ({"step": 10**15, "acceptLength": 1e9, "drafterVersion": 2.5, "lastStepSeconds": "x"},
                      {"step": True, "activeTrainers": -1}):
-        pods = [_pod("r-policy-0", progress=progress), *(_pod(f"r-rollout-{i}") for i in range(4))]
-        status = decide(SPEC, RunStatus(), pods, 1, NOW, HASHES).status
+        pods = [_pod("r-policy-0"), *(_pod(f"r-rollout-{i}") for i in range(4))]
+        status = decide(SPEC, RunStatus(), pods, 1, NOW, HASHES, progress).status
         RunStatus.model_validate(status_patch(status))  # what the status write sends
         assert status.phase == "Running" and status.step is not None and status.step.current == 0
 
 
-def test_deeply_nested_annotations_are_unreadable_not_fatal() -> None:
-    view = view_pod(_raw_pod({"phase": "Running"}, {"tlt.dev/progress": DEEP}), "run")
-    assert view.progress == {}
-    assert parse_worker_state("r-rollout-0", {"tlt.dev/worker-state": DEEP}) is None
+def test_deeply_nested_reports_are_unreadable_not_fatal() -> None:
+    configmap = {"metadata": {"ownerReferences": [{"uid": "run", "controller": True}]},
+                 "data": {"progress": DEEP, "state.rollout-0": DEEP}}
+    reports = parse_reports(configmap, "run")
+    assert reports.progress == {}
+    assert parse_worker_state("r-rollout-0", state_of_pod(reports, 0, "u")) is None
 
 
 def _condition(cluster: Cluster, run: str, kind: str) -> dict | None:
@@ -86,12 +89,11 @@ def test_a_child_the_api_rejects_is_recorded_as_created_false(cluster: Cluster, 
              and _condition(cluster, "r1", "Created")["status"] == "True")
 
 
-def test_a_hostile_progress_annotation_does_not_stop_restarts_being_counted(cluster: Cluster, operator) -> None:
+def test_a_hostile_progress_report_does_not_stop_restarts_being_counted(cluster: Cluster, operator) -> None:
     cluster.create_run("r1", {"rollout": {"replicas": 1}, "verifier": {"replicas": 0}})
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
     progress = json.dumps({"step": 10**15, "acceptLength": 1e9})
-    cluster.core.patch_namespaced_pod("r1-policy-0", NAMESPACE, {"metadata": {"annotations": {
-        "tlt.dev/progress": progress}}})
+    cluster.core.patch_namespaced_config_map("r1-reports", NAMESPACE, {"data": {"progress": progress}})
     cluster.fail_pod("r1-rollout-0")
     wait_for("the restart is written", lambda: (cluster.run("r1").get("status") or {}).get("restarts") == 1)
 

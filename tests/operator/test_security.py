@@ -1,4 +1,4 @@
-"""A run's isolation (issue 16): its Ray token Secret injected by reference into every container,
+"""A run's isolation: its Ray token Secret injected by reference into every container,
 its NetworkPolicy, its least-privilege worker identity, and the operator RBAC that goes with them;
 then the same children made by the operator on the fake API (the token is never rotated)."""
 
@@ -13,7 +13,13 @@ import yaml
 from _operator_harness import NAMESPACE, Cluster, wait_for
 from test_builders import FULL, RUN, TOKEN_SECRET, check_against_model
 from tlt_operator import names
-from tlt_operator.builders import build_network_policy, build_pod, build_ray_token_secret, build_worker_identity
+from tlt_operator.builders import (
+    build_network_policy,
+    build_pod,
+    build_ray_token_secret,
+    build_reports_configmap,
+    build_worker_identity,
+)
 from tlt_operator.lifecycle import desired_pods
 
 from tlt.config import POD_OWN_MOUNTS, RunSpec
@@ -72,14 +78,18 @@ def test_network_policy_admits_only_the_runs_pods_and_the_operators_metrics_scra
                                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "tlt-operator"}}}]
 
 
-def test_worker_role_names_exactly_the_pods_that_report() -> None:
+def test_worker_role_grants_a_patch_of_the_runs_reports_and_nothing_on_pods() -> None:
     account, role, binding = build_worker_identity(RUN, FULL)
     for obj, model in ((account, "V1ServiceAccount"), (role, "V1Role"), (binding, "V1RoleBinding")):
         assert check_against_model(obj, model, obj["kind"]) == []
         assert obj["metadata"]["name"] == "demo-worker"
-    pods, status = role["rules"]
-    assert pods["resources"] == ["pods"] and pods["verbs"] == ["get", "patch"]
-    assert pods["resourceNames"] == ["demo-policy-0", "demo-rollout-0", "demo-rollout-1", "demo-rollout-2"]
+    reports, status = role["rules"]
+    assert reports == {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
+                       "resourceNames": ["demo-reports"]}
+    reports_map = build_reports_configmap(RUN, FULL)
+    assert check_against_model(reports_map, "V1ConfigMap", "ConfigMap") == []
+    assert reports_map["metadata"]["name"] == "demo-reports" and "data" not in reports_map, \
+        "the operator never writes the workers' data (apply merges only what it sends)"
     assert status == {"apiGroups": ["tlt.dev"], "resources": ["tltrainingruns/status"], "verbs": ["get"],
                       "resourceNames": ["demo"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-worker", "namespace": "ml"}]
@@ -130,15 +140,14 @@ def test_operator_makes_the_isolation_children_and_never_rotates_the_token(clust
         f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies/r1-ray", "GET",
         response_type="object", _return_http_data_only=True)
     assert policy["spec"]["podSelector"] == {"matchLabels": {"tlt.dev/run": "r1"}}
-    role_path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/r1-worker"
-
-    def role_pods() -> list[str]:
-        role = cluster.client.call_api(role_path, "GET", response_type="object", _return_http_data_only=True)
-        return role["rules"][0]["resourceNames"]
-
-    assert role_pods() == ["r1-policy-0", "r1-rollout-0"]
+    role = cluster.client.call_api(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/r1-worker",
+                                   "GET", response_type="object", _return_http_data_only=True)
+    assert role["rules"][0]["resourceNames"] == ["r1-reports"]
+    cluster.report("r1", "progress", '{"step": 2}')
     cluster.patch_spec("r1", {"rollout": {"replicas": 2}})
-    wait_for("the Role follows the scale", lambda: role_pods() == ["r1-policy-0", "r1-rollout-0", "r1-rollout-1"])
+    wait_for("scaled", lambda: "r1-rollout-1" in cluster.pod_names("r1"))
+    assert cluster.core.read_namespaced_config_map("r1-reports", NAMESPACE).data == {"progress": '{"step": 2}'}, \
+        "reconcile passes leave the workers' reports alone"
     cluster.fail_pod("r1-rollout-0")
     wait_for("restarted", lambda: (cluster.run("r1").get("status") or {}).get("restarts") == 1)
     assert cluster.run("r1")["status"]["rayTokenSecret"] == secret_name

@@ -1,20 +1,21 @@
 """The workers' side of the trainer-slot contract with the operator (see `tlt_operator.builders.pod`).
 
 Two directions, both through the Kubernetes API with the pod's own service account (the run's
-`<run>-worker`, whose Role the operator makes: `get`/`patch` on the run's policy-0 and rollout pods
-by name, `get` on the run's status; see `tlt_operator.builders.security`):
+`<run>-worker`, whose Role the operator makes: `patch` on the run's reports ConfigMap and `get` on
+the run's status, nothing else; see `tlt_operator.builders.security`):
 
-- `report_state`: a rollout worker publishes what it is doing (GENERATING / IDLE / TRAINING and
-  since when) as the annotation `tlt.dev/worker-state: {"state": "IDLE", "since": "<RFC 3339>"}` on
-  its own pod, by a JSON merge patch (verb `patch` on `pods`).
+- `report_state` / `report_progress`: a rollout worker publishes what it is doing (GENERATING / IDLE /
+  TRAINING, since when, from which pod) under key `state.rollout-<rank>`, the coordinator the step's
+  progress under key `progress`, of the ConfigMap `$TLT_REPORTS_CONFIGMAP`, by a JSON merge patch of
+  its `data` (one key per writer, so writers never overwrite each other). No worker writes a pod.
 - `enabled_slots` / `enabled_workers`: the coordinator reads which rollout pods' slots the operator
   enabled, `.status.drafter.enabledSlots` of its run, through the status subresource (verb `get` on
-  `tltrainingruns/status`: read-only, nothing else of the API).
+  `tltrainingruns/status`: read-only).
 
 Outside a cluster (no `KUBERNETES_SERVICE_HOST`, or no `TLT_POD_NAME` / `TLT_NAMESPACE` /
-`TLT_RUN_NAME` from the pod builder) `SlotApi.from_environment()` is None and the module-level
-functions do nothing: `report_state` returns False and `enabled_slots` None ("no list written").
-Stdlib only, so the runtime image needs no Kubernetes client.
+`TLT_RUN_NAME` / `TLT_REPORTS_CONFIGMAP` from the pod builder) `SlotApi.from_environment()` is None and
+the module-level functions do nothing: `report_state` returns False and `enabled_slots` None ("no list
+written"). Stdlib only, so the runtime image needs no Kubernetes client.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from tlt.config import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
 
-WORKER_STATE_ANNOTATION = "tlt.dev/worker-state"
-PROGRESS_ANNOTATION = "tlt.dev/progress"
+PROGRESS_KEY = "progress"
+STATE_KEY_PREFIX = "state."
 STATES = ("GENERATING", "IDLE", "TRAINING")
 WorkerState = Literal["GENERATING", "IDLE", "TRAINING"]
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -55,17 +56,18 @@ def worker_name(pod: str) -> str:
     return match.group(1)
 
 
-def state_annotation(state: WorkerState, since: datetime.datetime) -> str:
-    """The annotation's value: `{"state": ..., "since": RFC 3339 UTC}`."""
+def state_report(state: WorkerState, since: datetime.datetime, pod_uid: str | None = None) -> str:
+    """A worker state's value: `{"state": ..., "since": RFC 3339 UTC, "uid": this pod's uid}`."""
     if state not in STATES:
         raise ValueError(f"worker state must be one of {list(STATES)}, got {state!r}")
     stamp = since.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return json.dumps({"state": state, "since": stamp}, separators=(",", ":"))
+    report = {"state": state, "since": stamp} | ({"uid": pod_uid} if pod_uid else {})
+    return json.dumps(report, separators=(",", ":"))
 
 
-def progress_annotation(metrics: dict[str, Any]) -> str:
-    """The coordinator's `tlt.dev/progress` value from one step's metrics (the operator mirrors it
-    into `.status.step` and `.status.drafter`); keys the step did not report are left out."""
+def progress_report(metrics: dict[str, Any]) -> str:
+    """The coordinator's `progress` value from one step's metrics (the operator mirrors it into
+    `.status.step` and `.status.drafter`); keys the step did not report are left out."""
     fields = {"step": "step", "lastStepSeconds": "step_seconds", "drafterVersion": "drafter_version",
               "acceptLength": "accept_length"}
     report = {key: metrics[name] for key, name in fields.items() if metrics.get(name) is not None}
@@ -76,13 +78,16 @@ def progress_annotation(metrics: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class SlotApi:
-    """This pod's two calls. base_url: the API server; token_file / ca_file: the service account's
-    (None for a plain-HTTP test server); pod / namespace / run: this pod and its run."""
+    """This pod's calls. base_url: the API server; token_file / ca_file: the service account's
+    (None for a plain-HTTP test server); pod / namespace / run: this pod and its run; reports: the
+    run's reports ConfigMap; pod_uid: this pod's uid (None where unknown)."""
 
     base_url: str
     pod: str
     namespace: str
     run: str
+    reports: str
+    pod_uid: str | None = None
     token_file: Path | None = None
     ca_file: Path | None = None
     timeout: float = 5.0
@@ -91,24 +96,25 @@ class SlotApi:
     def from_environment(cls) -> SlotApi | None:
         """In a TLT pod: the in-cluster API with the mounted service account; else None."""
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        ids = [os.environ.get(k) for k in ("TLT_POD_NAME", "TLT_NAMESPACE", "TLT_RUN_NAME")]
+        ids = [os.environ.get(k) for k in ("TLT_POD_NAME", "TLT_NAMESPACE", "TLT_RUN_NAME", "TLT_REPORTS_CONFIGMAP")]
         if not host or not all(ids):
             return None
-        pod, namespace, run = (str(v) for v in ids)
+        pod, namespace, run, reports = (str(v) for v in ids)
         host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", pod, namespace, run,
+        return cls(f"https://{host}:{port}", pod, namespace, run, reports, os.environ.get("TLT_POD_UID") or None,
                    SERVICE_ACCOUNT_DIR / "token", SERVICE_ACCOUNT_DIR / "ca.crt")
 
     def report_state(self, state: WorkerState, since: datetime.datetime | None = None) -> None:
-        """Annotate this pod with `state`, entered at `since` (default: now)."""
-        value = state_annotation(state, since or datetime.datetime.now(datetime.UTC))
-        patch = {"metadata": {"annotations": {WORKER_STATE_ANNOTATION: value}}}
-        self._call("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", patch)
+        """Report this rollout worker's `state`, entered at `since` (default: now)."""
+        value = state_report(state, since or datetime.datetime.now(datetime.UTC), self.pod_uid)
+        self._report(STATE_KEY_PREFIX + worker_name(self.pod), value)
 
     def report_progress(self, metrics: dict[str, Any]) -> None:
-        """Annotate this (policy rank-0) pod with the step's progress."""
-        patch = {"metadata": {"annotations": {PROGRESS_ANNOTATION: progress_annotation(metrics)}}}
-        self._call("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", patch)
+        """Report the step's progress (the coordinator, on policy rank 0)."""
+        self._report(PROGRESS_KEY, progress_report(metrics))
+
+    def _report(self, key: str, value: str) -> None:
+        self._call("PATCH", f"/api/v1/namespaces/{self.namespace}/configmaps/{self.reports}", {"data": {key: value}})
 
     def enabled_slots(self) -> frozenset[str] | None:
         """Pod names whose slot the operator enabled; None while it has written no list."""
@@ -136,7 +142,7 @@ class SlotApi:
 
 
 def report_state(state: WorkerState, since: datetime.datetime | None = None) -> bool:
-    """Publish this worker's state on its pod; False (nothing done) outside a cluster."""
+    """Publish this worker's state; False (nothing done) outside a cluster."""
     api = SlotApi.from_environment()
     if api is None:
         return False
@@ -145,7 +151,7 @@ def report_state(state: WorkerState, since: datetime.datetime | None = None) -> 
 
 
 def report_progress(metrics: dict[str, Any]) -> bool:
-    """Publish the step's progress on this pod; False (nothing done) outside a cluster."""
+    """Publish the step's progress; False (nothing done) outside a cluster."""
     api = SlotApi.from_environment()
     if api is None:
         return False

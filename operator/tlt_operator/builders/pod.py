@@ -21,19 +21,22 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
 - restartPolicy Never: a failed worker is a failed pod, which the operator counts against
   `runPolicy.backoffLimit` and replaces under the same name (same DNS name, same rank). A worker
   that loses the head must exit non-zero; a replaced head restarts from the last checkpoint.
-- Progress: the coordinator (policy rank 0) writes the JSON annotation `tlt.dev/progress` on its
-  own pod, e.g. `{"step": 3, "lastStepSeconds": 41.2, "drafterVersion": 2, "acceptLength": 3.1,
-  "activeTrainers": 2}`; the operator mirrors it into `.status.step` and `.status.drafter`.
+- Reports (`builders.reports`): workers write to the ConfigMap named by `TLT_REPORTS_CONFIGMAP`
+  (`<run>-reports`) by JSON merge patch of its `data`, never to a pod. `TLT_POD_UID` (downward API)
+  tells a report of this pod from one an earlier pod of the same name left behind.
+- Progress: the coordinator (policy rank 0) writes key `progress`, e.g. `{"step": 3, "lastStepSeconds":
+  41.2, "drafterVersion": 2, "acceptLength": 3.1, "activeTrainers": 2}`; the operator mirrors it into
+  `.status.step` and `.status.drafter` at its next pass (`TLT_OPERATOR_RECONCILE_SECONDS`).
   The run Succeeded when the policy rank-0 pod exits 0 (phase Succeeded) after the last step.
 - Identity: every pod runs as the run's ServiceAccount `<run>-worker` (or the template's
-  `serviceAccountName`), whose Role grants `get`/`patch` on exactly the policy rank-0 and rollout pods by
-  name and `get` on the run's status (`builders.security`); only those pods mount its token.
+  `serviceAccountName`, where the operator's configuration allows it), whose Role grants `patch` on the
+  reports ConfigMap alone and `get` on the run's status (`builders.security`); only the policy rank-0
+  and rollout pods mount its token.
 - Trainer slots (`tlt.runtime.k8s_slots` implements both directions):
-  - each rollout worker reports its state on its OWN pod, at every change, as the JSON annotation
-    `tlt.dev/worker-state: {"state": "GENERATING"|"IDLE"|"TRAINING", "since": "<RFC 3339, UTC>"}`
-    (merge patch of the pod's metadata: verb `patch` on `pods`). `since` is when the state was
-    entered; TRAINING means a drafter trainer is running on that pod's GPU. A pod without the
-    annotation is judged from GPU utilisation alone (Prometheus) or not at all.
+  - each rollout worker reports its state at every change under key `state.rollout-<rank>`:
+    `{"state": "GENERATING"|"IDLE"|"TRAINING", "since": "<RFC 3339, UTC>", "uid": "<pod uid>"}`.
+    `since` is when the state was entered; TRAINING means a drafter trainer is running on that pod's
+    GPU. A pod without a report of its own is judged from GPU utilisation alone (Prometheus) or not at all.
   - the operator writes its decision to the run's `.status.drafter.enabledSlots` (rollout pod
     names; absent until the operator has observed something). The coordinator reads it through the
     status subresource (verb `get` on `tltrainingruns/status`, nothing else), maps pod
@@ -51,7 +54,7 @@ The worker contract (what `tlt worker`, implemented by the runtime, relies on):
   `tlt drafter-trainer` joins the Ray head as a second Ray node on the pod's IP (its own Ray temp dir
   under /tmp, OS-assigned ports) advertising `tlt_trainer_rollout-<rank>`; the head waits for one per
   rollout pod. The coordinator places the worker's buffer and spot trainer there; the worker hands it
-  each step's rollouts and forwards start / stop, and still alone reports the state on the pod; the
+  each step's rollouts and forwards start / stop, and still alone reports the state; the
   sidecar trains only in an enabled slot while the worker is IDLE. It exits non-zero when it loses the
   cluster, 2 on a bad spec or environment.
 """
@@ -90,9 +93,11 @@ def _env(run: RunRef, spec: RunSpec, role: names.Role, token_secret: str) -> lis
         {"name": "TLT_ROLE", "value": role},
         {"name": "TLT_RANK", "valueFrom": field(f"metadata.labels['{names.RANK_LABEL}']")},
         {"name": "TLT_POD_NAME", "valueFrom": field("metadata.name")},
+        {"name": "TLT_POD_UID", "valueFrom": field("metadata.uid")},
         {"name": "TLT_NAMESPACE", "valueFrom": field("metadata.namespace")},
         {"name": "TLT_POD_IP", "valueFrom": field("status.podIP")},
         {"name": "TLT_HEAD_ADDRESS", "value": names.head_address(run.name)},
+        {"name": "TLT_REPORTS_CONFIGMAP", "value": names.reports_name(run.name)},
         {"name": "HOME", "value": HOME_DIR},
         {"name": "RAY_AUTH_MODE", "value": "token"},
         {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {

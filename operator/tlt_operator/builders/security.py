@@ -8,10 +8,11 @@
 - NetworkPolicy: the run's pods accept connections on any port only from the run's own pods, and on
   the metrics port also from the operator's pods (namespace `operator_namespace`,
   `app.kubernetes.io/name: tlt-operator`). Everything else cannot reach the Ray ports.
-- Worker identity: a ServiceAccount `<run>-worker` used only by the pods that call the API (policy
-  rank 0 and rollout pods), bound to a Role that grants `get` / `patch` on exactly those pods by name
-  (`resourceNames`: the coordinator writes `tlt.dev/progress` on its own pod, rollout workers
-  `tlt.dev/worker-state` on theirs) and `get` on this run's status. No namespace-wide pod verb.
+- Worker identity: a ServiceAccount `<run>-worker` whose token only the pods that call the API mount
+  (policy rank 0 and rollout pods), bound to a Role that grants `patch` on exactly one object, the run's
+  reports ConfigMap (`builders.reports`: the coordinator's progress, the rollout workers' states), and
+  `get` on this run's status. No verb on pods: a pod's labels are its NetworkPolicy identity
+  (`tlt.dev/run`), and only the operator, which creates the pods, sets them.
 """
 
 from __future__ import annotations
@@ -66,16 +67,8 @@ def build_network_policy(run: RunRef, spec: RunSpec, operator_namespace: str) ->
     }
 
 
-def caller_pod_names(run: RunRef, spec: RunSpec) -> list[str]:
-    """Names of the pods that run as `<run>-worker` (see `api_caller`)."""
-    pods = [names.pod_name(run.name, "policy", 0)]
-    pods += [names.pod_name(run.name, "rollout", rank) for rank in range(spec.rollout.replicas)]
-    return pods
-
-
 def build_worker_identity(run: RunRef, spec: RunSpec) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding `<run>-worker` (see the module docstring). Scaling the
-    rollout role changes the Role's `resourceNames`; `apply` brings it along."""
+    """ServiceAccount, Role and RoleBinding `<run>-worker` (see the module docstring)."""
     name = names.worker_account_name(run.name)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(run, spec, name, "worker"),
                "automountServiceAccountToken": False}
@@ -84,8 +77,8 @@ def build_worker_identity(run: RunRef, spec: RunSpec) -> list[dict[str, Any]]:
         "kind": "Role",
         "metadata": metadata(run, spec, name, "worker"),
         "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
-             "resourceNames": caller_pod_names(run, spec)},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
+             "resourceNames": [names.reports_name(run.name)]},
             {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get"],
              "resourceNames": [run.name]},
         ],

@@ -49,8 +49,3 @@ class Kubelet:
                   "containerStatuses": [{"name": "worker", "ready": False, "restartCount": 0, "image": "",
                                          "imageID": "", "state": {"terminated": {"exitCode": exit_code}}}]}
         self.store.replace(self._pods(), namespace, name, {**pod, "status": status}, "status")
-
-    def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        """What the coordinator does on its own pod (progress reports)."""
-        self.store.patch(self._pods(), namespace, name, "application/merge-patch+json",
-                         {"metadata": {"annotations": annotations}}, None)
