@@ -27,16 +27,39 @@ from .reconcile import RUN_API, SpecError, reconcile
 
 log = logging.getLogger(__name__)
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
+CRD_WAIT_SECONDS = 120.0
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     tunables.configure(settings)
     memo.kube = Kube.from_environment(tunables.request_timeout_seconds())
+    if tunables.exact_namespaces():
+        await _wait_for_crd(memo.kube, CRD_WAIT_SECONDS)
     memo.runs = {}  # shared by every object's memo (kopf copies the root memo shallowly)
     # Trainer-slot memory of every run (see idleness), shared likewise; Prometheus only from the allowlist.
     memo.slots = SlotTracker(allowlist=tunables.prometheus_allowlist())
     memo.resync = asyncio.create_task(_resync_forever(memo), name="tlt-resync")
+
+
+async def _wait_for_crd(kube: Kube, timeout: float) -> None:
+    """Without a cluster-wide CRD watch kopf finds the CRD once, at start: one applied with the operator
+    (`kubectl apply -k`) may not be served yet. Wait for it, then fail (the Deployment restarts the pod)
+    rather than serve nothing."""
+    path = f"/apis/{API_GROUP}/{API_VERSION}"
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            found = await kube.request("GET", path)
+            if any(r.get("name") == PLURAL for r in found.get("resources") or []):
+                return
+        except KubeError as exc:
+            if exc.code not in (404, 503):
+                raise
+        if asyncio.get_running_loop().time() > deadline:
+            raise kopf.PermanentError(f"{PLURAL}.{API_GROUP}/{API_VERSION} is not served after {timeout:.0f}s: "
+                                      "install the CRD (crds/) first")
+        await asyncio.sleep(2)
 
 
 @kopf.on.cleanup()

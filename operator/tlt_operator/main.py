@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 
 import kopf
 import prometheus_client
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,12 +24,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen-address", default="0.0.0.0",
                         help="address the metrics and health endpoints bind to "
                         "(default: all; the kubelet probes the pod IP)")
+    parser.add_argument("--print-rbac", metavar="NAMESPACES",
+                        help="print the Role and RoleBinding of a namespace-scoped install for these comma-separated "
+                        "namespaces (kubectl apply -f -) and exit; run the operator with TLT_OPERATOR_NAMESPACES "
+                        "set to the same list")
+    parser.add_argument("--operator-namespace", default="tlt-system",
+                        help="with --print-rbac: the namespace of the operator's ServiceAccount")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
 
+def _print_rbac(parser: argparse.ArgumentParser, namespaces: str, operator_namespace: str) -> int:
+    import yaml
+
+    from .rbac import namespaced_rbac
+
+    listed = [n.strip() for n in namespaces.split(",") if n.strip()]
+    bad = [n for n in [*listed, operator_namespace] if not _DNS_LABEL.fullmatch(n)]
+    if not listed or bad:
+        parser.error(f"--print-rbac: namespaces must be DNS labels (lowercase letters, digits, '-', at most 63), "
+                     f"comma-separated; got {bad or [namespaces]}")
+    print(yaml.safe_dump_all(namespaced_rbac(listed, operator_namespace), sort_keys=False), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_rbac is not None:
+        return _print_rbac(parser, args.print_rbac, args.operator_namespace)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from . import handlers  # noqa: F401  (registers the handlers)

@@ -38,6 +38,13 @@ def namespaces() -> list[str]:
     return [ns.strip() for ns in os.environ.get("TLT_OPERATOR_NAMESPACES", "").split(",") if ns.strip()]
 
 
+def exact_namespaces() -> bool:
+    """`TLT_OPERATOR_NAMESPACES` lists exact names (no kopf glob or negation): the operator needs no
+    cluster-wide watch of namespaces or CRDs (see `configure`)."""
+    listed = namespaces()
+    return bool(listed) and not any(set("*?[!") & set(n) for n in listed)
+
+
 def reconcile_seconds() -> float:
     return _number("TLT_OPERATOR_RECONCILE_SECONDS", 10.0)
 
@@ -71,6 +78,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # One replica with `strategy: Recreate`: no peering CRD to install, no leader election.
     settings.peering.standalone = True
     settings.peering.mandatory = False
+    # A namespace-scoped install (`TLT_OPERATOR_NAMESPACES`, `manifests/namespaced`) holds no cluster-wide
+    # verb: kopf then finds the CRD once at start (API discovery) and takes the namespaces as exact names,
+    # instead of watching CRDs and namespaces cluster-wide.
+    settings.scanning.disabled = exact_namespaces()
     # Only warnings from kopf itself become Kubernetes events; the operator posts its own
     # transition events (phase changes) explicitly.
     settings.posting.level = logging.WARNING

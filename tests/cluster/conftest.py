@@ -7,9 +7,7 @@ that ask for it land there)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,16 +17,16 @@ from typing import Any
 
 import kubernetes
 import pytest
-from controlplane import ControlPlane, free_port, missing_binaries
+from controlplane import ControlPlane, missing_binaries
 from kube_view import KubeView
 from node_agent import FakeNode, NodeAgent
+from operator_process import OPERATOR_NAMESPACE, OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the operator tests' harness and fake API server
 from _operator_harness import NAMESPACE, Cluster, fake_server, installed_cluster, running_operator  # noqa: E402
 from real_cluster import RealCluster  # noqa: E402
 
-OPERATOR_NAMESPACE = "tlt-system"
 EXEC_TAINT = {"key": "tlt.test/local-processes", "value": "true", "effect": "NoSchedule"}
 EXEC_LABEL = {"tlt.test/local-processes": "true"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -121,41 +119,6 @@ def operator_process(installed: ControlPlane, nodes: NodeAgent,
     _RUNNING.append(proc)
     yield proc
     proc.stop()
-
-
-class OperatorProcess:
-    """`tlt-operator` from this checkout, authenticated with a token of the ServiceAccount the install made."""
-
-    def __init__(self, plane: ControlPlane, root: Path) -> None:
-        self.plane = plane
-        self.root = root
-        self.log = root / "operator.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> OperatorProcess:
-        token = self.plane.kubectl("create", "token", "tlt-operator", "-n", OPERATOR_NAMESPACE,
-                                   "--duration=4h").strip()
-        config = self.plane.write_kubeconfig(self.root / "kubeconfig", token)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env.update(KUBECONFIG=str(config), TLT_OPERATOR_RECONCILE_SECONDS="1", TLT_OPERATOR_REQUEST_TIMEOUT="10",
-                   TLT_OPERATOR_WATCH_SECONDS="60", TLT_OPERATOR_NAMESPACE=OPERATOR_NAMESPACE)
-        argv = [str(Path(sys.executable).absolute().parent / "tlt-operator"), "--metrics-port", "0",
-                "--health-port", str(free_port()), "--listen-address", "127.0.0.1"]
-        self.process = subprocess.Popen(argv, env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        return self
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=20)
 
 
 # What the API server says when RBAC denies the operator's ServiceAccount a verb (not, say, a write into a
