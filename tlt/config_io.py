@@ -109,9 +109,26 @@ def _field_names() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+# The words YAML 1.1 (PyYAML, and kubectl's decoder) reads as booleans when they are not quoted.
+YAML_BOOLEAN_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
+def _boolean_for_word(err: dict[str, Any]) -> str | None:
+    """The message for a word field that got a boolean: `mode: off` unquoted is YAML's false, not 'off'."""
+    value = err.get("input")
+    if not isinstance(value, bool) or err["type"] not in ("literal_error", "string_type"):
+        return None
+    expected = err.get("ctx", {}).get("expected", "")
+    word = next((w for w in YAML_BOOLEAN_WORDS[value] if f"'{w}'" in expected), None)
+    fix = f'quote it: "{word}"' if word else "quote the word you meant"
+    allowed = f"; allowed: {expected}" if expected else ""
+    return (f"read as the boolean {str(value).lower()} (YAML reads unquoted on/off/yes/no/true/false as booleans); "
+            f"{fix}{allowed}")
+
+
 def _format(err: dict[str, Any]) -> str:
     path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = _boolean_for_word(err) or err["msg"].removeprefix("Value error, ")
     if err["type"] == "string_pattern_mismatch" and err["ctx"]["pattern"] in PATTERN_WORDS:
         msg = f"must be {PATTERN_WORDS[err['ctx']['pattern']]}, got {err['input']!r}"
     if err["type"] == "extra_forbidden":

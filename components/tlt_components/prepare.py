@@ -43,13 +43,14 @@ def _write_jsonl(path: Path, problems: list[Problem]) -> None:
 
 
 def check_problems(problems: list[Problem], where: str) -> None:
-    """Raise DatasetError for no problems or an empty prompt / answer (naming the record)."""
+    """Raise DatasetError for no problems or an empty prompt / answer (naming the record's file and line,
+    else its 1-based number)."""
     if not problems:
         raise DatasetError(f"{where}: no problems")
-    for index, problem in enumerate(problems):
+    for number, problem in enumerate(problems, start=1):
         for field in ("prompt", "answer"):
             if not getattr(problem, field).strip():
-                raise DatasetError(f"{where} record {index}: {field} is empty")
+                raise DatasetError(f"{problem.source or f'{where} problem {number}'}: {field} is empty")
 
 
 def prepare_dataset(run_spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:

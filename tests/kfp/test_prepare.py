@@ -60,7 +60,7 @@ def test_parquet_file_with_custom_keys(tmp_path: Path):
 def test_a_missing_field_is_named(tmp_path: Path):
     rows = [{"question": "1+1=", "answer": "2"}, {"question": "2+2="}]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DatasetError, match=r"record 1: missing key 'answer'"):
+    with pytest.raises(DatasetError, match=r"d.jsonl:2: missing key 'answer'"):
         prepare_dataset({"dataset": {"source": "file", "path": str(tmp_path / "d.jsonl")}}, tmp_path / "data")
 
 

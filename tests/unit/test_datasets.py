@@ -135,7 +135,7 @@ def test_prompt_template_chat_and_system_reach_every_problem(tmp_path):
 def test_a_template_field_the_record_lacks_names_field_and_record(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "a", "answer": "1"}) + "\n" + json.dumps({"answer": "2"}) + "\n")
-    with pytest.raises(DatasetError, match=r"d.jsonl record 1: dataset.prompt names field 'question'"):
+    with pytest.raises(DatasetError, match=r"d.jsonl:2: dataset.prompt names field 'question'"):
         load_problems(_file_spec(path, prompt="{question}\nThink."))
 
 

@@ -4,9 +4,14 @@ Default: on Ray (a local cluster, or the one at --address / $RAY_ADDRESS) with a
 an end-of-run report (`tlt.runtime.ray_train`); --local: one process, no Ray.
 
 Rerunning the same command on the same output folder resumes from its newest checkpoint.
+Before Ray starts or a model loads, what the run reads here is checked as `tlt validate` checks it
+(`tlt.runtime.preflight`: model folder, dataset files, first prompts, reward plug-in, metrics port), one
+line per problem. --local runs speculative.mode static / tlt as ngram (or off), saying so
+(`tlt.runtime.local.local_speculative`).
+
 Exit status: 0 done, 1 the run stopped on an error (unusable checkpoint, bad model or data),
 2 the run file does not validate or asks for what cannot run here (rollout.engine vllm without vLLM, or
-with settings vLLM cannot honour: `tlt.rollout.vllm.spec_map`).
+with settings vLLM cannot honour: `tlt.rollout.vllm.spec_map`; a model, dataset or port the checks refuse).
 """
 
 from __future__ import annotations
@@ -50,6 +55,24 @@ def run(args: argparse.Namespace) -> int:
                        "trainer): drop --local, or set rollout.engine to 'tlt'")
     if problem is not None:
         print(f"{args.file}: {problem}", file=sys.stderr)
+        return 2
+    from tlt.runtime.preflight import input_problems, metrics_port_problem
+
+    problems = input_problems(spec.spec) + [p for p in [metrics_port_problem(spec.spec)] if p is not None]
+    if args.local:
+        from tlt.runtime.local import local_speculative
+
+        try:
+            speculative, note = local_speculative(spec.spec.speculative)
+        except ValueError as exc:
+            problems.append(f"spec.{exc}")
+        else:
+            if note is not None:
+                print(f"{args.file}: {note}", file=sys.stderr)
+                spec = spec.model_copy(deep=True)
+                spec.spec.speculative = speculative
+    if problems:
+        print("\n".join(f"{args.file}: {line}" for line in problems), file=sys.stderr)
         return 2
     out = args.out if args.out is not None else Path("runs") / spec.metadata.name
     if args.local:

@@ -1,10 +1,13 @@
 """`tlt validate run.yaml`: every error with its field path and what is allowed.
 
 Beyond the spec itself: with `rollout.engine: vllm`, what vLLM cannot honour (`tlt.rollout.vllm.spec_map`;
-an error everywhere, or a warning where only vLLM's CPU build refuses it); a `verifier.reward` plug-in must import here (as it must where verifiers run), and
-`--show-prompt N` prints the text and token ids of the first N training prompts exactly as the policy
-gets them (template, chat template and special tokens applied, by `tlt.tasks.prompt_format`), with the
-tokenizer of `model.path` (or the built-in task's).
+an error everywhere, or a warning where only vLLM's CPU build refuses it); then what the run reads on this
+machine (`tlt.runtime.preflight`: the model folder, the dataset files, the first prompts, the reward plug-in;
+a busy metrics port is a warning), the checks `tlt train` runs before it starts. `--schema-only` skips
+those: the spec alone, e.g. for a manifest whose paths exist only on the cluster. `--show-prompt N` prints
+the text and token ids of the first N training prompts exactly as the policy gets them (template, chat
+template and special tokens applied, by `tlt.tasks.prompt_format`), with the tokenizer of `model.path` (or
+the built-in task's).
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from tlt.config import RunSpec
 from tlt.config_io import SpecError, load_run
+from tlt.models.loading import load_tokenizer
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
+from tlt.runtime.preflight import input_problems, metrics_port_problem
 from tlt.spec_references import SharedNames, reference_problems
 from tlt.spec_warnings import spec_warnings
 from tlt.tasks.datasets import DatasetError, load_problems
@@ -30,20 +35,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show-prompt", type=int, default=0, metavar="N",
                         help="print the text and token ids of the first N training prompts as the model gets them "
                         "(reads the dataset and model.path's tokenizer)")
+    parser.add_argument("--schema-only", action="store_true",
+                        help="check the spec alone: not the model folder, dataset files, prompts and metrics port "
+                        "on this machine (e.g. a manifest whose paths exist only on the cluster)")
 
 
 def run_tokenizer(spec: RunSpec) -> PreTrainedTokenizerBase:
     """The tokenizer of `model.path`, else the built-in task's."""
     if spec.model.path is None:
         return build_task_tokenizer()
-    return AutoTokenizer.from_pretrained(spec.model.path, local_files_only=True)
+    return load_tokenizer(spec.model.path)
 
 
 def show_prompts(spec: RunSpec, count: int) -> None:
     tokenizer = run_tokenizer(spec)
-    for index, problem in enumerate(load_problems(spec.dataset, "train")[:count]):
+    for number, problem in enumerate(load_problems(spec.dataset, "train")[:count], start=1):
         ids = encode_prompt(tokenizer, problem)
-        print(f"--- prompt {index} ({len(ids)} tokens)")
+        print(f"--- prompt {number}{f' ({problem.source})' if problem.source else ''}: {len(ids)} tokens")
         print(tokenizer.decode(ids, skip_special_tokens=False))
         print(f"ids: {ids}")
 
@@ -70,8 +78,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: {vllm_problem}", file=sys.stderr)
             failed += 1
             continue
+        if not args.schema_only and (inputs := input_problems(run_.spec)):
+            print("\n".join(f"{path}: {line}" for line in inputs), file=sys.stderr)
+            failed += 1
+            continue
         try:
-            if run_.spec.verifier.reward is not None:
+            if args.schema_only and run_.spec.verifier.reward is not None:
                 load_reward(run_.spec.verifier.reward)
             if args.show_prompt:
                 show_prompts(run_.spec, args.show_prompt)
@@ -80,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
             failed += 1
             continue
         warnings = spec_warnings(run_.spec)  # before "ok": nothing may fail after it is printed
+        port = None if args.schema_only else metrics_port_problem(run_.spec)
+        if port is not None:
+            warnings.append(f"{port} (tlt train here would refuse to start)")
         print(f"{path}: ok ({run_.kind} {run_.metadata.shown_name})")
         for warning in warnings:
             print(f"{path}: warning: {warning}", file=sys.stderr)

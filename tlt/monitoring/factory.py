@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,10 @@ def _start(name: str, spec: MonitoringSpec, run_dir: Path, run_name: str,
     if name == "prometheus":
         from tlt.monitoring.prometheus import PrometheusLogger
 
-        return PrometheusLogger(spec.metrics_port)
+        try:
+            return PrometheusLogger(spec.metrics_port)
+        except OSError as exc:
+            raise OSError(metrics_port_message(spec.metrics_port, exc)) from None
     if name == "wandb":
         from tlt.monitoring.wandb import WandbLogger
 
@@ -50,3 +54,10 @@ def _start(name: str, spec: MonitoringSpec, run_dir: Path, run_name: str,
         return MlflowLogger(run_name)
     raise ValueError(f"monitoring.loggers: unknown logger {name!r}; allowed: jsonl, tensorboard, prometheus, "
                      "wandb, mlflow")
+
+
+def metrics_port_message(port: int, exc: OSError) -> str:
+    """The one line for a `monitoring.metricsPort` the Prometheus logger cannot bind (`exc`: bind's error)."""
+    why = "is in use on this machine" if exc.errno == errno.EADDRINUSE else f"cannot be bound here ({exc.strerror})"
+    return (f"spec.monitoring.metricsPort: port {port} {why}; stop what listens there or set "
+            "monitoring.metricsPort to a free port (1024-65535)")

@@ -60,6 +60,7 @@ POLICY_DIR = "policy"
 # (algorithm.steps may grow: resuming with more steps extends a finished run).
 RESUME_SECTIONS = ("model", "dataset", "algorithm")
 StepCallback = Callable[[dict[str, Any]], None]
+MSG_NGRAM_ARM = "speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms"
 
 
 class ResumeError(RuntimeError):
@@ -85,12 +86,32 @@ def build_policy(
     return policy.to(device), tokenizer
 
 
+def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | None]:
+    """`speculative` as this loop can run it, and the one line that says what changed (None: nothing did).
+
+    static / tlt need the learned drafter, which this loop does not run: they run as ngram (model-free
+    drafts) when `speculative.arms` has an ngram arm, else as off. Either way the rollouts are sampled from
+    the same distribution (speculative decoding is lossless); only their speed differs. ngram without an
+    ngram arm raises ValueError (nothing to map it to that the file asked for).
+    """
+    has_ngram = any(arm.kind == "ngram" for arm in spec.arms)
+    if spec.mode == "ngram" and not has_ngram:
+        raise ValueError(MSG_NGRAM_ARM)
+    if spec.mode in ("off", "ngram"):
+        return spec, None
+    mode = "ngram" if has_ngram else "off"
+    note = (f"speculative.mode {spec.mode!r} needs the learned drafter, which --local does not run: running "
+            f"speculative.mode {mode!r} instead (same rollout distribution, SD is lossless; run without --local "
+            f"for {spec.mode!r})")
+    return spec.model_copy(update={"mode": mode}), note
+
+
 def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, SpeculativeStepper | None]:
     """The engine's stepper for `speculative.mode`, and its speculative part (None when off).
 
     off: plain decoding. ngram: the first `ngram` arm of `speculative.arms` drafts (model-free)
     whenever at most `speculative.threshold` rows are running. static / tlt need the learned drafter,
-    which this loop does not run: they are refused.
+    which this loop does not run: they are refused (`tlt train --local` maps them first: `local_speculative`).
     """
     plain = PlainStepper(runner)
     if spec.mode == "off":
@@ -102,7 +123,7 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
         )
     arm = next((a for a in spec.arms if a.kind == "ngram"), None)
     if arm is None:
-        raise ValueError("speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms")
+        raise ValueError(MSG_NGRAM_ARM)
     speculative = SpeculativeStepper(runner, NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max))
     return steps.ThresholdStepper(plain, speculative, spec.threshold), speculative
 

@@ -67,30 +67,49 @@ def held_out_indices(num_records: int, fraction: float, seed: int) -> list[int]:
     return sorted(random.Random(f"tlt-split-{seed}").sample(range(num_records), count))
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """All records of a JSONL (`.jsonl`, `.json`) or Parquet (`.parquet`) file."""
+def located_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of a JSONL (`.jsonl`, `.json`) or Parquet (`.parquet`) file with where it is, 1-based:
+    `data.jsonl:6` (its line; blank lines are skipped but counted) or `data.parquet row 6`. A file that
+    is missing, unreadable, or has a line that is not a JSON object raises DatasetError naming it."""
     if not path.is_file():
         raise DatasetError(f"dataset file not found: {path}")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         records = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                where = f"{path}:{number}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DatasetError(f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of "
+                                       "the line)") from None
                 if not line.strip():
                     continue
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{path}:{number}: not a JSON object per line ({exc.msg})") from None
+                    raise DatasetError(f"{where}: not a JSON object per line ({exc.msg} at column {exc.colno})") \
+                        from None
                 if not isinstance(record, dict):
-                    raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-                records.append(record)
+                    raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                records.append((where, record))
         return records
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+        return [(f"{path} row {number}", row) for number, row in enumerate(rows, start=1)]
     raise DatasetError(f"dataset file {path} must end in .jsonl, .json or .parquet")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """All records of a JSONL or Parquet file (`located_records` without the locations)."""
+    return [record for _, record in located_records(path)]
 
 
 def _text(value: Any, key: str, where: str) -> str:
@@ -104,19 +123,17 @@ def _text(value: Any, key: str, where: str) -> str:
 def read_problems(path: Path, spec: DatasetSpec) -> list[Problem]:
     """Problems from a file: the prompt (`spec.prompt` template, else the `prompt_key` field) and the
     `answer_key` field of every record, each with `spec.chat` / `spec.system` and its record."""
-    records = read_records(path)
+    records = located_records(path)
     if not records:
         raise DatasetError(f"dataset file {path} has no records")
-    keys = (spec.answer_key,) if spec.prompt else (spec.prompt_key, spec.answer_key)
+    keys = {spec.answer_key: "answerKey"}
+    if not spec.prompt:
+        keys = {spec.prompt_key: "promptKey", **keys}
     problems = []
-    for index, record in enumerate(records):
-        where = f"{path} record {index}"
-        for key in keys:
+    for where, record in records:
+        for key, field in keys.items():
             if key not in record:
-                raise DatasetError(
-                    f"{where}: missing key {key!r}; keys present: {sorted(record)} "
-                    f"(set dataset.promptKey / dataset.answerKey)"
-                )
+                raise DatasetError(f"{where}: missing key {key!r} (dataset.{field}); keys present: {sorted(record)}")
         if spec.prompt:
             try:
                 prompt = render_prompt(spec.prompt, record, where)
@@ -125,5 +142,5 @@ def read_problems(path: Path, spec: DatasetSpec) -> list[Problem]:
         else:
             prompt = _text(record[spec.prompt_key], spec.prompt_key, where)
         answer = _text(record[spec.answer_key], spec.answer_key, where)
-        problems.append(Problem(prompt, answer, chat=spec.chat, system=spec.system, record=record))
+        problems.append(Problem(prompt, answer, chat=spec.chat, system=spec.system, record=record, source=where))
     return problems

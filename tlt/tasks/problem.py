@@ -3,7 +3,8 @@
 `prompt` is the user's text (a dataset's template already applied); with `chat` the tokenizer's chat
 template wraps it (after `system` when set) when it is encoded (`tlt.tasks.prompt_format.encode_prompt`).
 `record` is the dataset record the problem came from (empty for the built-in task), handed to reward
-plug-ins; it takes no part in equality.
+plug-ins; `source` says where it came from (`data.jsonl:6`, the 1-based line; `data.parquet row 6`;
+empty for the built-in task), for messages. Neither takes part in equality.
 """
 
 from __future__ import annotations
@@ -20,3 +21,4 @@ class Problem:
     chat: bool = False
     system: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    source: str = field(default="", compare=False, repr=False)

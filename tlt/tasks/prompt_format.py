@@ -45,7 +45,7 @@ def template_fields(template: str) -> list[str]:
 
 
 def render_prompt(template: str, record: Mapping[str, Any], where: str) -> str:
-    """`template` filled in from `record`; `where` names the record in errors (e.g. "data.jsonl record 3")."""
+    """`template` filled in from `record`; `where` names the record in errors (e.g. "data.jsonl:3")."""
     for name in template_fields(template):
         if name not in record:
             raise PromptError(f"{where}: dataset.prompt names field {name!r}, which the record lacks; "

@@ -1,0 +1,143 @@
+"""What a run reads from this machine, checked offline before anything starts.
+
+`tlt validate` (unless `--schema-only`) and `tlt train` (before Ray starts or a model loads) run the same
+checks and print the same lines, so a run that cannot start is refused in a second, not after minutes of
+loading, with one line per problem instead of a traceback:
+
+- `model.path`: `tlt.models.loading.model_folder_problems` (the folder, config.json and its model_type,
+  weights, tokenizer files), then the tokenizer loads from its files alone and fits `vocab_size`. The
+  path is never handed to huggingface_hub: a folder that is not there is said to be missing. Both rollout
+  engines load the policy through `load_policy`, so its list of model types is the one for either engine.
+  Unset, the policy is the built-in task's warm start, which the project builds itself: nothing to read,
+  but it knows only the built-in task (`dataset.source: file` needs a `model.path`).
+- `dataset.path`, `dataset.evalPath`: every record parses and has its prompt (or the template's fields)
+  and answer, and the file is not empty (`tlt.tasks.datasets.read_problems`; records named `data.jsonl:6`).
+- the prompts: the first PROMPT_SAMPLE training records encode as the policy gets them (template, chat
+  template; `tlt.tasks.prompt_format.encode_prompt`): a chat template that does not parse, or raises, is
+  one line naming the model folder and the template's error.
+- `verifier.reward` imports; `speculative.drafterPath` is a folder.
+
+`metrics_port_problem` is apart: a port is free or busy when the run starts, not when its file is checked,
+so `tlt validate` warns of it and `tlt train` refuses.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import jinja2
+from transformers import PreTrainedTokenizerBase
+
+from tlt.config import RunSpec
+from tlt.models.loading import (
+    load_tokenizer,
+    model_folder_problems,
+    read_model_config,
+    tokenizer_size_problem,
+)
+from tlt.monitoring.factory import metrics_port_message
+from tlt.rl.reward_plugin import RewardPluginError, load_reward
+from tlt.tasks.datasets import DatasetError, read_problems
+from tlt.tasks.problem import Problem
+from tlt.tasks.prompt_format import PromptError, encode_prompt
+
+# Records whose prompts are encoded: a template that fails usually fails on the first record; a few more
+# catch one that depends on the record, at a cost that stays small for any tokenizer.
+PROMPT_SAMPLE = 4
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its type, the first line of its message, and a template's line number."""
+    lines = str(exc).strip().splitlines()
+    where = f" at template line {exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else ""
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}{where}"
+
+
+def model_problems(spec: RunSpec) -> tuple[list[str], PreTrainedTokenizerBase | None]:
+    """The problems of `model.path`, and its tokenizer when it loads (None when unset or it cannot)."""
+    path = spec.model.path
+    if path is None:
+        if spec.dataset.source == "file":
+            return ["spec.model.path: required with dataset.source 'file' (the built-in policy knows only the "
+                    "built-in task): a local Hugging Face folder of a Qwen2/Qwen3/Llama causal LM"], None
+        return [], None
+    problems = model_folder_problems(path)
+    if problems:
+        return [f"spec.model.path: {line}" for line in problems], None
+    try:
+        tokenizer = load_tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 - a tokenizer's files may fail in any of transformers' loaders
+        return [f"spec.model.path: the tokenizer in {path!r} does not load ({_one_line(exc)})"], None
+    too_large = tokenizer_size_problem(tokenizer, read_model_config(path), path)
+    return ([f"spec.model.path: {too_large}"] if too_large else []), tokenizer
+
+
+def dataset_problems(spec: RunSpec) -> tuple[list[str], list[Problem]]:
+    """The problems of the dataset files, and the training problems when `dataset.path` reads."""
+    data = spec.dataset
+    if data.source != "file" or data.path is None:
+        return [], []
+    problems: list[str] = []
+    train: list[Problem] = []
+    for field, path in (("path", data.path), ("evalPath", data.eval_path)):
+        if path is None:
+            continue
+        try:
+            read = read_problems(Path(path), data)
+        except DatasetError as exc:
+            problems.append(f"spec.dataset.{field}: {exc}")
+            continue
+        if field == "path":
+            train = read
+    return problems, train
+
+
+def prompt_problems(spec: RunSpec, tokenizer: PreTrainedTokenizerBase, problems: list[Problem]) -> list[str]:
+    """The first PROMPT_SAMPLE problems encoded as the policy gets them; the first failure, as one line."""
+    for problem in problems[:PROMPT_SAMPLE]:
+        try:
+            encode_prompt(tokenizer, problem)
+        except PromptError:
+            return [f"spec.dataset.chat: true, but the tokenizer in {spec.model.path!r} has no chat template "
+                    "(chat_template in tokenizer_config.json); set dataset.chat: false or use a chat model"]
+        except Exception as exc:  # noqa: BLE001 - a model's chat template is its own code and may raise anything
+            return [f"spec.model.path: the chat template of {spec.model.path!r} fails on {problem.source} "
+                    f"({_one_line(exc)}); fix chat_template in its tokenizer_config.json or chat_template.jinja, "
+                    "or set dataset.chat: false"]
+    return []
+
+
+def input_problems(spec: RunSpec) -> list[str]:
+    """Every problem with what the run reads here, one line each, field path first (see the module docstring)."""
+    problems, tokenizer = model_problems(spec)
+    data_problems, train = dataset_problems(spec)
+    problems += data_problems
+    if tokenizer is not None and not data_problems:
+        problems += prompt_problems(spec, tokenizer, train)
+    if spec.verifier.reward is not None:
+        try:
+            load_reward(spec.verifier.reward)
+        except RewardPluginError as exc:
+            problems.append(f"spec.{exc}")
+    drafter = spec.speculative.drafter_path
+    if drafter is not None and not Path(drafter).is_dir():
+        problems.append(f"spec.speculative.drafterPath: drafter folder {drafter!r} does not exist (a folder "
+                        "save_drafter or tlt export-drafter wrote; unset: the drafter starts untrained)")
+    return problems
+
+
+def metrics_port_problem(spec: RunSpec, host: str = "0.0.0.0") -> str | None:
+    """Why the Prometheus logger could not serve on `monitoring.metricsPort` here, or None (also when the
+    prometheus logger is off). Binds the port as the logger's server does (address reuse on) and lets it go."""
+    monitoring = spec.monitoring
+    if "prometheus" not in monitoring.loggers:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, monitoring.metrics_port))
+        except OSError as exc:
+            return metrics_port_message(monitoring.metrics_port, exc)
+    return None
+
