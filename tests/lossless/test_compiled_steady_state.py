@@ -3,7 +3,7 @@
 The rollout worker warms its engine up once (`warm_up` with the drafter graphs its arms and sampling can
 reach, `drafter_graphs`) and then runs the adaptive stepper over every arm kind: plain, EAGLE chains of
 two depths, an EAGLE tree, n-gram, rollout-history and mixed drafts. A graph compiled after the warm-up
-would land in a timed rollout (seconds each; session 17 found one, a stride guard at one row). Dynamo's
+would land in a timed rollout (seconds each; one was found this way: a stride guard at one row). Dynamo's
 global counter of unique graphs covers the target's step and every drafter graph at once.
 """
 

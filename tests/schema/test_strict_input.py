@@ -1,4 +1,4 @@
-"""`tlt validate`'s reading of a run file (issue 16): a key given twice is refused as kubectl's strict
+"""`tlt validate`'s reading of a run file: a key given twice is refused as kubectl's strict
 decoding refuses it, and an unknown field is answered with the closest known field."""
 
 from __future__ import annotations

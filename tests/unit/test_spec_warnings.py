@@ -1,4 +1,4 @@
-"""Settings that validate but do nothing are warned about by `tlt validate` (issue 16)."""
+"""Settings that validate but do nothing are warned about by `tlt validate`."""
 
 from __future__ import annotations
 

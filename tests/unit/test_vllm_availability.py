@@ -1,4 +1,4 @@
-"""`rollout.engine: tlt | vllm` (issue 17): the field validates, and a run that asks for vLLM fails at
+"""`rollout.engine: tlt | vllm`: the field validates, and a run that asks for vLLM fails at
 once, before any model loads, saying how to install it. The vLLM tier itself is tests/vllm."""
 
 from __future__ import annotations

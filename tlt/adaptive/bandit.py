@@ -16,7 +16,7 @@ Unlike the public TLT default, the bandit explores with probability epsilon fore
 drafter that improves every RL step, an arm judged bad early must get a second look. Which arm an
 exploring round tries (`exploration`):
 - "uniform": any arm, equally likely (the paper's BEG-MAB). With many arms most of these rounds go to
-  arms the window already knows are far behind: in countdown-deep-v3 run 15 (8 arms, epsilon 0.1),
+  arms the window already knows are far behind: in a countdown-deep-v3 bench run (8 arms, epsilon 0.1),
   valued at each arm's measured tokens/s, the rounds on arms slower than the bucket's best cost ~7% of
   TLT's SD-bucket decode time (plus the EAGLE drafter's catch-up after each non-EAGLE round).
 - "weighted" (default): arm a with weight max(FLOOR, exp(-gap_a / SCALE)), gap_a = 1 - estimate_a /

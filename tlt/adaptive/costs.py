@@ -67,7 +67,7 @@ def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float], sync: Calla
     what that one evicted (measured: up to 1.3x slow), and after a larger batch's, more than a second call
     restores: a one-row, one-token forward of the 16 x 96 bench policy (compiled, 1 thread) read 1.5-1.9 ms
     in rounds over batches 1-16 against 0.94-1.0 ms in rounds of its own batch, which put the one-row verify
-    ratios at 0.72-0.94 where a one-row decode loop pays 1.09-1.42 (session 31). Ratios compare widths
+    ratios at 0.72-0.94 where a one-row decode loop pays 1.09-1.42 (AVX-512 CPU, 2026-11-28). Ratios compare widths
     within a batch, so each batch's rounds run together. `sync` waits for the device's queued work (a CUDA
     device runs kernels asynchronously: without it the clock reads the launches, not the work)."""
     seconds: dict = {key: [] for key in fns}

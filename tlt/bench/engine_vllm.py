@@ -1,5 +1,5 @@
-"""`tlt bench engine --part vllm`: this engine against vLLM on one policy, greedy (issue 17's measurement;
-docs/vllm.md has the whole picture).
+"""`tlt bench engine --part vllm`: this engine against vLLM on one policy, greedy (whether the built-in
+engine holds its own against vLLM; docs/vllm.md has the whole picture).
 
 The workload's warm-started policy and warm drafter, one prompt stream, `algorithm.maxNewTokens`, stop at
 eos, temperature 0. Variants, each engine built once: vllm-plain-eager / vllm-plain-compiled (vLLM without

@@ -1,7 +1,7 @@
 """`tlt bench update`: the GRPO policy update with and without a separate pass that recomputes the old
 log-probs, on one step's responses of a workload's warm-started policy, in interleaved pairs.
 
-"recompute" is the update as it ran before 071c28c (a no-grad forward over every micro-batch for the old
+"recompute" is the update's earlier form (a no-grad forward over every micro-batch for the old
 log-probs, then the update); "first-pass" takes them from the update's own first forward
 (`policy_update(old_from_first_pass=True)`, what `steps.learn` does now). Both start every pair from the
 same weights and a fresh optimizer; timings are wall seconds in this process at `threads` torch threads
