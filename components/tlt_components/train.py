@@ -13,7 +13,7 @@
   given, must name the same claim): the Model artifacts record where, relative to the claim
   (`location.json`), and the steps that read them mount the claim (`tlt_components.volume`).
 
-The run spec is validated by `tlt.config_io.parse_run`; it must have the dataset section the
+The run spec is validated by `tlt.spec.manifest_io.parse_run`; it must have the dataset section the
 prepared Dataset artifact was made from. Step metrics come back as data (`TrainResult.metrics`):
 every numeric metric of the last step under its own name, a per-step series of the main ones as
 `stepNNNN_<name>`, and `steps`; `TrainResult.report` is a Markdown report for the KFP UI (a local
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.export import SERVED_DIR, SERVED_INFO, ExportResult, export_eagle, resolve_checkpoint, target_config
 from tlt_components.common import at_least, choice, object_name, parse_run_spec
 from tlt_components.prepare import read_info

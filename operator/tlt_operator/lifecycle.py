@@ -30,8 +30,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tlt.config import RunSpec
-from tlt.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
+from tlt.spec.run import RunSpec
+from tlt.spec.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
 
 from . import names
 

@@ -14,7 +14,7 @@ import pytest
 import ray
 import torch
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.buffer import pack, sample_from_completion
 from tlt.drafter.evaluate import evaluate_drafter
 from tlt.drafter.export import resolve_checkpoint

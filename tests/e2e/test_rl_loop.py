@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from tlt import cli
-from tlt.config import AlgorithmSpec, DatasetSpec
-from tlt.config_io import parse_run
+from tlt.spec.run import AlgorithmSpec, DatasetSpec
+from tlt.spec.manifest_io import parse_run
 from tlt.models.loading import load_policy, save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rl.rewards import score
@@ -154,7 +154,7 @@ def test_local_loop_refuses_ngram_without_an_ngram_arm_before_loading(tmp_path: 
 
 
 def test_ngram_mode_reports_acceptance(tmp_path: Path):
-    from tlt.config_io import load_run
+    from tlt.spec.manifest_io import load_run
     from tlt.runtime.local import LocalTrainer
 
     run = load_run(_tiny_run(tmp_path, temperature=0.0))

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from test_ray_runtime import SPEC  # noqa: E402
 
-from tlt.config import TLTTrainingRun  # noqa: E402
+from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.runtime.checkpoint import load_latest  # noqa: E402
 from tlt.tasks.warmstart import reduced_config  # noqa: E402
 

@@ -14,8 +14,8 @@ import yaml
 from tlt_operator.builders import build_configmap, build_event, build_pod, build_podgroup, build_service
 from tlt_operator.builders.common import RunRef
 
-from tlt.config import RunSpec, TLTTrainingRun
-from tlt.crd import build_crd
+from tlt.spec.run import RunSpec, TLTTrainingRun
+from tlt.spec.crd import build_crd
 
 RUN = RunRef("demo", "ml", "0c6f3e1a-0000-4000-8000-000000000001")
 TOKEN_SECRET = "demo-ray-token-x7k2p"  # the run's Ray token Secret, as the server would name it

@@ -17,7 +17,7 @@ from tlt_operator.idleness import parse_worker_state
 from tlt_operator.reports import parse_reports, state_of_pod
 from tlt_operator.slots import WorkerState
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.runtime import k8s_slots
 from tlt.runtime.k8s_slots import SlotApi, SlotApiError, worker_name
 

@@ -12,8 +12,8 @@ from tlt_operator.idleness import parse_worker_state
 from tlt_operator.lifecycle import PodView, decide, view_pod
 from tlt_operator.reports import parse_reports, state_of_pod
 
-from tlt.config import RunSpec
-from tlt.status import RunStatus, status_patch
+from tlt.spec.run import RunSpec
+from tlt.spec.status import RunStatus, status_patch
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SPEC = RunSpec.model_validate({"rollout": {"replicas": 4}, "verifier": {"replicas": 0},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tlt.config import (
+from tlt.spec.run import (
     API_GROUP,
     API_VERSION,
     KIND,
@@ -15,7 +15,7 @@ from tlt.config import (
     MSG_METRICS_PORT,
     MSG_RESERVED,
 )
-from tlt.crd import (
+from tlt.spec.crd import (
     MSG_BUCKETS,
     MSG_DATASET_PATH,
     MSG_DATASET_SYSTEM,

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.loading import model_folder_problems, save_policy, weights_problem
 from tlt.models.tiny import tiny_model
 from tlt.runtime.local import local_speculative
@@ -217,7 +217,7 @@ def test_a_busy_metrics_port_is_a_warning_in_validate_and_refused_by_train(tmp_p
 
 
 def test_the_prometheus_logger_names_the_busy_port(tmp_path):
-    from tlt.config import MonitoringSpec
+    from tlt.spec.run import MonitoringSpec
     from tlt.monitoring import build_loggers
 
     with _busy_port() as listener:

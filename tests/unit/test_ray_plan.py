@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams

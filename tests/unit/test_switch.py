@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tlt.adaptive.switch import bucket_of, sd_bucket, sd_enabled
-from tlt.config import SpeculativeSpec
+from tlt.spec.run import SpeculativeSpec
 
 
 def test_sd_is_on_up_to_and_including_the_threshold():

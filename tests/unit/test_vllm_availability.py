@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.rollout.vllm import availability
 from tlt.rollout.vllm.availability import VllmUnavailable, require_vllm, rollout_engine_problem
 

@@ -15,7 +15,7 @@ import yaml
 
 from tlt.cli import main
 from tlt.commands import worker
-from tlt.config_io import load_run
+from tlt.spec.manifest_io import load_run
 from tlt.runtime import ray_train
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 

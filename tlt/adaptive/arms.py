@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter

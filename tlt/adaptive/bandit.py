@@ -36,8 +36,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from tlt.config import SpeculativeSpec
-from tlt.config_speculative import Exploration
+from tlt.spec.run import SpeculativeSpec
+from tlt.spec.speculative import Exploration
 
 EXPLORATIONS: tuple[str, ...] = get_args(Exploration)
 SCALE = 0.1  # weighted exploration: an arm 10% behind the best is tried e^-1 as often as the best

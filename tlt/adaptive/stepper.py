@@ -31,7 +31,7 @@ from tlt.adaptive.arms import Arm, build_arms
 from tlt.rollout.history import HistoryStore
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.switch import sd_bucket
-from tlt.config import SpeculativeSpec
+from tlt.spec.run import SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.runner import ModelRunner

@@ -36,7 +36,7 @@ from tlt.adaptive.costs import measure_costs, measure_drafter_costs
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
-from tlt.config import RunSpec, TLTTrainingRun
+from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.drafting import EagleChainDrafter

@@ -25,8 +25,8 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tlt.config import TLTTrainingRun
-from tlt.config_io import SpecError, load_run
+from tlt.spec.run import TLTTrainingRun
+from tlt.spec.manifest_io import SpecError, load_run
 from tlt.rollout.vllm.availability import rollout_engine_problem
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
 

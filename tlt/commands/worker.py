@@ -47,8 +47,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal, get_args
 
-from tlt.config import RunSpec, TLTTrainingRun
-from tlt.config_io import SpecError, load_run
+from tlt.spec.run import RunSpec, TLTTrainingRun
+from tlt.spec.manifest_io import SpecError, load_run
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 from tlt.runtime.ray_sidecar import TRAINER_RESOURCE_PREFIX, trainer_nodes
 

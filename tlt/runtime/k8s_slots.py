@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
 

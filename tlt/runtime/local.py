@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.config import RunSpec, SpeculativeSpec, TLTTrainingRun
+from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.monitoring import METRICS_FILE, build_loggers
 from tlt.rollout.compiled import resolve_compile

@@ -29,7 +29,7 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.loading import (
     load_tokenizer,
     model_folder_problems,

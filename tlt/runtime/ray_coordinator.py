@@ -41,7 +41,7 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR, write_served_drafter
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.runtime import k8s_slots
 from tlt.runtime.checkpoint import CheckpointError
 from tlt.runtime.display import LiveDisplay

@@ -32,7 +32,7 @@ import torch
 from tlt.adaptive.arms import drafter_graphs, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.config import AlgorithmSpec, RunSpec
+from tlt.spec.run import AlgorithmSpec, RunSpec
 from tlt.rl.grpo import group_advantages
 from tlt.rl.packing import micro_batches
 from tlt.rl.rewards import score

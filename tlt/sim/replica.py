@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tlt.adaptive.arms import arm_label, verify_width
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.switch import sd_bucket
-from tlt.config import ArmSpec
+from tlt.spec.run import ArmSpec
 from tlt.sim.accept import accept_length, drafter_steps
 from tlt.sim.cost import CostModel
 

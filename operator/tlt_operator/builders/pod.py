@@ -66,7 +66,7 @@ import json
 import posixpath
 from typing import Any
 
-from tlt.config import RoleSpec, RunSpec
+from tlt.spec.run import RoleSpec, RunSpec
 
 from .. import names
 from .common import RunRef, metadata

@@ -21,7 +21,7 @@ sample (temperature > 0) with SD on a CPU build is refused; greedy SD and sampli
 
 from __future__ import annotations
 
-from tlt.config import RunSpec, SpeculativeSpec
+from tlt.spec.run import RunSpec, SpeculativeSpec
 
 EAGLE_KINDS = ("chain", "tree", "mixed")
 

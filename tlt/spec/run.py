@@ -4,7 +4,7 @@ Field names are camelCase on the wire (YAML, the Kubernetes API) and snake_case 
 Every field carries a description, a default where one makes sense, and bounds; strings and
 lists are bounded so the CRD's CEL rules pass the apiserver's cost check. Cross-field rules
 are written twice on purpose: as pydantic validators here (local `tlt validate`, `tlt train`)
-and as CEL rules in the CRD (`tlt/crd.py`); `tests/schema` checks both reject the same files.
+and as CEL rules in the CRD (`tlt/spec/crd.py`); `tests/schema` checks both reject the same files.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tlt.config_base import (IMAGE_PATTERN, QUALIFIED_NAME, LabelValue, Name, PathStr, QualifiedName, Quantity,
+from tlt.spec.base import (IMAGE_PATTERN, QUALIFIED_NAME, LabelValue, Name, PathStr, QualifiedName, Quantity,
                              ShortStr, Spec)
 # The checkpoint, speculative and drafter sections live in their own modules; imported from here as every
-# section is (the CRD, the builders and the tests read them from tlt.config).
-from tlt.config_checkpoint import (  # noqa: F401
+# section is (the CRD, the builders and the tests read them from tlt.spec.run).
+from tlt.spec.checkpoint import (  # noqa: F401
     FORBIDDEN_MOUNT,
     MSG_CHECKPOINT_CANONICAL,
     MSG_CHECKPOINT_MOUNT,
@@ -29,7 +29,7 @@ from tlt.config_checkpoint import (  # noqa: F401
     TOKEN_DIRS,
     CheckpointSpec,
 )
-from tlt.config_speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec
+from tlt.spec.speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec
 
 API_GROUP = "tlt.dev"
 API_VERSION = "v1alpha1"

@@ -1,6 +1,6 @@
 """Whole-run checkpoints, and where their folder may be: a canonical path with no '..', and, when a volume
 is mounted there on a cluster, nowhere over the pod's own mounts or its ServiceAccount token. The same
-regexes are the CRD's CEL rules (tlt.crd), so `tlt validate` and the API server refuse the same paths."""
+regexes are the CRD's CEL rules (tlt.spec.crd), so `tlt validate` and the API server refuse the same paths."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 from pydantic import Field, model_validator
 
-from tlt.config_base import Name, PathStr, Spec
+from tlt.spec.base import Name, PathStr, Spec
 
 PARENT_SEGMENT = r"(^|/)\.\.(/|$)"
 MSG_CHECKPOINT_PATH = ("checkpoint.path must not contain a '..' segment (it would leave the working directory or "
