@@ -8,9 +8,13 @@ import logging
 import pytest
 import torch
 
-from tlt.config import CheckpointSpec
+from tlt.config import CheckpointSpec, TLTTrainingRun
+from tlt.models.loading import save_policy
+from tlt.models.tiny import tiny_model
 from tlt.runtime.checkpoint import LATEST, Checkpoint, CheckpointError, load_latest, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
+from tlt.runtime.local import ResumeError
+from tlt.tasks.tokenizer import build_task_tokenizer
 
 
 def _ckpt(step: int) -> Checkpoint:
@@ -103,3 +107,23 @@ def test_a_folder_past_latest_is_no_resume_point(tmp_path):
     _truncate(root / "step-00000002" / "policy.safetensors")
     ckpt, _ = resume_point(root, "fallback")
     assert ckpt.step == 1
+
+
+@pytest.mark.parametrize("on_corrupt, error", [("fail", CheckpointError), ("fallback", ResumeError)])
+def test_a_ray_run_checks_its_checkpoint_before_ray_starts(tmp_path, monkeypatch, on_corrupt, error):
+    """Damaged (fail), or intact but another run's (fallback passes over the damage to step 2, whose spec is
+    not this run's): either way the run stops before `connect` starts or joins a Ray cluster."""
+    from tlt.runtime import ray_coordinator
+
+    def ray_started(*args, **kwargs):
+        raise AssertionError("Ray started before the checkpoint was checked")
+
+    monkeypatch.setattr(ray_coordinator, "connect", ray_started)
+    tokenizer = build_task_tokenizer()
+    save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=1), tokenizer, tmp_path / "policy")
+    run = TLTTrainingRun.model_validate({"metadata": {"name": "early"}, "spec": {
+        "model": {"path": str(tmp_path / "policy")}, "checkpoint": {"onCorrupt": on_corrupt}}})
+    root = _saved(tmp_path / "out" / "checkpoints", 3)
+    _truncate(root / "step-00000003" / "policy.safetensors")
+    with pytest.raises(error):
+        ray_coordinator.RayTrainer(run, tmp_path / "out")
