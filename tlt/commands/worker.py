@@ -182,6 +182,7 @@ def wait_for_nodes(address: str, spec: RunSpec, deadline: float, poll: float = 2
 
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
+        signal.signal(signal.SIGTERM, _terminate)  # over Ray's own (exit 15): SIGTERM while waiting is 143
     while missing := missing_nodes(spec, ray.cluster_resources()):
         if time.monotonic() > deadline:
             raise TimeoutError("still waiting for nodes: "
