@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from tlt.spec.manifest_io import SpecError, load_run
     from tlt.runtime.demo_report import write_demo_report
     from tlt.runtime.ray_cluster import local_graph_sets, precompile_local
-    from tlt.runtime.ray_coordinator import policy_path
+    from tlt.runtime.local import policy_path
     from tlt.runtime.ray_train import train_ray
 
     if not args.file.is_file():

@@ -5,6 +5,7 @@ regexes are the CRD's CEL rules (tlt.spec.crd), so `tlt validate` and the API se
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -52,6 +53,10 @@ class CheckpointSpec(Spec):
     claim_name: Name | None = Field(None, description="PersistentVolumeClaim mounted at `path` on a cluster.")
     interval_steps: int = Field(1, ge=1, le=1_000_000, description="Whole-run checkpoint every N steps.")
     keep: int = Field(2, ge=1, le=100, description="Checkpoints kept.")
+    on_corrupt: Literal["fallback", "fail"] = Field(
+        "fallback", description="When the newest checkpoint's files do not match their sha256 digests at resume: "
+        "fallback resumes from the newest intact checkpoint (a warning and an event; the damaged folder is kept "
+        "as corrupt-step-N), fail stops the run and leaves the folder as it is.")
 
     @model_validator(mode="after")
     def _safe_path(self) -> CheckpointSpec:
