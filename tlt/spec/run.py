@@ -206,6 +206,11 @@ class PodOverrides(Spec):
     image_pull_secrets: list[Name] = Field(
         default_factory=list, max_length=8, description="Secrets used to pull the image."
     )
+    termination_grace_period_seconds: int | None = Field(
+        None, ge=0, le=86400,
+        description="Seconds a pod has after SIGTERM before it is killed. On the policy pods: at least one "
+        "step plus one checkpoint, so a stop (drain, eviction, suspend) keeps the step. Unset: the cluster's "
+        "default (30).")
 
     @model_validator(mode="after")
     def _no_reserved_keys(self) -> PodOverrides:
