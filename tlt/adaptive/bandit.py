@@ -1,6 +1,6 @@
 """BEG-MAB: a bucketed epsilon-greedy bandit that picks the speculative-decoding strategy.
 
-One table of arm statistics per running-batch bucket (see `tlt.adaptive.switch.bucket_of`):
+One table of arm statistics per running-batch bucket (see `tlt.rollout.draft_switch.bucket_of`):
 the best draft depth / top-k / verify budget at batch 1 is not the best at batch 8. A round of
 an arm yields accepted tokens (per running row, as the adaptive stepper records it) in some
 seconds. An arm's estimate over its last `window` rounds in that bucket is its throughput:

@@ -30,7 +30,7 @@ from typing import Any
 from tlt.adaptive.arms import Arm, build_arms
 from tlt.rollout.history import HistoryStore
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.switch import sd_bucket
+from tlt.rollout.draft_switch import sd_bucket
 from tlt.spec.run import SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch

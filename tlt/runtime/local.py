@@ -140,7 +140,7 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
     if arm is None:
         raise ValueError(MSG_NGRAM_ARM)
     speculative = SpeculativeStepper(runner, NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max))
-    return steps.ThresholdStepper(plain, speculative, spec.threshold), speculative
+    return steps.ThresholdStepper(plain, speculative, spec.threshold, spec.buckets), speculative
 
 
 def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, SpeculativeStepper | None]:
