@@ -69,7 +69,7 @@ bench: $(STAMP)
 
 # What bench/gpu/run.sh needs on the GPU machine beside the source tree (docs/gpu.md): the wheels its image
 # lacks, for its Python 3.12 (the versions .venv runs), and the GPU workload's warm starts (policy and drafter,
-# full and quick: ~5 min on 2 CPU cores), in bench/gpu/carry (ignored; a device call carries it).
+# full and quick: 5.5 min on 2 CPU cores), in bench/gpu/carry (ignored; a device call carries it).
 GPU_CARRY ?= bench/gpu/carry
 GPU_WHEELS ?= pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
   math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
