@@ -70,6 +70,11 @@ phase_argv() {  # the command of phase $1 (workload: $2 is "ray" when Ray is imp
   esac
 }
 
+source_commit() {  # the checkout's commit; on the device (a copy without .git) the one the last dry run stamped
+  git -C "$ROOT" rev-parse --short HEAD 2>/dev/null && return
+  cat "$CARRY/dry-run-commit" 2>/dev/null || echo unknown
+}
+
 json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/ }; printf '"%s"' "${s//$'\t'/ }"; }
 ROWS=()
 record() {  # name rc seconds status reason: one row of summary.json, rewritten with the tarball after each phase
@@ -77,7 +82,7 @@ record() {  # name rc seconds status reason: one row of summary.json, rewritten 
  \"reason\": $(json_str "$5")}")
   local IFS=,
   printf '{"script": "bench/gpu/run.sh", "commit": %s, "total_budget_s": %s, "phases": [%s]}\n' \
-    "$(json_str "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)")" "$TOTAL_BUDGET_S" \
+    "$(json_str "$(source_commit)")" "$TOTAL_BUDGET_S" \
     "${ROWS[*]}" > "$OUT/summary.json"
   tar -czf "$OUT/results.tar.gz" -C "$W" . 2>/dev/null || true
 }
@@ -185,6 +190,9 @@ print(f'{len(cmds)} tlt commands parse')" "${argv[@]}" 2>&1) || problems+=("a tl
   echo "  arguments: $out"
   echo
   if (( ${#problems[@]} )); then printf 'problem: %s\n' "${problems[@]}"; return 1; fi
+  # the copy of the tree on the device has no .git: the commit (and whether files were uncommitted) travels here
+  echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (dry run at $(date -u +%FT%TZ)," \
+    "$(git status --porcelain 2>/dev/null | grep -vc '^!!') files uncommitted)" > "$CARRY/dry-run-commit"
   echo "dry run: ok (device call: command 'bash bench/gpu/run.sh', carry ['bench/gpu/carry'], timeout_s 570)"
 }
 
@@ -196,6 +204,8 @@ fi
 [[ -n "${OUT:-}" && -d "$OUT" ]] || { echo "OUT must name an existing folder (the device tool sets it)" >&2; exit 2; }
 rm -rf "$W" && mkdir -p "$W"
 exec > >(tee "$OUT/run.log") 2>&1
+TEE=$!
+trap 'exec 1>&- 2>&-; wait "$TEE" 2>/dev/null || true' EXIT  # run.log complete before the call returns
 STARTED=$(date +%s)
 RAY=no
 echo "== prereq (budget ${BUDGET[prereq]} s)"
