@@ -27,6 +27,7 @@ import contextlib
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,10 @@ class _NoVerifier:
     score = _NoScore()
 
 
-def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
-    """Run the bench (see the module docstring); the result as a JSON-able dict."""
+def run_worker_bench(cfg: WorkerBenchConfig, on_repeat: Callable[[dict[str, Any]], None] | None = None
+                     ) -> dict[str, Any]:
+    """Run the bench (see the module docstring); the result as a JSON-able dict. `on_repeat` gets the result so
+    far after every repeat (`repeats_done` of `config.repeats`): a run cut short keeps its finished repeats."""
     from tlt.bench.run import _load_average, check_devices, load_workload, variant_run, warm_drafter
     from tlt.models.drafter import load_drafter
     from tlt.models.loading import load_policy
@@ -92,18 +95,31 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
     split = StepSplit() if cfg.split else None
     device = torch.device("cuda", 0) if spec.rollout.resources.gpus > 0 else torch.device("cpu")
     inputs = _Inputs(runs, str(folder), rows, weights, drafter, problems, split, device)
+    repeats: list[dict[str, dict[str, Any]]] = []
     try:
-        repeats = [_repeat(cfg, inputs, r) for r in range(cfg.repeats)]
+        for r in range(cfg.repeats):
+            repeats.append(_repeat(cfg, inputs, r))
+            if on_repeat is not None:
+                on_repeat(_result(cfg, workload.name, inputs, repeats, load_before))
     finally:
         torch.set_num_threads(threads_before)
+    return _result(cfg, workload.name, inputs, repeats, load_before)
+
+
+def _result(cfg: WorkerBenchConfig, name: str, inputs: _Inputs, repeats: list[dict[str, dict[str, Any]]],
+            load_before: list[float]) -> dict[str, Any]:
+    """The bench's result over the repeats done so far."""
+    from tlt.bench.run import _load_average
+
     variants = {v: _pooled([rep[v] for rep in repeats]) for v in ("vanilla", "tlt")}
     ratios = [_ratios(rep) for rep in repeats]
     speedups = sorted(r["rollout_speedup"] for r in ratios)
     tokens = {v: [t for rep in repeats for t in rep[v]["token_ids"]] for v in variants}
     return {
-        "workload": {"path": str(cfg.workload), "name": workload.name, "quick": cfg.quick},
-        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": rows, "repeats": cfg.repeats,
+        "workload": {"path": str(cfg.workload), "name": name, "quick": cfg.quick},
+        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": inputs.rows, "repeats": cfg.repeats,
                    "device": str(inputs.device)},
+        "repeats_done": len(repeats),
         "variants": variants,
         "rollout_speedup": statistics.median(speedups),
         "rollout_speedup_range": [speedups[0], speedups[-1]],
@@ -114,7 +130,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         "speedup_per_token_by_running": per_token_speedup(variants["vanilla"]["ms_per_token_by_running"],
                                                           variants["tlt"]["ms_per_token_by_running"]),
         "load_average": {"before": load_before, "after": _load_average()},
-        **({"step_split": split.table()} if split is not None else {}),
+        **({"step_split": inputs.split.table()} if inputs.split is not None else {}),
     }
 
 
