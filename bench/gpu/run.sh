@@ -15,9 +15,10 @@
 #
 # Results: $OUT/summary.json (each phase: rc, seconds, budget, status), $OUT/machine.json, $OUT/run.log and
 # $OUT/results.tar.gz (every phase's log and JSON, the tier's junit), rewritten after every phase, so a phase
-# that overruns loses only its own results. Environment: TLT_GPU_PYTHON (default python3), TLT_GPU_CARRY
-# (default bench/gpu/carry), TLT_GPU_MIN_FREE_GIB (default 20). Exit status: 0 every phase ok, 1 a prerequisite
-# failed (nothing else ran), 2 bad usage or no $OUT, 3 some phase failed or ran out of time (summary.json says which).
+# that overruns loses only its own results (each is killed 10 s after its budget: 530 s at the most in all).
+# Environment: TLT_GPU_PYTHON (default python3), TLT_GPU_CARRY (default bench/gpu/carry), TLT_GPU_MIN_FREE_GIB
+# (default 20). Exit status: 0 every phase ok, 1 a prerequisite failed (nothing else ran), 2 bad usage or no
+# $OUT, 3 some phase failed or ran out of time (summary.json says which).
 set -euo pipefail
 
 MODE=run
@@ -63,8 +64,8 @@ phase_argv() {  # the command of phase $1 (workload: $2 is "ray" when Ray is imp
       echo "${TLT[*]} ${COSTS[*]} --shape qwen2.5-7b --compile --batches 1 --depths 3 --json $W/costs-qwen2.5-7b-compiled.json" ;;
     workload)
       if [[ "${2:-}" == ray ]]; then
-        echo "${TLT[*]} bench run --workload $WORKLOAD --repeats 1 --num-cpus 8 --work-dir $W/workload-runs" \
-          "--json $W/workload-run.json"
+        # no --work-dir: each run's folder holds checkpoints, too big to come back (16 MiB a file)
+        echo "${TLT[*]} bench run --workload $WORKLOAD --repeats 1 --num-cpus 8 --json $W/workload-run.json"
       else
         echo "${TLT[*]} bench worker --workload $WORKLOAD --shards 4 --repeats 3 --json $W/workload-worker.json"
       fi ;;
@@ -126,7 +127,7 @@ run_phase() {  # name [ray]
   started=$(date +%s)
   rc=0
   # shellcheck disable=SC2086  # the command is words without quoting needs (paths without spaces)
-  timeout -s "${SIGNAL[$name]:-TERM}" -k 15 "${BUDGET[$name]}" $cmd > "$W/$name.log" 2>&1 || rc=$?
+  timeout -s "${SIGNAL[$name]:-TERM}" -k 10 "${BUDGET[$name]}" $cmd > "$W/$name.log" 2>&1 || rc=$?
   if (( rc == 0 )); then status=ok; elif (( rc == 124 || rc == 137 )); then status=timeout; else status=failed; fi
   [[ "$name" == gpu-tests && "$status" == timeout ]] && status="timeout (junit up to the interrupt)"
   echo "   $status, rc $rc, $(( $(date +%s) - started )) s; last lines:"; tail -n 4 "$W/$name.log" | sed 's/^/   | /'
@@ -194,7 +195,7 @@ print(f'{len(cmds)} tlt commands parse')" "${argv[@]}" 2>&1) || problems+=("a tl
   # the copy of the tree on the device has no .git: the commit (and whether files were uncommitted) travels here
   echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (dry run at $(date -u +%FT%TZ)," \
     "$(git status --porcelain 2>/dev/null | grep -vc '^!!') files uncommitted)" > "$CARRY/dry-run-commit"
-  echo "dry run: ok (device call: command 'bash bench/gpu/run.sh', carry ['bench/gpu/carry'], timeout_s 570)"
+  echo "dry run: ok (device call: command 'bash bench/gpu/run.sh', carry ['bench/gpu/carry'], timeout_s 600)"
 }
 
 if [[ "$MODE" == dry ]]; then
