@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
 import yaml
 
@@ -46,9 +45,11 @@ from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import steps
 from tlt.runtime.devices import gpu_plan
 from tlt.rollout.compiled import resolve_compile
-from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
+
+if TYPE_CHECKING:  # Ray is imported where a run starts: `tlt bench worker` uses this module without it
+    from tlt.runtime.ray_coordinator import RayTrainer
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,8 @@ def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | No
     a drafter."""
     if trainer.actors is None or trainer.actors.hub is None:
         return None
+    import ray
+
     if trainer.spec.drafter.publish == "validated" and trainer.served is not None:
         params = trainer.served[1]
     else:
@@ -240,6 +243,8 @@ class DriftProbe:
 def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int,
                 drafter: Path | None = None) -> dict[str, Any]:
     """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
+    from tlt.runtime.ray_coordinator import RayTrainer
+
     run = variant_run(workload, variant, repeat, drafter)
     trainer = RayTrainer(run, out_dir, warmstart=workload.warmstart, num_cpus=num_cpus)
     accept: list[float | None] = []
@@ -316,6 +321,8 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
     Each run's metrics are also written to `<work_dir>/<variant>-<repeat>.json` as soon as it ends
     (and the cost curve to `<work_dir>/costs.json`).
     """
+    import ray
+
     check_devices(workload)
     note = progress or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}
