@@ -10,13 +10,8 @@ their store starts empty: they draft from the row's own text and earlier waves o
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -26,10 +21,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.adaptive.costs import measure_costs
+from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
 from tlt.bench.engine import DTYPES
 from tlt.drafter.evaluate import make_requests
-from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
+from tlt.models.drafter import EagleDrafter, load_drafter
 from tlt.rollout.drafting import EagleCache, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -39,7 +34,7 @@ from tlt.rollout.runner import causal_mask
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Request
-from tlt.tasks.countdown import CountdownTask, generate
+from tlt.tasks.countdown import generate
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_metadata, load_policy, reduced_config, warm_start
 
 log = logging.getLogger(__name__)
@@ -84,6 +79,10 @@ class SdBenchConfig:
     cost_context: int = 128
     repeats: int = 3
     seed: int = 0
+
+    def drafter_budget(self) -> DrafterBudget:
+        return DrafterBudget(self.max_new_tokens, self.drafter_prompts, self.drafter_steps, self.drafter_batch,
+                             self.drafter_lr, self.seed)
     threads: int = 2
 
     @classmethod
@@ -107,71 +106,6 @@ def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokeni
     folder = warm_start(WARMSTARTS[cfg.warmstart]())
     model, tokenizer = load_policy(folder)
     return folder, model.eval(), tokenizer
-
-
-def _task(folder: Path) -> CountdownTask:
-    return CountdownTask(**load_metadata(folder)["config"]["task"])
-
-
-def _drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
-    """The policy's own samples as aligned drafter batches (response positions only)."""
-    engine = Engine(policy, max_batch_size=64, max_context=_context(policy, requests), return_hidden=False)
-    seqs = [(c.prompt_ids + c.token_ids, len(c.prompt_ids)) for c in engine.generate(requests)]
-    out = []
-    for start in range(0, len(seqs), batch):
-        chunk = seqs[start : start + batch]
-        width = max(len(ids) for ids, _ in chunk)
-        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros(len(chunk), width, dtype=torch.bool)
-        valid = torch.zeros(len(chunk), width, dtype=torch.long)
-        for row, (ids, prompt_len) in enumerate(chunk):
-            tokens[row, : len(ids)] = torch.tensor(ids)
-            valid[row, : len(ids)] = 1
-            mask[row, prompt_len - 1 : len(ids)] = True  # f[t] that produced a response token
-        hidden = target_features(policy, tokens, valid)
-        out.append(drafter_inputs(tokens, hidden, mask))
-    return out
-
-
-def trained_drafter(cfg: SdBenchConfig, folder: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-                    ) -> tuple[EagleDrafter, dict]:
-    """An EAGLE drafter trained on the policy's own outputs, cached next to the policy by its settings."""
-    settings = {"policy": folder.name, "prompts": cfg.drafter_prompts, "steps": cfg.drafter_steps,
-                "batch": cfg.drafter_batch, "lr": cfg.drafter_lr, "max_new_tokens": cfg.max_new_tokens,
-                "seed": cfg.seed}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    target = folder / f"bench-drafter-{key}"
-    if (target / "bench.json").is_file():
-        return load_drafter(target, policy), json.loads((target / "bench.json").read_text())
-    problems = generate(cfg.drafter_prompts, cfg.seed + 7_777_777, _task(folder))
-    requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
-                             seed=cfg.seed + 7_777_777)
-    started = time.perf_counter()
-    batches = _drafter_data(policy, requests, cfg.drafter_batch)
-    torch.manual_seed(cfg.seed)
-    drafter = EagleDrafter(drafter_config_from_target(policy.config))
-    drafter.bind_policy(policy)
-    losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr)
-    held = _drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
-    with torch.no_grad():
-        pred = drafter(held.input_ids, held.features, held.position_ids)
-        agree = (drafter.logits(pred).argmax(-1) == drafter.logits(held.target).argmax(-1)) & held.mask
-    info = {"settings": settings, "cache_key": key, "train_seconds": time.perf_counter() - started,
-            "loss_first": losses[0], "loss_last": losses[-1],
-            "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1)}
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=folder))
-    save_drafter(drafter, staging)
-    (staging / "bench.json").write_text(json.dumps(info, indent=2))
-    try:
-        os.rename(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return drafter, info
-
-
-def _context(policy: PreTrainedModel, requests: list[Request]) -> int:
-    longest = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests)
-    return min(policy.config.max_position_embeddings, longest + 32)
 
 
 def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter: EagleDrafter, batch: int,
@@ -330,11 +264,11 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         cfg, folder, policy, tokenizer, drafter, drafter_info = _workload_policy(cfg)
     else:
         folder, policy, tokenizer = _policy(cfg)
-        drafter, drafter_info = trained_drafter(cfg, folder, policy, tokenizer)
+        drafter, drafter_info = trained_drafter(cfg.drafter_budget(), folder, policy, tokenizer)
     policy = policy.to(DTYPES[cfg.dtype])
     drafter = copy.deepcopy(drafter).to(DTYPES[cfg.dtype])
     drafter.bind_policy(policy)
-    task = _task(folder)
+    task = countdown_task(folder)
     variants: list[tuple[SdRow, Callable[[], float]]] = []
     for batch in cfg.batches:
         n = max(batch, cfg.min_prompts)
@@ -343,7 +277,7 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
             problems = generate(-(-n // group), cfg.seed + 1, task)
             requests = make_requests(tokenizer, [p for p in problems for _ in range(group)],
                                      max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=cfg.seed)
-            context = _context(policy, requests)
+            context = sample_context(policy, requests)
             earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
                 row = SdRow(name, batch, temperature, len(problems))

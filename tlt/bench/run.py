@@ -32,6 +32,7 @@ import yaml
 from transformers import PreTrainedModel
 
 from tlt.adaptive.costs import measure_costs, measure_drafter_costs
+from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
@@ -144,13 +145,12 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple
     maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
     distribution), cached beside the warm start: (its folder, its training info). static freezes it,
     tlt keeps training it."""
-    from tlt.bench.engine_sd import SdBenchConfig, trained_drafter
     folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
-    sd_cfg = SdBenchConfig(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
+    budget = DrafterBudget(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
                            drafter_steps=int(cfg["steps"]), drafter_batch=int(cfg["batch"]),
                            drafter_lr=float(cfg["learningRate"]), seed=int(cfg["seed"]))
-    _, info = trained_drafter(sd_cfg, folder, policy.eval(), tokenizer)
+    _, info = trained_drafter(budget, folder, policy.eval(), tokenizer)
     return folder / f"bench-drafter-{info['cache_key']}", info
 
 
