@@ -115,6 +115,7 @@ def test_tlt_train_writes_metrics_checkpoint_and_policy(tmp_path: Path, family: 
         assert 0.0 <= row["tail_seconds"] <= row["rollout_seconds"] and row["tokens_per_second"] > 0
         assert row["logprob_gap"] <= 1e-5, "float32 engine and policy must agree on the sampled tokens"
     assert (out / "checkpoints" / "LATEST").read_text() == "step-00000002"
+    assert "# TLT run" in (out / "report.md").read_text(), "--local writes the run report too"
     policy, _ = load_policy(out / "policy", "float32")
     initial, _ = load_policy(tmp_path / "init", "float32")
     assert policy.config.model_type == family

@@ -12,7 +12,7 @@ PACKAGES = {"tlt": ROOT / "tlt", "tlt_operator": ROOT / "operator" / "tlt_operat
 # Lower layers never import higher ones; the operator reads the spec and nothing else of the trainer
 # (its image has no torch).
 LAYERS = {
-    "tlt.spec": 0,
+    "tlt.spec": 0, "tlt.progress": 0,
     "tlt.models": 1, "tlt.rl": 1, "tlt.monitoring": 1,
     "tlt.rollout": 2, "tlt.tasks": 2,
     "tlt.drafter": 3, "tlt.adaptive": 3,

@@ -116,6 +116,7 @@ def test_live_display_shows_phase_worker_states_and_restarts():
     console.print(display.render())
     shown = console.file.getvalue()
     assert "TRAINING" in shown and "GENERATING" in shown and "rollout-1" in shown
+    assert "[demo] step 2/3: rollout (" in shown, "piped, each phase is a line of its own (the view is not redrawn)"
 
 
 def test_role_pods_get_one_actor_each_with_that_pods_cpus():

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
+from tlt.progress import phase
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request
 from tlt.tasks.countdown import CountdownTask, generate
@@ -81,11 +82,15 @@ def trained_drafter(cfg: DrafterBudget, folder: Path, policy: PreTrainedModel, t
     requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
                              seed=cfg.seed + 7_777_777)
     started = time.perf_counter()
-    batches = _drafter_data(policy, requests, cfg.drafter_batch)
+    with phase("drafter warm start: the policy's own samples", len(requests), "prompts") as update:
+        batches = _drafter_data(policy, requests, cfg.drafter_batch)
+        update(len(requests))
     torch.manual_seed(cfg.seed)
     drafter = EagleDrafter(drafter_config_from_target(policy.config))
     drafter.bind_policy(policy)
-    losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr)
+    with phase("drafter warm start: training", cfg.drafter_steps) as update:
+        losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr,
+                                     lambda step, loss: update(step, f"loss {loss:.3f}"))
     held = _drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
     with torch.no_grad():
         pred = drafter(held.input_ids, held.features, held.position_ids)

@@ -140,7 +140,11 @@ def _train_local(spec: TLTTrainingRun, out: Path, stop: GracefulStop) -> int:
         console.print(stopped_line(spec.metadata.name, stop.name, trainer.step, total,
                                    str(trainer.stopped) if trainer.stopped else None), highlight=False, soft_wrap=True)
         return 0
+    from tlt.runtime.report import write_report
+
     last = history[-1] if history else None
     summary = f"done: {len(history)} steps" + (f", final reward {last['reward_mean']:.3f}" if last else "")
-    console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}")
+    report = write_report(out, title=f"TLT run {spec.metadata.name} (--local)") if trainer.step else None
+    console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}"
+                  + (f", report {report}" if report else ""))
     return 0

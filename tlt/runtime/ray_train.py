@@ -87,6 +87,7 @@ def _train_ray(run: TLTTrainingRun, out: Path, address: str | None, num_cpus: in
     report = write_report(out, title=f"TLT run {run.metadata.name}")
     trainer.loggers.log_figures([Path(out) / name for name in PLOTS], trainer.step)
     trainer.loggers.close()
+    snapshots = Path(out) / "drafter"  # a learned drafter's snapshots (none with the vLLM engine or mode off)
     console.print(f"done: {len(history)} steps; metrics {trainer.metrics_path}; report {report}; "
-                  f"policy {out / 'policy'}; drafter snapshots {out / 'drafter'}")
+                  f"policy {out / 'policy'}" + (f"; drafter snapshots {snapshots}" if snapshots.is_dir() else ""))
     return 0
