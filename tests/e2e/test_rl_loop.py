@@ -205,3 +205,19 @@ def test_grpo_raises_reward_over_the_warm_start(tmp_path: Path):
     assert after >= before + 0.03, f"held-out greedy reward {before:.3f} -> {after:.3f} after 20 GRPO steps"
     first, last = (sum(m["reward_mean"] for m in part) / 5 for part in (history[:5], history[-5:]))
     assert last > first, f"sampled training reward fell: steps 1-5 {first:.3f}, steps 16-20 {last:.3f}"
+
+
+def test_held_out_evaluation_is_reported_apart_from_the_step(tmp_path: Path):
+    run_file = _tiny_run(tmp_path, evalEvery=1, evalSamples=6)
+    out = tmp_path / "out"
+    assert cli.main(["train", str(run_file), "--out", str(out), "--local"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["eval_samples"] == 6 and 0.0 <= row["eval_accuracy"] <= row["eval_reward_mean"] + 1e-9 <= 1.0
+        assert row["eval_seconds"] > 0
+    assert "Held-out evaluation" in (out / "report.md").read_text()
+    again = tmp_path / "again"
+    assert cli.main(["train", str(run_file), "--out", str(again), "--local"]) == 0
+    first = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval_reward_mean"] for r in first] == [r["eval_reward_mean"] for r in rows], \
+        "greedy on the same problems: the same answers from the same policy"

@@ -152,6 +152,15 @@ def test_an_eval_path_to_no_file(tmp_path, model, capsys):
     assert line.endswith(f"spec.dataset.evalPath: dataset file not found: {tmp_path / 'test.jsonl'}")
 
 
+def test_held_out_evaluation_without_held_out_problems(tmp_path, model, capsys):
+    path = _run_file(tmp_path, model, evalFraction=0)
+    run = yaml.safe_load(path.read_text())
+    run["spec"]["algorithm"] = {"evalEvery": 2}
+    path.write_text(yaml.safe_dump(run))
+    line = _refused(path, capsys)
+    assert "spec.algorithm.evalEvery: 2 needs held-out problems" in line and "dataset.evalPath" in line
+
+
 @pytest.mark.parametrize(("template", "error"), [
     ("{{ raise_exception('this model has no system role') }}", "TemplateError: this model has no system role"),
     ("{% for m in messages %}{{ m['content'] }", "TemplateSyntaxError: unexpected '}' at template line 1"),

@@ -43,6 +43,9 @@ GAUGES = {
     "reward_mean": ("tlt_reward_mean", "Mean reward of the last step's responses."),
     "reward_group_solved": ("tlt_reward_group_solved_ratio", "Share of prompts with a rewarded response."),
     "truncation_rate": ("tlt_response_truncated_ratio", "Share of responses cut at the token limit."),
+    "eval_reward_mean": ("tlt_eval_reward_mean", "Mean reward on the held-out problems, last evaluation."),
+    "eval_accuracy": ("tlt_eval_accuracy_ratio", "Share of held-out problems with the full reward, last evaluation."),
+    "eval_seconds": ("tlt_eval_seconds", "Wall time of the last held-out evaluation (not part of the step's)."),
 }
 # metrics.jsonl key -> (histogram name, help, bucket upper bounds), one observation per step
 HISTOGRAMS = {

@@ -57,6 +57,7 @@ from tlt.runtime.devices import CPU, policy_device
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
+from tlt.runtime.heldout import eval_due, evaluate, heldout_problems
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
@@ -204,6 +205,7 @@ class LocalTrainer:
             append_event(self.out_dir, "checkpoint_damaged", ckpt.step + 1, folder=d.folder, moved_to=d.moved_to,
                          reason=d.reason, resumed_step=ckpt.step)
         self.problems = load_problems(self.spec.dataset, "train")
+        self.heldout = heldout_problems(self.spec)  # [] unless algorithm.evalEvery
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
         # one process: the engine's copy of the policy computes where the policy does
         device = policy_device(self.spec.policy.resources.gpus, cuda_available=torch.cuda.is_available())
@@ -278,6 +280,8 @@ class LocalTrainer:
         if self.speculative is not None:
             metrics["accept_length"] = self.speculative.stats.accept_length
             metrics["sd_steps"] = self.speculative.stats.steps
+        if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
+            metrics.update(evaluate(self.engine.generate, self.heldout, self.tokenizer, self.spec, self.reward))
         self.step = step
         self.history.append(metrics)
         self.loggers.log_step(metrics)

@@ -38,7 +38,7 @@ from tlt.models.loading import (
 )
 from tlt.monitoring.factory import metrics_port_message
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
-from tlt.tasks.datasets import DatasetError, read_problems
+from tlt.tasks.datasets import DatasetError, held_out_indices, read_problems
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import PromptError, encode_prompt
 
@@ -90,6 +90,11 @@ def dataset_problems(spec: RunSpec) -> tuple[list[str], list[Problem]]:
             continue
         if field == "path":
             train = read
+    if not problems and spec.algorithm.eval_every and data.eval_path is None and not held_out_indices(
+            len(train), data.eval_fraction, data.split_seed):
+        problems.append(f"spec.algorithm.evalEvery: {spec.algorithm.eval_every} needs held-out problems, and "
+                        f"{data.path} holds none out: set dataset.evalPath, or dataset.evalFraction > 0 with at "
+                        "least 2 records, or evalEvery: 0")
     return problems, train
 
 

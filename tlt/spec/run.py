@@ -137,6 +137,12 @@ class AlgorithmSpec(Spec):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Rollout nucleus sampling mass.")
     max_new_tokens: int = Field(512, ge=1, le=131072, description="Response length cap (truncation).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling, shuffling and initialisation.")
+    eval_every: int = Field(
+        0, ge=0, le=1_000_000,
+        description="Held-out evaluation every this many steps and after the last (the dataset's eval split: "
+        "reward and accuracy in the metrics, the report and the status); 0: never.")
+    eval_samples: int = Field(64, ge=1, le=100_000, description="Held-out problems evaluated (the eval split's first).")
+    eval_temperature: float = Field(0.0, ge=0, le=10.0, description="Held-out sampling temperature; 0 is greedy.")
 
 
 class Toleration(Spec):
