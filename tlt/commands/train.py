@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tlt.spec.run import TLTTrainingRun
 from tlt.spec.manifest_io import SpecError, load_run
-from tlt.rollout.vllm.availability import rollout_engine_problem
+from tlt.rollout.vllm.availability import rollout_engine_problem, vllm_model_problem
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
 from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     problem = rollout_engine_problem(spec.spec.rollout.engine)
     if problem is None and spec.spec.rollout.engine == "vllm":
-        problem = vllm_spec_problem(spec.spec, cuda=torch.cuda.is_available())
+        problem = vllm_spec_problem(spec.spec, cuda=torch.cuda.is_available()) or vllm_model_problem(spec.spec)
         if problem is None and args.local:
             problem = ("rollout.engine 'vllm' needs the Ray loop (a vLLM rollout worker beside the policy's "
                        "trainer): drop --local, or set rollout.engine to 'tlt'")
