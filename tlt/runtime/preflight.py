@@ -38,6 +38,7 @@ from tlt.models.loading import (
 )
 from tlt.monitoring.factory import metrics_port_message
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
+from tlt.rollout.vllm.availability import vllm_model_problem
 from tlt.tasks.datasets import DatasetError, held_out_indices, read_problems
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import PromptError, encode_prompt
@@ -116,6 +117,8 @@ def prompt_problems(spec: RunSpec, tokenizer: PreTrainedTokenizerBase, problems:
 def input_problems(spec: RunSpec) -> list[str]:
     """Every problem with what the run reads here, one line each, field path first (see the module docstring)."""
     problems, tokenizer = model_problems(spec)
+    if not problems and spec.rollout.engine == "vllm" and (heads := vllm_model_problem(spec)) is not None:
+        problems.append(f"spec.{heads}")
     data_problems, train = dataset_problems(spec)
     problems += data_problems
     if tokenizer is not None and not data_problems:
