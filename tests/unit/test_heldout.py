@@ -44,3 +44,17 @@ def test_accuracy_counts_full_rewards_and_reward_is_the_mean():
                    for i, t in enumerate(texts)]
     got = eval_metrics(completions, problems, tokenizer, spec.dataset.answer_format, None, 1.5)
     assert got == {"eval_reward_mean": 0.5, "eval_accuracy": 0.5, "eval_samples": 2, "eval_seconds": 1.5}
+
+
+def test_plain_generation_on_the_policy_answers_like_the_engine():
+    from tlt.models.tiny import tiny_model
+    from tlt.rollout.engine import Engine
+    from tlt.runtime.heldout import plain_generate
+
+    tokenizer = build_task_tokenizer()
+    policy = tiny_model("qwen2", vocab_size=len(tokenizer), seed=4)
+    spec = RunSpec.model_validate({"algorithm": {"evalEvery": 1, "evalSamples": 3, "maxNewTokens": 6}})
+    requests = eval_requests(heldout_problems(spec), tokenizer, spec.algorithm)
+    got = plain_generate(policy, max_batch_size=2)(requests)
+    want = Engine(policy, max_batch_size=8, max_context=64, return_hidden=False).generate(requests)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want], "greedy: the same tokens, whatever the batch"

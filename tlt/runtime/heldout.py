@@ -14,12 +14,14 @@ Metrics (added to the step's row; a run can then tell learning from noise):
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.rl.reward_plugin import RewardError, RewardFn
+from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion, Request, SamplingParams
 from tlt.runtime.steps import derive_seed, score_completions
 from tlt.spec.run import AlgorithmSpec, RunSpec
@@ -61,6 +63,20 @@ def eval_metrics(completions: Sequence[Completion], problems: Sequence[Problem],
     rewards = score_completions(completions, problems, tokenizer, answer_format, reward=reward, errors=errors)[:, 0]
     return {"eval_reward_mean": float(rewards.mean()), "eval_accuracy": float((rewards >= 1.0).float().mean()),
             "eval_samples": len(problems), "eval_seconds": seconds}
+
+
+def plain_generate(policy: PreTrainedModel, max_batch_size: int = 64) -> Callable[[list[Request]], list[Completion]]:
+    """`generate(requests)` on `policy` itself by plain decoding (no drafter: evaluation measures the policy,
+    and speculative decoding would give the same answers): the Ray coordinator's, which holds the policy but
+    no engine."""
+
+    def generate(requests: list[Request]) -> list[Completion]:
+        longest = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests)
+        engine = Engine(policy, max_batch_size=max_batch_size, max_context=longest, return_hidden=False)
+        with torch.inference_mode():
+            return engine.generate(requests)
+
+    return generate
 
 
 def evaluate(generate: Any, problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, spec: RunSpec,
