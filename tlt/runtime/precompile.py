@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from tlt.progress import phase
 from tlt.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,9 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
     from tlt.adaptive.arms import drafter_graphs
     from tlt.models.loading import read_model_config
     from tlt.rollout.compiled import resolve_compile_for
-    from tlt.runtime.ray_workers import DRAFTER_MODES  # here, not at the top: job processes need no Ray
+    from tlt.runtime.ray_workers import (
+        DRAFTER_MODES,  # here, not at the top: job processes need no Ray
+    )
 
     if spec.rollout.engine != "tlt":
         return []
@@ -199,7 +202,8 @@ def _forked(run: Callable[[GraphSet], float], s: GraphSet) -> float:
         return pool.submit(run, s).result()
 
 
-def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: dict[str, Any]) -> None:
+def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: dict[str, Any],
+              progress: Callable[..., None] = lambda *_: None) -> None:
     context = multiprocessing.get_context("spawn")
     pool = None
     try:
@@ -211,6 +215,7 @@ def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: di
                 log.warning("precompile of the %s graphs failed (%s: %s); the workers compile them themselves",
                             s.describe(), type(exc).__name__, exc)
                 report["failed"].append(s.describe())
+                progress(len(report["compiled"]) + len(report["failed"]), f"{s.describe()} failed")
                 if isinstance(exc, BrokenProcessPool):  # the job's child or the lane's process died: start afresh
                     pool.shutdown(wait=False)
                     pool = None
@@ -219,6 +224,7 @@ def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: di
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps({**asdict(s), "seconds": round(seconds, 1), "at": time.time()}))
             report["compiled"].append({"set": s.describe(), "seconds": round(seconds, 1)})
+            progress(len(report["compiled"]) + len(report["failed"]), f"{s.describe()} in {seconds:.0f} s")
     finally:
         if pool is not None:
             pool.shutdown()
@@ -243,8 +249,9 @@ def precompile(sets: list[GraphSet], processes: int, *, min_lanes: int = 1,
         return report
     report["lanes"] = len(plan)
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(plan), thread_name_prefix="precompile") as threads:
-        for future in [threads.submit(_run_lane, lane, run, report) for lane in plan]:
+    with (phase(f"compiling the engines' graphs ({len(plan)} in parallel)", len(todo), "graph sets") as progress,
+          ThreadPoolExecutor(max_workers=len(plan), thread_name_prefix="precompile") as threads):
+        for future in [threads.submit(_run_lane, lane, run, report, progress) for lane in plan]:
             future.result()
     report["seconds"] = round(time.perf_counter() - started, 1)
     log.info("precompiled %s in %.0f s (%d lanes)%s", ", ".join(c["set"] for c in report["compiled"]) or "nothing",
