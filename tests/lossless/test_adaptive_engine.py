@@ -2,7 +2,7 @@
 
 - Greedy decoding in float64 with the adaptive stepper equals plain decoding token for token while
   the batch shrinks across the SD threshold and the bandit switches between n-gram chains, EAGLE
-  chains, EAGLE trees and an always-right oracle chain.
+  chains, EAGLE trees, block drafts and an always-right oracle chain.
 - The target forwards exactly the prompt tokens plus what each step verified: switching SD on or
   changing arms costs zero re-prefill tokens (counted at the target's embedding layer).
 - The bandit inside the engine records rewards per bucket, tries every arm, and keeps exploring
@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import _sd_helpers as H
 import pytest
 import torch
 from transformers import PreTrainedModel
@@ -41,7 +42,8 @@ ARMS = [
     ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5),
     ArmSpec(kind="chain", depth=4),
 ]
-WITH_PLAIN = [*ARMS, ArmSpec(kind="plain")]  # plain steps chosen by the bandit, between speculative ones
+# block drafts and plain steps chosen by the bandit, between the other speculative arms
+WITH_PLAIN = [*ARMS, ArmSpec(kind="block", depth=3), ArmSpec(kind="plain")]
 
 
 def _requests(max_new: tuple[int, ...] = MAX_NEW) -> list[Request]:
@@ -97,7 +99,8 @@ class TargetTokenCounter:
 
 def _adaptive_engine(model, spec, answers=None, *, seed=0, clock=None) -> tuple[Engine, AdaptiveStepper]:
     engine = Engine(model, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=True)
-    stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed)
+    stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed,
+                                     block=H.random_block(model))
     if answers is not None:  # one more arm: the oracle, whose drafts are all accepted
         arms = stepper.arms + [Arm(len(stepper.arms), "oracle-d6", ArmSpec(kind="chain", depth=6),
                                    OracleChain(answers, 6))]
@@ -202,6 +205,12 @@ def test_build_arms_refuses_learned_arms_without_a_drafter(model64):
                    max_batch_size=4, max_context=MAX_CONTEXT)
 
 
+def test_build_arms_refuses_block_arms_without_a_block_drafter(model64):
+    with pytest.raises(ValueError, match="arms of kind block needs the block drafter"):
+        build_arms(_spec(arms=WITH_PLAIN), embed=model64.get_input_embeddings(), drafter=_eagle(model64), max_batch_size=4,
+                   max_context=MAX_CONTEXT)
+
+
 def test_bandit_reward_is_per_running_row(model64, plain64):
     """A plain arm gains exactly one token per row and step: with every step lasting 1 s its reward
     is 1.0 whatever the batch size in the bucket (4 -> 3 -> 2 -> 1 rows here)."""
@@ -226,10 +235,13 @@ def test_every_arm_runs_up_to_the_context_limit_without_overflow(seed, model64):
     requests = _requests(max_new=(200, 200, 200, 200))
     plain = Engine(model64, max_batch_size=4, max_context=context).generate(requests)
     arms = [*ARMS, ArmSpec(kind="ngram", depth=4), ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6),
-            ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2), ArmSpec(kind="mixed", depth=3)]
+            ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2), ArmSpec(kind="mixed", depth=3),
+            ArmSpec(kind="block", depth=3), ArmSpec(kind="block", depth=8)]
     spec = _spec(arms=arms, threshold=4, buckets=[4], epsilon=1.0, history={"min_match": 1, "max_match": 4})
     engine = Engine(model64, max_batch_size=4, max_context=context, return_hidden=True)
-    engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed)
+    engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed,
+                                            block=H.random_block(model64))
     out = engine.generate(requests)
     assert [c.token_ids for c in out] == [c.token_ids for c in plain]
     assert all(c.finish_reason == "length" for c in out)
+    assert {"block-d3", "block-d8"} <= {r.arm for r in engine.stepper.log}, "block arms are chosen like any other"
