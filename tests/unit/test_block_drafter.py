@@ -6,10 +6,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tlt.drafter.block_objective import BlockTraining, block_agreement, block_batch, block_loss
+from tlt.drafter.block_objective import (
+    BlockTraining,
+    block_agreement,
+    block_batch,
+    block_loss,
+)
 from tlt.drafter.objective import DrafterBatch, drafter_inputs
-from tlt.models.block_drafter import MAX_BLOCK, BlockDrafter, load_block_drafter, new_block_drafter
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter, target_features
+from tlt.models.block_drafter import (
+    MAX_BLOCK,
+    BlockDrafter,
+    load_block_drafter,
+    new_block_drafter,
+)
+from tlt.models.drafter import (
+    EagleDrafter,
+    drafter_config_from_target,
+    save_drafter,
+    target_features,
+)
 from tlt.models.tiny import tiny_model
 from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.engine import Engine

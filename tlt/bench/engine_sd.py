@@ -10,13 +10,8 @@ their store starts empty: they draft from the row's own text and earlier waves o
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -27,9 +22,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.adaptive.costs import measure_costs
 from tlt.bench.engine import DTYPES
+from tlt.bench.sd_drafters import context_for, task_of, trained_block_drafter, trained_drafter
+from tlt.bench.sd_summary import block_vs_best_chain, history_summary
 from tlt.drafter.evaluate import make_requests
-from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
+from tlt.models.block_drafter import BlockDrafter
+from tlt.models.drafter import EagleDrafter, load_drafter
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import EagleCache, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -39,7 +37,7 @@ from tlt.rollout.runner import causal_mask
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Request
-from tlt.tasks.countdown import CountdownTask, generate
+from tlt.tasks.countdown import generate
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_metadata, load_policy, reduced_config, warm_start
 
 log = logging.getLogger(__name__)
@@ -75,6 +73,8 @@ class SdBenchConfig:
     ngram: tuple[int, int, int] = (4, 2, 4)  # (k, ngram_min, ngram_max)
     history: tuple[int, int, int] = (4, 2, 8)  # (k, min_match, max_match)
     history_nodes: int = 400_000
+    block_depths: tuple[int, ...] = (2, 4, 8)  # block drafts (one drafter forward each); the drafter's block: max
+    block_layers: int = 1
     group_size: int = 8
     drafter_prompts: int = 512
     drafter_steps: int = 400
@@ -90,7 +90,7 @@ class SdBenchConfig:
     def quick(cls, repeats: int = 1) -> SdBenchConfig:
         return cls(warmstart="reduced", batches=(1, 4), min_prompts=2, max_new_tokens=16, drafter_prompts=16,
                    drafter_steps=5, drafter_batch=16, cost_widths=(2, 4), cost_context=32, repeats=repeats,
-                   group_size=2)
+                   group_size=2, block_depths=(2, 4))
 
     def variants(self) -> list[str]:
         topk, depth, budget = self.tree
@@ -98,7 +98,8 @@ class SdBenchConfig:
         # (the two differ only at T > 0)
         return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"chain-{max(self.chain_depths)}-argmax",
                 f"tree-k{topk}-d{depth}-b{budget}",
-                f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}"]
+                f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}",
+                *(f"block-{d}" for d in self.block_depths)]
 
 
 def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokenizerBase]:
@@ -109,74 +110,9 @@ def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokeni
     return folder, model.eval(), tokenizer
 
 
-def _task(folder: Path) -> CountdownTask:
-    return CountdownTask(**load_metadata(folder)["config"]["task"])
-
-
-def _drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
-    """The policy's own samples as aligned drafter batches (response positions only)."""
-    engine = Engine(policy, max_batch_size=64, max_context=_context(policy, requests), return_hidden=False)
-    seqs = [(c.prompt_ids + c.token_ids, len(c.prompt_ids)) for c in engine.generate(requests)]
-    out = []
-    for start in range(0, len(seqs), batch):
-        chunk = seqs[start : start + batch]
-        width = max(len(ids) for ids, _ in chunk)
-        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros(len(chunk), width, dtype=torch.bool)
-        valid = torch.zeros(len(chunk), width, dtype=torch.long)
-        for row, (ids, prompt_len) in enumerate(chunk):
-            tokens[row, : len(ids)] = torch.tensor(ids)
-            valid[row, : len(ids)] = 1
-            mask[row, prompt_len - 1 : len(ids)] = True  # f[t] that produced a response token
-        hidden = target_features(policy, tokens, valid)
-        out.append(drafter_inputs(tokens, hidden, mask))
-    return out
-
-
-def trained_drafter(cfg: SdBenchConfig, folder: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-                    ) -> tuple[EagleDrafter, dict]:
-    """An EAGLE drafter trained on the policy's own outputs, cached next to the policy by its settings."""
-    settings = {"policy": folder.name, "prompts": cfg.drafter_prompts, "steps": cfg.drafter_steps,
-                "batch": cfg.drafter_batch, "lr": cfg.drafter_lr, "max_new_tokens": cfg.max_new_tokens,
-                "seed": cfg.seed}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    target = folder / f"bench-drafter-{key}"
-    if (target / "bench.json").is_file():
-        return load_drafter(target, policy), json.loads((target / "bench.json").read_text())
-    problems = generate(cfg.drafter_prompts, cfg.seed + 7_777_777, _task(folder))
-    requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
-                             seed=cfg.seed + 7_777_777)
-    started = time.perf_counter()
-    batches = _drafter_data(policy, requests, cfg.drafter_batch)
-    torch.manual_seed(cfg.seed)
-    drafter = EagleDrafter(drafter_config_from_target(policy.config))
-    drafter.bind_policy(policy)
-    losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr)
-    held = _drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
-    with torch.no_grad():
-        pred = drafter(held.input_ids, held.features, held.position_ids)
-        agree = (drafter.logits(pred).argmax(-1) == drafter.logits(held.target).argmax(-1)) & held.mask
-    info = {"settings": settings, "cache_key": key, "train_seconds": time.perf_counter() - started,
-            "loss_first": losses[0], "loss_last": losses[-1],
-            "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1)}
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=folder))
-    save_drafter(drafter, staging)
-    (staging / "bench.json").write_text(json.dumps(info, indent=2))
-    try:
-        os.rename(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return drafter, info
-
-
-def _context(policy: PreTrainedModel, requests: list[Request]) -> int:
-    longest = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests)
-    return min(policy.config.max_position_embeddings, longest + 32)
-
-
 def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter: EagleDrafter, batch: int,
-              context: int) -> Engine:
-    """An engine for one SD variant name from cfg.variants()."""
+              context: int, block: BlockDrafter | None = None) -> Engine:
+    """An engine for one SD variant name from cfg.variants() (`block`: the block variants' drafter)."""
     engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain",
                     compile=cfg.compile)
     embed = policy.get_input_embeddings()
@@ -196,6 +132,8 @@ def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter
         k = cfg.history[0]
         stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context,
                                                                                   compile=cfg.compile), k)
+    elif variant.startswith("block-") and block is not None:
+        stepper_drafter = BlockChainDrafter(block, int(variant[6:]))
     elif variant == "plain":
         return engine
     else:
@@ -331,10 +269,12 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     else:
         folder, policy, tokenizer = _policy(cfg)
         drafter, drafter_info = trained_drafter(cfg, folder, policy, tokenizer)
+    block, block_info = trained_block_drafter(cfg, folder, policy, tokenizer)
     policy = policy.to(DTYPES[cfg.dtype])
-    drafter = copy.deepcopy(drafter).to(DTYPES[cfg.dtype])
+    drafter, block = (copy.deepcopy(d).to(DTYPES[cfg.dtype]) for d in (drafter, block))
     drafter.bind_policy(policy)
-    task = _task(folder)
+    block.bind_policy(policy)
+    task = task_of(folder)
     variants: list[tuple[SdRow, Callable[[], float]]] = []
     for batch in cfg.batches:
         n = max(batch, cfg.min_prompts)
@@ -343,11 +283,11 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
             problems = generate(-(-n // group), cfg.seed + 1, task)
             requests = make_requests(tokenizer, [p for p in problems for _ in range(group)],
                                      max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=cfg.seed)
-            context = _context(policy, requests)
+            context = context_for(policy, requests)
             earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
                 row = SdRow(name, batch, temperature, len(problems))
-                engine = sd_engine(name, cfg, policy, drafter, batch, context)
+                engine = sd_engine(name, cfg, policy, drafter, batch, context, block)
                 variants.append((row, _sd_runner(row, engine, requests, cfg, earlier)))
     for _, go in variants:  # warm-up round, not timed
         go()
@@ -373,25 +313,12 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "policy": {"folder": str(folder), "params": sum(p.numel() for p in policy.parameters()),
                    "warmstart_metrics": load_metadata(folder)["metrics"]},
         "drafter": drafter_info,
+        "block_drafter": block_info,
         "rows": [r.as_dict() for r, _ in variants],
         "ratios": ratios,
     }
     costs = {"clock": "wall", "context": cfg.cost_context, "estimate": "fastest repeat",
                   "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy)}
-    return {"sd": sd, "costs": costs, **history_summary(sd["rows"], cfg)}
-
-
-def history_summary(rows: list[dict], cfg: SdBenchConfig) -> dict[str, dict[str, float]]:
-    """At the highest temperature (GRPO samples), per batch: history's accept length over n-gram's, and
-    the mixed variant's tokens/s over the best single drafter's (EAGLE chains, tree, history)."""
-    temperature = max(cfg.temperatures)
-    k = cfg.history[0]
-    at = {(r["variant"], r["batch"]): r for r in rows if r["temperature"] == temperature}
-    singles = [v for v in cfg.variants() if v.startswith(("chain-", "tree-", "history-"))]
-    out: dict[str, dict[str, float]] = {"history_vs_ngram_accept": {}, "mixed_vs_best_single": {}}
-    for b in cfg.batches:
-        ngram = at[f"ngram-{cfg.ngram[0]}", b]["accept_length"]
-        out["history_vs_ngram_accept"][str(b)] = at[f"history-{k}", b]["accept_length"] / ngram
-        best = max(at[v, b]["tokens_per_s"] for v in singles)
-        out["mixed_vs_best_single"][str(b)] = at[f"mixed-{k}", b]["tokens_per_s"] / best
-    return out
+    temperature = max(cfg.temperatures)  # GRPO samples
+    return {"sd": sd, "costs": costs, "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
+            **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0])}

@@ -143,7 +143,8 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple
     maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
     distribution), cached beside the warm start: (its folder, its training info). static freezes it,
     tlt keeps training it."""
-    from tlt.bench.engine_sd import SdBenchConfig, trained_drafter
+    from tlt.bench.engine_sd import SdBenchConfig
+    from tlt.bench.sd_drafters import trained_drafter
     folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
     sd_cfg = SdBenchConfig(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),

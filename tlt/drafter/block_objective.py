@@ -21,7 +21,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tlt.drafter.objective import MAX_GRAD_NORM, DrafterBatch, DrafterLoss, drafter_loss, make_optimizer
+from tlt.drafter.objective import (
+    MAX_GRAD_NORM,
+    DrafterBatch,
+    DrafterLoss,
+    drafter_loss,
+    make_optimizer,
+)
 from tlt.models.block_drafter import BlockDrafter
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 
-from tlt.models.drafter import BoundDrafter, causal_mask, drafter_config_from_target, load_saved
+from tlt.models.drafter import (
+    BoundDrafter,
+    causal_mask,
+    drafter_config_from_target,
+    load_saved,
+)
 
 MAX_BLOCK = 8  # block arms draft 2 .. MAX_BLOCK tokens (`speculative.arms[].depth` of kind block)
 
