@@ -150,8 +150,8 @@ def build_arms(
             f"speculative.mode {spec.mode!r} with arms of kind chain/tree needs the learned drafter; none was given"
         )
     if block is None and any(spec.arms[i].kind in BLOCK_KINDS for i in indices):
-        raise ValueError(f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; "
-                         "none was given")
+        raise ValueError(f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; none was "
+                         "given (`tlt train` does not build one yet: drop the block arms from speculative.arms)")
     scratch = max((_scratch(spec.arms[i]) for i in indices), default=0)
     shared = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch) if needs_drafter else None
     if history is None and any(spec.arms[i].kind in HISTORY_KINDS for i in indices):
