@@ -4,7 +4,8 @@
   the batch shrinks across the SD threshold and the bandit switches between n-gram chains, EAGLE
   chains, EAGLE trees, block drafts and an always-right oracle chain.
 - The target forwards exactly the prompt tokens plus what each step verified: switching SD on or
-  changing arms costs zero re-prefill tokens (counted at the target's embedding layer).
+  changing arms costs zero re-prefill tokens (counted at the target's embedding layer); a block arm's
+  step runs its drafter once.
 - The bandit inside the engine records rewards per bucket, tries every arm, and keeps exploring
   with epsilon > 0 (with epsilon 0 it settles on the best arm).
 """
@@ -86,6 +87,17 @@ def plain64(model64: PreTrainedModel) -> list[Completion]:
     return Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT).generate(_requests())
 
 
+class ForwardCounter:
+    """Counts a module's forward calls."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self.count += 1
+
+
 class TargetTokenCounter:
     """Counts every token the target model embeds (any forward of the target, prefill included)."""
 
@@ -132,10 +144,13 @@ def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, 
     answers = {c.request_id: c.token_ids for c in plain64}
     engine, stepper = _adaptive_engine(model64, _spec(arms=WITH_PLAIN), answers)
     counter = TargetTokenCounter(model64)
+    block = next(a.drafter.drafter for a in stepper.arms if a.label == "block-d3")
+    calls = ForwardCounter(block)
     try:
         engine.generate(_requests())
     finally:
         counter.handle.remove()
+        calls.handle.remove()
     prompt_tokens = sum(len(p) for p in PROMPTS)  # equal lengths: prefill has no padding
     assert len({len(p) for p in PROMPTS}) == 1
     widths = {a.label: verify_width(a.spec) for a in stepper.arms}
@@ -146,6 +161,7 @@ def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, 
         verified += expected
     assert counter.count == prompt_tokens + verified
     assert engine.tokens_processed == prompt_tokens + verified
+    assert 0 < calls.count == sum(1 for r in stepper.log if r.arm == "block-d3"), "one block forward a block step"
     switches = sum(1 for a, b in itertools.pairwise(stepper.log) if a.arm != b.arm)
     assert switches >= 3
     assert "plain" in {r.arm for r in stepper.log}, "the plain arm must be chosen between speculative arms"
