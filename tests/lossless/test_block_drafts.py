@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.block import BlockChainDrafter, block_guesses
+from tlt.rollout.block import BlockChainDrafter, block_guesses, warm_up_block
 from tlt.rollout.engine import Engine
 from tlt.rollout.sampling import sample_from
 from tlt.rollout.sequence import Sequence
@@ -31,11 +31,11 @@ def model64() -> PreTrainedModel:
     return tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
 
 
-def _batch_after_steps(model: PreTrainedModel, steps: int, temperature: float = 0.0) -> RunningBatch:
-    """A running batch of the three prompts, prefilled and advanced `steps` plain steps."""
+def _batch_after_steps(model: PreTrainedModel, steps: int, temperature: float = 0.0, rows: int = 3) -> RunningBatch:
+    """A running batch of the first `rows` prompts, prefilled and advanced `steps` plain steps."""
     engine = Engine(model, max_batch_size=4, max_context=64)
     requests = [Request(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=20, seed=i))
-                for i, p in enumerate(PROMPTS)]
+                for i, p in enumerate(PROMPTS[:rows])]
     batch = RunningBatch([Sequence(r, limit=20) for r in requests], engine.runner.cache,
                          hidden_size=model.config.hidden_size, return_hidden=True, dtype=model.dtype,
                          device=engine.runner.device)
@@ -84,3 +84,18 @@ def test_sampled_block_drafts_are_the_coupled_guesses_with_the_targets_uniforms(
 def test_block_depth_beyond_the_drafters_block_size_is_refused(model64):
     with pytest.raises(ValueError, match="block arm depth must be in"):
         BlockChainDrafter(H.random_block(model64), k=9)
+
+
+@torch.no_grad()
+def test_compiled_block_drafts_equal_eager_and_compile_nothing_after_warm_up(model64):
+    """Compiled: the same drafts as eager at one row and at several, greedy and sampled; after
+    `warm_up_block` (batch 1 and 2) a batch of 3 compiles no graph."""
+    drafter = H.random_block(model64, list(range(0, 32, 2)))
+    warm_up_block(drafter, [3])
+    for rows in (1, 3):
+        for temperature in (0.0, 0.8):
+            batch = _batch_after_steps(model64, 2, temperature, rows)
+            compiled = BlockChainDrafter(drafter, k=3, compile=True)
+            got = compiled.propose(batch).tree.tokens
+            assert torch.equal(got, BlockChainDrafter(drafter, k=3).propose(batch).tree.tokens), (rows, temperature)
+            assert compiled.compiles == 0, f"{rows} rows at T={temperature} compiled a graph after warm-up"

@@ -141,7 +141,7 @@ def build_arms(
     compile: the EAGLE arms' drafter steps are compiled (as the engine's, `Engine(compile=True)`).
     history: the rollout-history store of the history and mixed arms (a new one from
     `speculative.history` when None and such an arm is in use). block: the block drafter, bound like
-    `drafter`; required when an arm of kind block is in use (its drafts run eagerly in a compiled engine).
+    `drafter`; required when an arm of kind block is in use (compiled with `compile`, `tlt.rollout.block`).
     """
     indices = arm_indices(spec)
     needs_drafter = any(spec.arms[i].kind in LEARNED_KINDS for i in indices)
@@ -159,8 +159,10 @@ def build_arms(
     arms = []
     for i in indices:
         arm = spec.arms[i]
-        built = (BlockChainDrafter(block, arm.depth) if arm.kind in BLOCK_KINDS and block is not None else
-                 _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context, history))
+        if arm.kind in BLOCK_KINDS and block is not None:
+            built: Drafter | None = BlockChainDrafter(block, arm.depth, compile=compile)
+        else:
+            built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context, history)
         arms.append(Arm(i, arm_label(arm), arm, built))
     return arms
 

@@ -133,7 +133,7 @@ def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter
         stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context,
                                                                                   compile=cfg.compile), k)
     elif variant.startswith("block-") and block is not None:
-        stepper_drafter = BlockChainDrafter(block, int(variant[6:]))
+        stepper_drafter = BlockChainDrafter(block, int(variant[6:]), compile=cfg.compile)
     elif variant == "plain":
         return engine
     else:
