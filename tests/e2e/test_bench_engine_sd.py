@@ -92,6 +92,8 @@ def test_costs_cover_every_batch_and_verify_width(report):
             assert point["ratio"] == 1.0
     assert [p["batch"] for p in costs["drafter_step"]] == list(cfg.batches)
     assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["drafter_step"])
+    assert [(p["batch"], p["block"]) for p in costs["block_step"]] == [(b, max(cfg.block_depths)) for b in cfg.batches]
+    assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["block_step"])
 
 
 def test_drafter_was_trained_on_the_policys_outputs(report):

@@ -228,9 +228,27 @@ def _drafter_step_costs(cfg: SdBenchConfig, drafter: EagleDrafter, policy: PreTr
             state.drafter.logits(state.forward(tokens, feats, L[:, None], L[:, None], mask))
 
         fns[b] = go
+    return _fastest(fns, cfg.repeats)
+
+
+def _block_step_costs(cfg: SdBenchConfig, block: BlockDrafter, policy: PreTrainedModel) -> list[dict]:
+    """Seconds of one block-drafter forward of the deepest block variant, plus the head, per batch: what
+    a block step drafts with (a chain of k pays k drafter steps)."""
+    k = max(cfg.block_depths)
+    fns = {}
+    for b in cfg.batches:
+        tokens = torch.ones(b, dtype=torch.long)
+        feats = torch.zeros(b, policy.config.hidden_size, dtype=policy.dtype)
+        fns[b] = lambda tokens=tokens, feats=feats: block.logits(block(tokens, feats, k))
+    return [{**point, "block": k} for point in _fastest(fns, cfg.repeats)]
+
+
+def _fastest(fns: dict[int, Callable[[], object]], repeats: int) -> list[dict]:
+    """[{batch, seconds (fastest), seconds_median}] of each batch's call over `repeats` rounds after an
+    untimed one, the batches interleaved within a round."""
     seconds: dict[int, list[float]] = {b: [] for b in fns}
     with torch.no_grad():
-        for _ in range(cfg.repeats + 1):
+        for _ in range(repeats + 1):
             for b, go in fns.items():
                 t0 = time.perf_counter()
                 go()
@@ -318,7 +336,8 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "ratios": ratios,
     }
     costs = {"clock": "wall", "context": cfg.cost_context, "estimate": "fastest repeat",
-                  "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy)}
+                  "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy),
+             "block_step": _block_step_costs(cfg, block, policy)}
     temperature = max(cfg.temperatures)  # GRPO samples
     return {"sd": sd, "costs": costs, "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
             **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0])}

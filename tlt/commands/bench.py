@@ -200,6 +200,8 @@ def _engine_tables(result: dict) -> list:
                           f"{point['ratio']:.2f}x")
         for point in costs["drafter_step"]:
             table.add_row(str(point["batch"]), "drafter step", f"{point['seconds'] * 1e3:.2f}", "")
+        for point in costs.get("block_step", []):
+            table.add_row(str(point["batch"]), f"block of {point['block']}", f"{point['seconds'] * 1e3:.2f}", "")
         tables.append(table)
     if "vllm" in result:
         tables.extend(_vllm_tables(result))
