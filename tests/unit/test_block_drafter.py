@@ -1,5 +1,6 @@
-"""The block drafter: its layout, save/load, the block objective's alignment, exact resume, and a warm
-start on the policy's own greedy outputs whose block drafts the engine then accepts."""
+"""The block drafter: its layout, save/load, the block objective's alignment, training from the online
+buffer's packed rows, exact resume, and a warm start on the policy's own greedy outputs whose block
+drafts the engine then accepts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tlt.drafter.block_objective import (
     block_batch,
     block_loss,
 )
+from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.objective import DrafterBatch, drafter_inputs
 from tlt.models.block_drafter import (
     MAX_BLOCK,
@@ -89,6 +91,27 @@ def _own_greedy_data(policy, prompts: int = 12, new: int = 24) -> tuple[DrafterB
     mask = torch.zeros_like(tokens, dtype=torch.bool)
     mask[:, 3:] = True  # f[t] produced a response token from t = prompt_len - 1 on
     return drafter_inputs(tokens, target_features(policy, tokens), mask), requests
+
+
+def test_blocks_train_from_the_online_buffers_packed_rows(policy):
+    """The rollout's completions (tokens and the target's features) enter the drafter's online buffer as
+    packed rows; a block anchors at each trained position and never reaches into the next sequence."""
+    _, requests = _own_greedy_data(policy, prompts=6, new=10)
+    buffer = OnlineBuffer(buffer_steps=1, row_tokens=40)
+    buffer.add(Engine(policy, max_batch_size=6, max_context=64, return_hidden=True).generate(requests), step=0)
+    rows = buffer.batches(0)
+    assert any(len(p.segments) > 1 for p in rows), "the rows must pack several sequences"
+    blocks = [block_batch(p.batch, 4, p.segments) for p in rows]
+    assert sum(b.input_ids.shape[0] for b in blocks) == sum(p.num_trained for p in rows)
+    for packed, b in zip(rows, blocks):
+        starts = torch.tensor([0, *packed.segments]).cumsum(0)[1:]  # [segments] first position after each
+        anchors = packed.batch.mask[0].nonzero()[:, 0]  # [N]
+        end = starts[torch.searchsorted(starts, anchors, right=True)]  # [N] the anchor's segment end
+        reach = anchors[:, None] + torch.arange(4)[None, :]  # [N, 4] target[j + i]
+        assert not bool((b.weight & (reach >= end[:, None])).any()), "a block reached into the next sequence"
+    torch.manual_seed(0)
+    losses = BlockTraining(new_block_drafter(policy, block_size=4), blocks, lr=3e-3).train(4 * len(blocks))
+    assert losses[-1] < losses[0]
 
 
 def test_training_resumed_from_a_checkpoint_takes_the_steps_of_an_unbroken_run(policy, tmp_path):
