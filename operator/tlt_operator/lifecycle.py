@@ -30,8 +30,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tlt.config import RunSpec
-from tlt.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
+from tlt.spec.run import RunSpec
+from tlt.spec.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
 
 from . import names
 
@@ -116,6 +116,9 @@ def _progress(spec: RunSpec, report: Mapping[str, Any], old: RunStatus) -> tuple
                       total=spec.algorithm.steps,
                       last_step_seconds=number("lastStepSeconds", StepStatus, "last_step_seconds")
                       or old_step.last_step_seconds)
+    for key, name in (("evalAccuracy", "eval_accuracy"), ("evalReward", "eval_reward")):  # kept between evaluations
+        value = number(key, StepStatus, name)
+        setattr(step, name, value if value is not None else getattr(old_step, name))
     drafter = (old.drafter or DrafterStatus()).model_copy(update={
         k: v for k, v in {"version": number("drafterVersion", DrafterStatus, "version"),
                           "accept_length": number("acceptLength", DrafterStatus, "accept_length"),

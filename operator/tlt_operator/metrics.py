@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
-if TYPE_CHECKING:
-    from .idleness import SlotOutcome
+from .slots import SlotOutcome
 
 RECONCILES = Counter("tlt_operator_reconciles", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("tlt_operator_reconcile_seconds", "Wall time of one reconcile pass.")

@@ -7,7 +7,7 @@ import hashlib
 import re
 from typing import Literal
 
-from tlt.config import GCS_PORT, RAY_CLIENT_PORT  # noqa: F401 (re-exported: the pods' Ray ports)
+from tlt.spec.run import GCS_PORT, RAY_CLIENT_PORT  # noqa: F401 (re-exported: the pods' Ray ports)
 
 Role = Literal["policy", "rollout", "verifier"]
 ROLES: tuple[Role, ...] = ("policy", "rollout", "verifier")

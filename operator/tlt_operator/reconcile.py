@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
-from tlt.spec_references import reference_problems
-from tlt.status import Condition, DrafterStatus, RunStatus, set_condition, status_patch
+from tlt.spec.run import API_GROUP, API_VERSION, KIND, RunSpec
+from tlt.spec.references import reference_problems
+from tlt.spec.status import Condition, DrafterStatus, RunStatus, set_condition, status_patch
 
 from . import metrics, names, settings
 from .builders import (
@@ -44,7 +44,7 @@ RUN_API = f"{API_GROUP}/{API_VERSION}"
 
 class SpecError(ValueError):
     """The stored spec does not parse as a RunSpec (it passed the CRD, so the CRD lags the model), or names a
-    Secret or ServiceAccount it may not (`tlt.spec_references`: the CRD cannot know the admin's lists)."""
+    Secret or ServiceAccount it may not (`tlt.spec.references`: the CRD cannot know the admin's lists)."""
 
 
 def _desired_pods(ref: RunRef, spec: RunSpec, token_secret: str) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,7 @@ NetworkPolicy admits metrics scrapes from the operator's pods there; default tlt
 `TLT_OPERATOR_PROMETHEUS_URLS` (comma-separated Prometheus base URLs a run's
 `monitoring.prometheusUrl` may name; empty: no run's Prometheus is read),
 `TLT_OPERATOR_SHARED_SECRETS` / `TLT_OPERATOR_SERVICE_ACCOUNTS` (names any run's pods may use besides the
-run's own `<run>.*`; `tlt.spec_references`) and
+run's own `<run>.*`; `tlt.spec.references`) and
 `TLT_OPERATOR_WATCH_SECONDS` (server-side watch timeout, default 300).
 """
 
@@ -20,7 +20,7 @@ import os
 
 import kopf
 
-from tlt.spec_references import SharedNames
+from tlt.spec.references import SharedNames
 
 
 def _number(name: str, default: float) -> float:
@@ -65,7 +65,7 @@ def prometheus_allowlist() -> frozenset[str]:
 
 def shared_names() -> SharedNames:
     """The Secrets and ServiceAccounts every run may name (`TLT_OPERATOR_SHARED_SECRETS`,
-    `TLT_OPERATOR_SERVICE_ACCOUNTS`; see `tlt.spec_references`)."""
+    `TLT_OPERATOR_SERVICE_ACCOUNTS`; see `tlt.spec.references`)."""
     return SharedNames.from_environment()
 
 

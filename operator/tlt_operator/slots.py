@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tlt.config import DrafterSpec
+from tlt.spec.run import DrafterSpec
+from tlt.spec.status import DrafterStatus
 
 
 class WorkerState(StrEnum):
@@ -269,3 +270,14 @@ def decide_slots(
     last_change.update({n: now for n in turned_on | (turned_off & set(names))})
     state = SlotState(frozenset(enabled), last_change)
     return SlotDecision(frozenset(enabled), decisions, state, turned_on, turned_off)
+
+
+@dataclass(frozen=True)
+class SlotOutcome:
+    """One poll's result: the drafter status to write, events, the decision, GPU-seconds added."""
+
+    drafter: DrafterStatus
+    events: list[tuple[str, str, str]]
+    decision: SlotDecision
+    idle_gpu_seconds: float
+    harvested_gpu_seconds: float

@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes
 from _operator_harness import NAMESPACE, Cluster
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 
 
 class RealCluster(Cluster):

@@ -1,7 +1,7 @@
 """The documented install on a real API server: `kubectl apply -k manifests/base` succeeds, the CRD is
 Established, every example and sample is accepted (client-side, server-side and with strict field
 validation), and every invalid manifest is refused by the server with the message the fake's validator
-(tlt.crd_validate, which `tlt validate` and the fake API server use) gives for it: they cannot disagree
+(tlt.spec.crd_validate, which `tlt validate` and the fake API server use) gives for it: they cannot disagree
 unnoticed."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tlt.crd import MSG_MANAGED_BY, MSG_MODEL, MSG_QUEUED_REPLICAS
-from tlt.crd_validate import validate_run
+from tlt.spec.crd import MSG_MANAGED_BY, MSG_MODEL, MSG_QUEUED_REPLICAS
+from tlt.spec.crd_validate import validate_run
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "schema"))

@@ -38,7 +38,8 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
                  "--json", str(path)]) == 0
     assert torch.get_num_threads() == threads, "the bench gives the process its threads back"
     result = json.loads(path.read_text())
-    assert result["config"] == {"shards": 3, "threads": 1, "rows": 4, "repeats": 2}
+    assert result["config"] == {"shards": 3, "threads": 1, "rows": 4, "repeats": 2, "device": "cpu"}
+    assert result["repeats_done"] == 2
     vanilla, tlt = result["variants"]["vanilla"], result["variants"]["tlt"]
     assert len(vanilla["seconds"]) == len(tlt["seconds"]) == 6, "3 shards in each of 2 repeats"
     assert len(result["repeats"]) == 2
@@ -74,3 +75,48 @@ def test_bad_arguments_are_refused_naming_the_field(tmp_path, capsys):
     workload.write_text(WORKLOAD.replace("  tlt: {speculative: {mode: tlt}}\n", ""))
     assert main(["bench", "worker", "--workload", str(workload)]) == 2
     assert "variants must include 'tlt'" in capsys.readouterr().out
+
+
+def test_runs_where_ray_is_not_installed(tmp_path):
+    """The GPU image has no Ray: the worker bench imports and runs without it (Ray blocked in a fresh process)."""
+    import subprocess
+    import sys
+
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    path = tmp_path / "worker.json"
+    code = ("import sys; sys.modules['ray'] = None\n"  # `import ray` now raises ImportError
+            "from tlt.cli import main\n"
+            f"rc = main(['bench', 'worker', '--workload', {str(workload)!r}, '--shards', '1', '--repeats', '1', "
+            f"'--json', {str(path)!r}])\n"
+            "assert 'ray' not in sys.modules or sys.modules['ray'] is None\n"
+            "sys.exit(rc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(path.read_text())
+    assert result["config"]["device"] == "cpu" and result["rollout_speedup"] > 0
+
+
+def test_a_workload_that_asks_for_a_gpu_is_refused_without_one(tmp_path, capsys):
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("this machine has a CUDA device")
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD.replace('rollout: {replicas: 2, compile: "off"}',
+                                         'rollout: {replicas: 2, compile: "off", resources: {gpus: 1}}'))
+    assert main(["bench", "worker", "--workload", str(workload), "--shards", "1", "--repeats", "1"]) == 2
+    assert "rollout.resources.gpus" in capsys.readouterr().out
+
+
+def test_the_result_so_far_comes_after_every_repeat(tmp_path):
+    """A run cut short (a time budget on a lent GPU) keeps its finished repeats: the JSON is rewritten after each."""
+    from tlt.bench.worker_alone import WorkerBenchConfig, run_worker_bench
+
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    partial: list[dict] = []
+    result = run_worker_bench(WorkerBenchConfig(workload=workload, shards=1, repeats=2), on_repeat=partial.append)
+    assert [p["repeats_done"] for p in partial] == [1, 2] and result["repeats_done"] == 2
+    assert len(partial[0]["repeats"]) == 1 and partial[0]["config"]["repeats"] == 2
+    assert partial[1]["rollout_speedup"] == result["rollout_speedup"]

@@ -20,7 +20,7 @@ sys.path.insert(0, str(FIXTURES))
 from chat_tokenizer import GSM8K, chat_tokenizer, gsm8k_records  # noqa: E402
 
 from tlt import cli  # noqa: E402
-from tlt.config_io import load_run  # noqa: E402
+from tlt.spec.manifest_io import load_run  # noqa: E402
 from tlt.models.loading import save_policy  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.tasks.datasets import load_problems  # noqa: E402
@@ -118,7 +118,7 @@ def test_ray_verifiers_score_with_the_plugin_and_return_its_failures(monkeypatch
 def test_ray_runtime_scores_with_the_plugin_and_records_its_failures(tmp_path: Path, monkeypatch):
     import ray
 
-    from tlt.config import TLTTrainingRun
+    from tlt.spec.run import TLTTrainingRun
     from tlt.runtime.ray_coordinator import RayTrainer
 
     monkeypatch.syspath_prepend(str(FIXTURES))

@@ -14,7 +14,7 @@ import json
 import pytest
 import ray
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.runtime.checkpoint import load_checkpoint
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.warmstart import reduced_config

@@ -14,7 +14,7 @@ import pytest
 import ray
 import torch
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.buffer import pack, sample_from_completion
 from tlt.drafter.evaluate import evaluate_drafter
 from tlt.drafter.export import resolve_checkpoint
@@ -29,18 +29,9 @@ from tlt.runtime.report import summarize, write_report
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import reduced_config
 
-pytestmark = pytest.mark.slow
+from ray_run_spec import SPEC  # tests/e2e is no package: its folder is on sys.path
 
-SPEC = {
-    "model": {"dtype": "float32", "maxContext": 256},
-    "dataset": {"builtin": {"numTrain": 64, "numEval": 16}},
-    "algorithm": {"steps": 3, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 96, "microBatchSize": 16},
-    "rollout": {"replicas": 2},
-    "verifier": {"replicas": 1},
-    "speculative": {"mode": "tlt"},
-    "drafter": {"enabledSlots": "all", "batchTokens": 256, "learningRate": 1e-3},
-    "checkpoint": {"intervalSteps": 1},
-}
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from tlt import cli
-from tlt.config import AlgorithmSpec, DatasetSpec
-from tlt.config_io import parse_run
+from tlt.spec.run import AlgorithmSpec, DatasetSpec
+from tlt.spec.manifest_io import parse_run
 from tlt.models.loading import load_policy, save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rl.rewards import score
@@ -115,6 +115,7 @@ def test_tlt_train_writes_metrics_checkpoint_and_policy(tmp_path: Path, family: 
         assert 0.0 <= row["tail_seconds"] <= row["rollout_seconds"] and row["tokens_per_second"] > 0
         assert row["logprob_gap"] <= 1e-5, "float32 engine and policy must agree on the sampled tokens"
     assert (out / "checkpoints" / "LATEST").read_text() == "step-00000002"
+    assert "# TLT run" in (out / "report.md").read_text(), "--local writes the run report too"
     policy, _ = load_policy(out / "policy", "float32")
     initial, _ = load_policy(tmp_path / "init", "float32")
     assert policy.config.model_type == family
@@ -154,7 +155,7 @@ def test_local_loop_refuses_ngram_without_an_ngram_arm_before_loading(tmp_path: 
 
 
 def test_ngram_mode_reports_acceptance(tmp_path: Path):
-    from tlt.config_io import load_run
+    from tlt.spec.manifest_io import load_run
     from tlt.runtime.local import LocalTrainer
 
     run = load_run(_tiny_run(tmp_path, temperature=0.0))
@@ -204,3 +205,19 @@ def test_grpo_raises_reward_over_the_warm_start(tmp_path: Path):
     assert after >= before + 0.03, f"held-out greedy reward {before:.3f} -> {after:.3f} after 20 GRPO steps"
     first, last = (sum(m["reward_mean"] for m in part) / 5 for part in (history[:5], history[-5:]))
     assert last > first, f"sampled training reward fell: steps 1-5 {first:.3f}, steps 16-20 {last:.3f}"
+
+
+def test_held_out_evaluation_is_reported_apart_from_the_step(tmp_path: Path):
+    run_file = _tiny_run(tmp_path, evalEvery=1, evalSamples=6)
+    out = tmp_path / "out"
+    assert cli.main(["train", str(run_file), "--out", str(out), "--local"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["eval_samples"] == 6 and 0.0 <= row["eval_accuracy"] <= row["eval_reward_mean"] + 1e-9 <= 1.0
+        assert row["eval_seconds"] > 0
+    assert "Held-out evaluation" in (out / "report.md").read_text()
+    again = tmp_path / "again"
+    assert cli.main(["train", str(run_file), "--out", str(again), "--local"]) == 0
+    first = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval_reward_mean"] for r in first] == [r["eval_reward_mean"] for r in rows], \
+        "greedy on the same problems: the same answers from the same policy"

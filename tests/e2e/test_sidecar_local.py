@@ -21,7 +21,7 @@ import pytest
 import yaml
 from _local_pods import free_port, node_ip
 
-from tlt.config_io import load_run
+from tlt.spec.manifest_io import load_run
 from tlt.tasks.warmstart import reduced_config, warm_start
 
 SIDECAR = {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.models.loading import load_policy
 from tlt.runtime.ray_workers import RolloutWorker
 from tlt.tasks.datasets import load_problems

@@ -31,7 +31,7 @@ import test_sd_engine as greedy_tier  # noqa: E402
 import test_sd_engine_sampling as sampling_tier  # noqa: E402
 
 from tlt.adaptive.stepper import build_adaptive_stepper  # noqa: E402
-from tlt.config import ArmSpec, SpeculativeSpec  # noqa: E402
+from tlt.spec.run import ArmSpec, SpeculativeSpec  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.rollout.compiled import CompiledStep  # noqa: E402
 from tlt.rollout.drafting import EagleChainDrafter  # noqa: E402

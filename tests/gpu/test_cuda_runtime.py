@@ -16,9 +16,9 @@ import torch
 # The CPU e2e run's spec (tests/e2e is no package: imported by name from its folder, as the other GPU test does)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from test_ray_runtime import SPEC  # noqa: E402
+from ray_run_spec import SPEC  # noqa: E402
 
-from tlt.config import TLTTrainingRun  # noqa: E402
+from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.runtime.checkpoint import load_latest  # noqa: E402
 from tlt.tasks.warmstart import reduced_config  # noqa: E402
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tlt.drafter.export import EAGLE_WEIGHT_NAMES
+from tlt.models.eagle_layout import EAGLE_WEIGHT_NAMES
 from tlt_components.pipeline import tlt_local_pipeline
 from safetensors import safe_open
 

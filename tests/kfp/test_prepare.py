@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tlt.config_io import SpecError
+from tlt.spec.manifest_io import SpecError
 from tlt.tasks.datasets import DatasetError
 from tlt_components.common import from_struct
 from tlt_components.prepare import prepare_dataset, read_info, read_problems

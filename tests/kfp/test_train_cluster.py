@@ -18,9 +18,9 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL
-from tlt.config_io import parse_run
-from tlt.crd import build_crd
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
+from tlt.spec.manifest_io import parse_run
+from tlt.spec.crd import build_crd
 from tlt_components.cluster import RunCancelled, RunFailed, follow_run, run_manifest, train_on_cluster
 from tlt_components.prepare import prepare_dataset
 from tlt_components.train import export_trained_drafter, run_train

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tlt.adaptive.stepper import build_adaptive_stepper
-from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.compiled import AUTO_MIN_LAYERS, CompiledStep, bucket_size, resolve_compile

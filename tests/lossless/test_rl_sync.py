@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from tlt.config import AlgorithmSpec, DatasetSpec
+from tlt.spec.run import AlgorithmSpec, DatasetSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.runtime import steps
@@ -86,7 +86,7 @@ def test_stale_engine_is_detected():
 
 def _greedy_float64_run(root, mode: str):
     """Three greedy float64 steps of the local loop; returns (completions per step, final weights, SD stepper)."""
-    from tlt.config_io import parse_run
+    from tlt.spec.manifest_io import parse_run
     from tlt.models.loading import save_policy
     from tlt.runtime.local import LocalTrainer
 

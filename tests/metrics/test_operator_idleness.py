@@ -25,7 +25,7 @@ from _operator_harness import NAMESPACE, Cluster, running_operator, wait_for  # 
 from fakekube import FakeKube  # noqa: E402
 from fakekube.validation import crd_validator  # noqa: E402
 
-from tlt.crd import build_crd  # noqa: E402
+from tlt.spec.crd import build_crd  # noqa: E402
 from tlt.runtime.k8s_slots import SlotApi  # noqa: E402
 
 PODS = [f"r1-rollout-{i}" for i in range(4)]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tlt.config import DrafterSpec, MonitoringSpec
+from tlt.spec.run import DrafterSpec, MonitoringSpec
 from tlt_operator.gpu_metrics import PrometheusClient
 from tlt_operator.slots import PodObservation, SlotState, WorkerState, decide_slots, record_utilization
 

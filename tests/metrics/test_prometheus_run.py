@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.runtime.local import LocalTrainer

@@ -18,8 +18,8 @@ from fakekube import FakeKube
 from fakekube.validation import crd_validator
 from kopf.testing import KopfRunner
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL
-from tlt.crd import build_crd
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
+from tlt.spec.crd import build_crd
 
 # Read once when the handlers module is imported (the timer period is fixed at decoration).
 os.environ.setdefault("TLT_OPERATOR_RECONCILE_SECONDS", "1")

@@ -14,8 +14,8 @@ import yaml
 from tlt_operator.builders import build_configmap, build_event, build_pod, build_podgroup, build_service
 from tlt_operator.builders.common import RunRef
 
-from tlt.config import RunSpec, TLTTrainingRun
-from tlt.crd import build_crd
+from tlt.spec.run import RunSpec, TLTTrainingRun
+from tlt.spec.crd import build_crd
 
 RUN = RunRef("demo", "ml", "0c6f3e1a-0000-4000-8000-000000000001")
 TOKEN_SECRET = "demo-ray-token-x7k2p"  # the run's Ray token Secret, as the server would name it
@@ -24,7 +24,7 @@ FULL = RunSpec.model_validate({
         "labels": {"team": "rl"}, "annotations": {"note": "x"}, "nodeSelector": {"gpu": "h100"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "env": [{"name": "HF_TOKEN", "secretKeyRef": {"name": "hf", "key": "token"}}, {"name": "A", "value": "1"}],
-        "serviceAccountName": "tlt-worker", "imagePullSecrets": ["regcred"]}},
+        "serviceAccountName": "tlt-worker", "imagePullSecrets": ["regcred"], "terminationGracePeriodSeconds": 600}},
     "rollout": {"replicas": 3, "resources": {"gpus": 1}},
     "verifier": {"replicas": 1},
     "checkpoint": {"claimName": "ckpt"},
@@ -139,6 +139,8 @@ def test_scheduling_metadata_on_every_child_and_gang_podgroup() -> None:
     assert podgroup["spec"] == {"minMember": 6, "scheduleTimeoutSeconds": 60}
     pod = build_pod(RUN, FULL, "policy", 0, TOKEN_SECRET)
     assert pod["spec"]["priorityClassName"] == "high"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 600, "a graceful stop's step and checkpoint fit in it"
+    assert "terminationGracePeriodSeconds" not in build_pod(RUN, FULL, "rollout", 0, TOKEN_SECRET)["spec"]
     assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
     volcano = RunSpec.model_validate({"schedulingPolicy": {"gang": {"scheduler": "volcano"}}})
     assert build_podgroup(RUN, volcano)["apiVersion"] == "scheduling.volcano.sh/v1beta1"

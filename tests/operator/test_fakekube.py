@@ -10,7 +10,7 @@ import kubernetes
 import pytest
 from _operator_harness import NAMESPACE, Cluster, wait_for
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 
 ApiException = kubernetes.client.ApiException
 

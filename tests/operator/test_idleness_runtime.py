@@ -17,7 +17,7 @@ from tlt_operator.idleness import parse_worker_state
 from tlt_operator.reports import parse_reports, state_of_pod
 from tlt_operator.slots import WorkerState
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.runtime import k8s_slots
 from tlt.runtime.k8s_slots import SlotApi, SlotApiError, worker_name
 
@@ -149,9 +149,10 @@ def test_coordinator_progress_lands_in_the_reports_and_the_operator_reads_it(rep
     """The `progress` report the operator mirrors into `.status.step` / `.status.drafter`."""
     reports.api("r1-policy-0").report_progress({"step": 3, "step_seconds": 41.5, "drafter_version": 7,
                                          "accept_length": 2.25, "drafter_trainers": ["rollout-0", "rollout-1"],
-                                         "reward_mean": 0.4})
+                                         "reward_mean": 0.4, "eval_accuracy": 0.25, "eval_reward_mean": 0.3})
     assert parse_reports(reports.read(), "uid-1").progress == {"step": 3, "lastStepSeconds": 41.5, "drafterVersion": 7,
-                                                          "acceptLength": 2.25, "activeTrainers": 2}
+                                                          "acceptLength": 2.25, "evalAccuracy": 0.25,
+                                                          "evalReward": 0.3, "activeTrainers": 2}
 
 
 def test_progress_leaves_out_what_the_step_did_not_report() -> None:

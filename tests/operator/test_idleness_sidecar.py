@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from test_builders import RUN, TOKEN_SECRET, check_against_model
 from tlt_operator.builders import build_pod, build_resource_claim_template
 
-from tlt.config import RunSpec
-from tlt.crd import MSG_SIDECAR
+from tlt.spec.run import RunSpec
+from tlt.spec.crd import MSG_SIDECAR
 
 SIDECAR = {"rollout": {"replicas": 2, "resources": {"gpus": 1}}, "policy": {"resources": {"gpus": 1}},
            "drafter": {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}}

@@ -10,8 +10,8 @@ import prometheus_client
 from tlt_operator.gpu_metrics import PrometheusError
 from tlt_operator.idleness import RunSlots, SlotTracker, due, step
 
-from tlt.config import MonitoringSpec, RunSpec
-from tlt.status import DrafterStatus
+from tlt.spec.run import MonitoringSpec, RunSpec
+from tlt.spec.status import DrafterStatus
 
 T0 = 1_800_000_000.0
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from _operator_harness import Cluster, wait_for
 
-from tlt.crd_validate import validate_run
+from tlt.spec.crd_validate import validate_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "manifests" / "base"

@@ -17,7 +17,7 @@ from tlt_operator.builders import build_pod, build_service
 from tlt_operator.builders.common import RunRef
 from tlt_operator.builders.security import build_network_policy
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.monitoring.prometheus import PrometheusLogger
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

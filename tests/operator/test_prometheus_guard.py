@@ -11,8 +11,8 @@ import prometheus_client
 import pytest
 from tlt_operator.idleness import SlotTracker
 
-from tlt.config import MonitoringSpec, RunSpec
-from tlt.status import DrafterStatus
+from tlt.spec.run import MonitoringSpec, RunSpec
+from tlt.spec.status import DrafterStatus
 
 T0 = 1_800_000_000.0
 URL = "http://prometheus.monitoring:9090"

@@ -12,8 +12,8 @@ from tlt_operator.idleness import parse_worker_state
 from tlt_operator.lifecycle import PodView, decide, view_pod
 from tlt_operator.reports import parse_reports, state_of_pod
 
-from tlt.config import RunSpec
-from tlt.status import RunStatus, status_patch
+from tlt.spec.run import RunSpec
+from tlt.spec.status import RunStatus, status_patch
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SPEC = RunSpec.model_validate({"rollout": {"replicas": 4}, "verifier": {"replicas": 0},
@@ -108,3 +108,14 @@ def test_a_spec_the_crd_accepts_but_the_operator_cannot_read_is_reported(cluster
     cluster.replace_spec("r1", lambda spec: spec["rollout"]["podTemplate"].update(labels={"good-key": "x"}))
     wait_for("fixed: Running, ValidSpec=True", lambda: cluster.phase("r1") == "Running"
              and _condition(cluster, "r1", "ValidSpec")["status"] == "True")
+
+
+def test_held_out_results_stay_in_status_between_evaluations() -> None:
+    pods = [_pod("r-policy-0"), *(_pod(f"r-rollout-{i}") for i in range(4))]
+    evaluated = decide(SPEC, RunStatus(), pods, 1, NOW, HASHES, {"step": 2, "evalAccuracy": 0.5, "evalReward": 0.6})
+    assert (evaluated.status.step.eval_accuracy, evaluated.status.step.eval_reward) == (0.5, 0.6)
+    later = decide(SPEC, evaluated.status, pods, 1, NOW, HASHES, {"step": 3})
+    assert later.status.step.current == 3 and later.status.step.eval_accuracy == 0.5, "kept until the next one"
+    hostile = decide(SPEC, later.status, pods, 1, NOW, HASHES, {"step": 4, "evalAccuracy": 7})
+    assert hostile.status.step.eval_accuracy == 0.5, "a value the status cannot take is ignored"
+

@@ -22,7 +22,7 @@ from tlt_operator.builders import (
 )
 from tlt_operator.lifecycle import desired_pods
 
-from tlt.config import POD_OWN_MOUNTS, RunSpec
+from tlt.spec.run import POD_OWN_MOUNTS, RunSpec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SIDECAR = RunSpec.model_validate({"rollout": {"replicas": 2}, "drafter": {
@@ -155,7 +155,7 @@ def test_operator_makes_the_isolation_children_and_never_rotates_the_token(clust
 
 
 def test_admission_knows_every_mount_of_the_pod() -> None:
-    """checkpoint.claimName may not be mounted over these (tlt.config.POD_OWN_MOUNTS keeps the list)."""
+    """checkpoint.claimName may not be mounted over these (tlt.spec.run.POD_OWN_MOUNTS keeps the list)."""
     for pod in _pods(SIDECAR):
         for container in _containers(pod):
             assert {m["mountPath"] for m in container["volumeMounts"]} <= set(POD_OWN_MOUNTS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tlt.config import (
+from tlt.spec.run import (
     API_GROUP,
     API_VERSION,
     KIND,
@@ -15,7 +15,7 @@ from tlt.config import (
     MSG_METRICS_PORT,
     MSG_RESERVED,
 )
-from tlt.crd import (
+from tlt.spec.crd import (
     MSG_BLOCK_ARM,
     MSG_BUCKETS,
     MSG_DATASET_PATH,
@@ -83,6 +83,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "name": "T", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}]}}}, "spec.rollout.podTemplate.env[1]"),
     ("suspend not a boolean", {"suspend": [True]}, "spec.suspend"),
     ("replicas negative", {"rollout": {"replicas": -1}}, "spec.rollout.replicas"),
+    ("negative grace period", {"policy": {"podTemplate": {"terminationGracePeriodSeconds": -1}}},
+     "spec.policy.podTemplate.terminationGracePeriodSeconds"),
     ("metric not a Prometheus name", {"monitoring": {"gpuUtilMetric": "gpu util"}}, "spec.monitoring.gpuUtilMetric"),
     ("label not a Prometheus name", {"monitoring": {"podLabel": "exported-pod"}}, "spec.monitoring.podLabel"),
     ("policy replicas zero (rank 0 is the coordinator)", {"policy": {"replicas": 0}}, "spec.policy.replicas"),

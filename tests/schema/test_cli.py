@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from tlt.cli import main
-from tlt.crd import crd_yaml
+from tlt.spec.crd import crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.config import FORBIDDEN_MOUNT, NON_CANONICAL, PARENT_SEGMENT, RUN_NAME_PATTERN
-from tlt.crd import CEL_RULES, build_crd, build_schema, cel_string
-from tlt.crd_lint import compile_error, crd_problems, evaluate, run_rule, schema_problems
-from tlt.crd_validate import _default
+from tlt.spec.run import FORBIDDEN_MOUNT, NON_CANONICAL, PARENT_SEGMENT, RUN_NAME_PATTERN
+from tlt.spec.crd import CEL_RULES, build_crd, build_schema, cel_string
+from tlt.spec.crd_lint import compile_error, crd_problems, evaluate, run_rule, schema_problems
+from tlt.spec.crd_validate import _default
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted(p for p in [*ROOT.glob("examples/*.yaml"), *ROOT.glob("manifests/samples/*.yaml")]

@@ -10,10 +10,10 @@ from typing import Any, Iterator, get_args, get_origin
 import pytest
 from pydantic import BaseModel
 
-from tlt import config
-from tlt.config import RunSpec
-from tlt.crd import CEL_RULES, CRD_FILE, build_crd, build_schema, crd_yaml
-from tlt.crd_validate import CRDValidator
+from tlt.spec import run as config
+from tlt.spec.run import RunSpec
+from tlt.spec.crd import CEL_RULES, CRD_FILE, build_crd, build_schema, crd_yaml
+from tlt.spec.crd_validate import CRDValidator
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"$ref", "$defs", "definitions", "anyOf", "oneOf", "allOf", "not", "title", "const"}

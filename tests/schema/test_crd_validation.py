@@ -11,10 +11,10 @@ import pytest
 import yaml
 from invalid_runs import CEL_MESSAGES, INVALID, manifest
 
-from tlt.config import API_GROUP, KIND
-from tlt.config_io import SpecError, parse_run
-from tlt.crd import MSG_MODEL, MSG_QUEUED_REPLICAS, MSG_TRAINERS
-from tlt.crd_validate import CEL_SKIPPED, validate_run
+from tlt.spec.run import API_GROUP, KIND
+from tlt.spec.manifest_io import SpecError, parse_run
+from tlt.spec.crd import MSG_MODEL, MSG_QUEUED_REPLICAS, MSG_TRAINERS
+from tlt.spec.crd_validate import CEL_SKIPPED, validate_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = [ROOT / "examples" / "run.yaml", ROOT / "manifests" / "samples" / "run.yaml"]

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from tlt.crd_validate import validate_run
-from tlt.status import PHASES, Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition, status_patch
+from tlt.spec.crd_validate import validate_run
+from tlt.spec.status import PHASES, Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition, status_patch
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, tzinfo=timezone.utc)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.config_io import SpecError, load_run, parse_run, read_yaml
+from tlt.spec.manifest_io import SpecError, load_run, parse_run, read_yaml
 
 DUPLICATE = """\
 apiVersion: tlt.dev/v1alpha1

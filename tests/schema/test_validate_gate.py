@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.config_io import MAX_OBJECT_BYTES
+from tlt.spec.manifest_io import MAX_OBJECT_BYTES
 
 HEAD = "apiVersion: tlt.dev/v1alpha1\nkind: TLTTrainingRun\nmetadata:\n  name: gate\n"
 
@@ -57,7 +57,7 @@ def test_yaml_merge_keys_are_merged_as_kubectl_does(tmp_path, capsys):
                    "  rollout:\n    <<: *role\n    replicas: 3\n")
     code, out, _ = _validate(tmp_path, body, capsys)
     assert code == 0 and ": ok (" in out
-    from tlt.config_io import load_run
+    from tlt.spec.manifest_io import load_run
 
     spec = load_run(tmp_path / "run.yaml").spec
     assert spec.rollout.replicas == 3 and spec.rollout.resources.cpu == "2"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tlt.cli import main
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.sim.accept import AcceptCurve
 from tlt.sim.calibrate import compare_run, update_cost
 from tlt.sim.measured import MeasuredCost

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.config import ArmSpec
+from tlt.spec.run import ArmSpec
 from tlt.sim.accept import accept_length, alpha_for_accept
 from tlt.adaptive.costs import amdahl
 from tlt.sim.validate import (PAPER_ACCEPT, PAPER_SETUPS, implied_sd_share, paper_curve, paper_spec, paper_sweep,

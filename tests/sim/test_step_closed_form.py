@@ -8,7 +8,7 @@ import random
 import pytest
 
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.sim.accept import AcceptCurve, accept_length
 from tlt.sim.replica import Drafting, decode_shard
 from tlt.sim.simulator import build_variants, simulate

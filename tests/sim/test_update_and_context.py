@@ -91,7 +91,7 @@ def test_compare_run_recovers_slowdown_overhead_and_fixed_update():
     predicted exactly from the first half's fit."""
     from dataclasses import replace
 
-    from tlt.config import RunSpec
+    from tlt.spec.run import RunSpec
     from tlt.sim.accept import AcceptCurve
     from tlt.sim.calibrate import compare_run
 

@@ -6,7 +6,7 @@ import pytest
 
 from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
 from tlt.adaptive.stepper import AdaptiveStepper, new_bandit
-from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tlt.adaptive.bandit import FLOOR, BucketedBandit
-from tlt.config import SpeculativeSpec
+from tlt.spec.run import SpeculativeSpec
 
 
 def _reward(noise: random.Random, mean: float) -> tuple[float, float]:

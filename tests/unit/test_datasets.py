@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tlt.config import DatasetSpec
+from tlt.spec.run import DatasetSpec
 from tlt.rl.rewards import gsm8k_match
 from tlt.tasks.datasets import DatasetError, held_out_indices, load_problems
 

@@ -9,7 +9,7 @@ import yaml
 
 from tlt.bench.run import WARMSTARTS, load_workload
 from tlt.commands.demo import EXAMPLE
-from tlt.config_io import load_run
+from tlt.spec.manifest_io import load_run
 
 V3 = Path(__file__).resolve().parents[2] / "bench" / "workload-deep-v3.yaml"
 

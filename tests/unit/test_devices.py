@@ -9,7 +9,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from tlt.config import RunSpec, TLTTrainingRun
+from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.drafter.buffer import pack, Sample
 from tlt.rollout.types import Completion
 from tlt.runtime.devices import CPU, GpuPlan, actor_device, completion_to_cpu, gpu_plan, to_cpu, tree_to_cpu

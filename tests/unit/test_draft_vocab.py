@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.draft_vocab import DraftVocab, DraftVocabTracker, top_tokens
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model

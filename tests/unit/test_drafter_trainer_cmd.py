@@ -18,7 +18,7 @@ import yaml
 
 from tlt.cli import main
 from tlt.commands import drafter_trainer, worker
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.runtime import ray_sidecar

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tlt.config import MonitoringSpec
+from tlt.spec.run import MonitoringSpec
 from tlt_operator.gpu_metrics import GpuMetricsQuery, PrometheusClient, PrometheusError, parse_utilization
 
 QUERY = GpuMetricsQuery()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tlt.config import MonitoringSpec
+from tlt.spec.run import MonitoringSpec
 from tlt.monitoring import Loggers, MissingBackendError, build_loggers, scalars, sd_on_fraction
 
 

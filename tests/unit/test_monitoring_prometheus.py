@@ -64,3 +64,12 @@ def test_names_follow_prometheus_conventions():
     assert ours and all(re.fullmatch(r"tlt_[a-z0-9_]+", name) for name, _ in ours), ours
     assert not any(name.endswith(("_ms", "_milliseconds", "_percent")) for name, _ in ours)
     assert {key for _, labels in ours for key, _ in labels} == {"quantile", "bucket", "arm", "le"}
+
+
+def test_the_endpoint_url_is_logged(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="tlt.monitoring.prometheus"):
+        logger = PrometheusLogger(0, addr="127.0.0.1")
+        logger.close()
+    assert f"Prometheus metrics at http://127.0.0.1:{logger.port}/metrics (monitoring.metricsPort)" in caplog.text

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from tlt.config import MonitoringSpec  # noqa: E402
+from tlt.spec.run import MonitoringSpec  # noqa: E402
 from tlt.monitoring import build_loggers  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tlt.config_io import load_run
+from tlt.spec.manifest_io import load_run
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rollout.compiled import compile_available

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.loading import model_folder_problems, save_policy, weights_problem
 from tlt.models.tiny import tiny_model
 from tlt.runtime.local import local_speculative
@@ -152,6 +152,15 @@ def test_an_eval_path_to_no_file(tmp_path, model, capsys):
     assert line.endswith(f"spec.dataset.evalPath: dataset file not found: {tmp_path / 'test.jsonl'}")
 
 
+def test_held_out_evaluation_without_held_out_problems(tmp_path, model, capsys):
+    path = _run_file(tmp_path, model, evalFraction=0)
+    run = yaml.safe_load(path.read_text())
+    run["spec"]["algorithm"] = {"evalEvery": 2}
+    path.write_text(yaml.safe_dump(run))
+    line = _refused(path, capsys)
+    assert "spec.algorithm.evalEvery: 2 needs held-out problems" in line and "dataset.evalPath" in line
+
+
 @pytest.mark.parametrize(("template", "error"), [
     ("{{ raise_exception('this model has no system role') }}", "TemplateError: this model has no system role"),
     ("{% for m in messages %}{{ m['content'] }", "TemplateSyntaxError: unexpected '}' at template line 1"),
@@ -217,7 +226,7 @@ def test_a_busy_metrics_port_is_a_warning_in_validate_and_refused_by_train(tmp_p
 
 
 def test_the_prometheus_logger_names_the_busy_port(tmp_path):
-    from tlt.config import MonitoringSpec
+    from tlt.spec.run import MonitoringSpec
     from tlt.monitoring import build_loggers
 
     with _busy_port() as listener:

@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
@@ -116,6 +116,7 @@ def test_live_display_shows_phase_worker_states_and_restarts():
     console.print(display.render())
     shown = console.file.getvalue()
     assert "TRAINING" in shown and "GENERATING" in shown and "rollout-1" in shown
+    assert "[demo] step 2/3: rollout (" in shown, "piped, each phase is a line of its own (the view is not redrawn)"
 
 
 def test_role_pods_get_one_actor_each_with_that_pods_cpus():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tlt.config import DrafterSpec
+from tlt.spec.run import DrafterSpec
 from tlt_operator.slots import (
     PodObservation,
     SlotState,

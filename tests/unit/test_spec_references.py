@@ -3,8 +3,8 @@ shares; every other reference is refused with its field path."""
 
 from __future__ import annotations
 
-from tlt.config import RunSpec
-from tlt.spec_references import SharedNames, reference_problems
+from tlt.spec.run import RunSpec
+from tlt.spec.references import SharedNames, reference_problems
 
 
 def _spec(env: list[dict], account: str | None = None) -> RunSpec:

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.config import RunSpec
-from tlt.spec_warnings import quantity_bytes, spec_warnings, tree_candidates
+from tlt.spec.run import RunSpec
+from tlt.spec.spec_warnings import quantity_bytes, spec_warnings, tree_candidates
 
 
 def test_the_default_spec_has_no_warnings():

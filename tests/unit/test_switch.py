@@ -1,11 +1,11 @@
-"""SD on/off threshold and running-batch buckets (tlt.adaptive.switch)."""
+"""SD on/off threshold and running-batch buckets (tlt.rollout.draft_switch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tlt.adaptive.switch import bucket_of, sd_bucket, sd_enabled
-from tlt.config import SpeculativeSpec
+from tlt.rollout.draft_switch import bucket_of, sd_bucket, sd_enabled
+from tlt.spec.run import SpeculativeSpec
 
 
 def test_sd_is_on_up_to_and_including_the_threshold():
@@ -44,3 +44,34 @@ def test_negative_batches_are_refused():
         sd_enabled(-1, 8)
     with pytest.raises(ValueError, match="running_batch"):
         bucket_of(0, [1, 2])
+
+
+def test_one_rule_answers_whether_a_runtime_ever_drafts():
+    from tlt.rollout.draft_switch import drafts_at_some_batch
+
+    assert drafts_at_some_batch(4, (1, 2, 4))
+    assert not drafts_at_some_batch(0, (1, 2, 4)), "threshold 0: the drafter trains, never drafts"
+    assert drafts_at_some_batch(1, (2, 4)), "a batch of one falls in the first bucket"
+
+
+def test_the_local_loop_drafts_by_the_same_rule_as_the_adaptive_stepper():
+    from tlt.runtime.steps import ThresholdStepper
+
+    class Counting:
+        def __init__(self):
+            self.rows = []
+
+        def step(self, batch):
+            self.rows.append(batch.num_rows)
+            return 0
+
+    class Batch:
+        def __init__(self, rows):
+            self.num_rows = rows
+
+    plain, speculative = Counting(), Counting()
+    stepper = ThresholdStepper(plain, speculative, threshold=8, buckets=(1, 2, 4))
+    for rows in (1, 4, 5, 8, 9):
+        stepper.step(Batch(rows))
+    assert speculative.rows == [1, 4], "above the last bucket SD is off even within the threshold (sd_bucket)"
+    assert plain.rows == [5, 8, 9]

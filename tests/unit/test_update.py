@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tlt.config import AlgorithmSpec
+from tlt.spec.run import AlgorithmSpec
 from tlt.models.tiny import tiny_model
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 

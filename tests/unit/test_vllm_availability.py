@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.rollout.vllm import availability
 from tlt.rollout.vllm.availability import VllmUnavailable, require_vllm, rollout_engine_problem
 
@@ -52,3 +52,15 @@ def test_validate_accepts_the_vllm_engine(tmp_path, capsys):
     run = tmp_path / "run.yaml"
     run.write_text(yaml.safe_dump({"rollout": {"engine": "vllm"}}))
     assert main(["validate", str(run)]) == 0
+
+
+def test_a_head_size_vllms_cpu_attention_refuses_is_one_line_before_anything_starts():
+    from tlt.rollout.vllm.availability import head_size_problem
+
+    config = {"hidden_size": 64, "num_attention_heads": 4}  # head 16: the tiny policies' shape
+    line = head_size_problem(config, cuda=False, supported=[32, 64, 128])
+    assert line.startswith("rollout.engine 'vllm' on CPU: vLLM's CPU attention serves head sizes [32, 64, 128]")
+    assert "this model's is 16" in line
+    assert head_size_problem({**config, "head_dim": 64}, cuda=False, supported=[32, 64, 128]) is None
+    assert head_size_problem(config, cuda=True, supported=[32]) is None, "CUDA backends are another matter"
+    assert head_size_problem(config, cuda=False, supported=None) is None, "no vLLM here: nothing to ask"

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tlt.cli import main
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams

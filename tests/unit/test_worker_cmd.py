@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import yaml
 
 from tlt.cli import main
 from tlt.commands import worker
-from tlt.config_io import load_run
+from tlt.spec.manifest_io import load_run
 from tlt.runtime import ray_train
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 
@@ -200,20 +201,22 @@ def _head_started(monkeypatch, processes, calls: list[Any]) -> None:
 def test_head_starts_ray_trains_in_process_and_stops_ray(monkeypatch, processes, tmp_path, train_code):
     calls: list[Any] = []
     _head_started(monkeypatch, processes, calls)
-    monkeypatch.setattr(ray_train, "train_ray",
-                        lambda run, out, address: calls.append(("train", out, address)) or train_code)
+    monkeypatch.setattr(ray_train, "train_ray", lambda run, out, address, stopped_exit: calls.append(
+        ("train", out, address, stopped_exit)) or train_code)
     assert worker.run(args_for("policy", out=tmp_path), contract_env("policy", "0")) == train_code
     [(argv, kwargs)] = processes.calls
     assert argv == worker.ray_start_args("policy", 0, HEAD, "10.1.2.3")
     assert kwargs.get("shell", False) is False
-    assert calls == [("head", "10.1.2.3", 6379), ("nodes", "10.1.2.3:6379"), ("train", tmp_path, "10.1.2.3:6379")]
+    # a head stopped by SIGTERM after its checkpoint exits 143, never 0 (the pod's Succeeded: the run's)
+    assert calls == [("head", "10.1.2.3", 6379), ("nodes", "10.1.2.3:6379"),
+                     ("train", tmp_path, "10.1.2.3:6379", 128 + signal.SIGTERM)]
     assert processes.started[0].terminated, "the Ray head was left running"
 
 
 def test_head_is_stopped_when_the_coordinator_raises(monkeypatch, processes, tmp_path):
     _head_started(monkeypatch, processes, [])
 
-    def crash(run: Any, out: Path, address: str) -> int:
+    def crash(run: Any, out: Path, address: str, stopped_exit: int) -> int:
         assert not processes.started[0].terminated, "the head must run while the coordinator trains"
         raise RuntimeError("boom")
 

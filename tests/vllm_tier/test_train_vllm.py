@@ -20,7 +20,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: this tier runs in .ve
 import ray  # noqa: E402
 
 from tlt.cli import main  # noqa: E402
-from tlt.config import TLTTrainingRun  # noqa: E402
+from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.rollout.engine import Engine  # noqa: E402
 from tlt.runtime import steps  # noqa: E402
 from tlt.runtime.ray_coordinator import RayTrainer  # noqa: E402

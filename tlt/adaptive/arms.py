@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.block import BlockChainDrafter

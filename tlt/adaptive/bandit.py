@@ -1,6 +1,6 @@
 """BEG-MAB: a bucketed epsilon-greedy bandit that picks the speculative-decoding strategy.
 
-One table of arm statistics per running-batch bucket (see `tlt.adaptive.switch.bucket_of`):
+One table of arm statistics per running-batch bucket (see `tlt.rollout.draft_switch.bucket_of`):
 the best draft depth / top-k / verify budget at batch 1 is not the best at batch 8. A round of
 an arm yields accepted tokens (per running row, as the adaptive stepper records it) in some
 seconds. An arm's estimate over its last `window` rounds in that bucket is its throughput:
@@ -36,8 +36,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from tlt.config import SpeculativeSpec
-from tlt.config_speculative import Exploration
+from tlt.spec.run import SpeculativeSpec
+from tlt.spec.speculative import Exploration
 
 EXPLORATIONS: tuple[str, ...] = get_args(Exploration)
 SCALE = 0.1  # weighted exploration: an arm 10% behind the best is tried e^-1 as often as the best

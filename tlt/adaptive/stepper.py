@@ -30,8 +30,8 @@ from typing import Any
 from tlt.adaptive.arms import Arm, build_arms
 from tlt.rollout.history import HistoryStore
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.switch import sd_bucket
-from tlt.config import SpeculativeSpec
+from tlt.rollout.draft_switch import sd_bucket
+from tlt.spec.run import SpeculativeSpec
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch

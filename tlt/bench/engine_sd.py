@@ -21,8 +21,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.adaptive.costs import measure_costs
+from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
 from tlt.bench.engine import DTYPES
-from tlt.bench.sd_drafters import context_for, task_of, trained_block_drafter, trained_drafter
+from tlt.bench.bench_block_drafter import trained_block_drafter
 from tlt.bench.sd_summary import block_vs_best_chain, history_summary
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
@@ -84,6 +85,10 @@ class SdBenchConfig:
     cost_context: int = 128
     repeats: int = 3
     seed: int = 0
+
+    def drafter_budget(self) -> DrafterBudget:
+        return DrafterBudget(self.max_new_tokens, self.drafter_prompts, self.drafter_steps, self.drafter_batch,
+                             self.drafter_lr, self.seed)
     threads: int = 2
 
     @classmethod
@@ -286,13 +291,14 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         cfg, folder, policy, tokenizer, drafter, drafter_info = _workload_policy(cfg)
     else:
         folder, policy, tokenizer = _policy(cfg)
-        drafter, drafter_info = trained_drafter(cfg, folder, policy, tokenizer)
-    block, block_info = trained_block_drafter(cfg, folder, policy, tokenizer)
+        drafter, drafter_info = trained_drafter(cfg.drafter_budget(), folder, policy, tokenizer)
+    block, block_info = trained_block_drafter(cfg.drafter_budget(), max(cfg.block_depths), cfg.block_layers, folder,
+                                              policy, tokenizer)
     policy = policy.to(DTYPES[cfg.dtype])
     drafter, block = (copy.deepcopy(d).to(DTYPES[cfg.dtype]) for d in (drafter, block))
     drafter.bind_policy(policy)
     block.bind_policy(policy)
-    task = task_of(folder)
+    task = countdown_task(folder)
     variants: list[tuple[SdRow, Callable[[], float]]] = []
     for batch in cfg.batches:
         n = max(batch, cfg.min_prompts)
@@ -301,7 +307,7 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
             problems = generate(-(-n // group), cfg.seed + 1, task)
             requests = make_requests(tokenizer, [p for p in problems for _ in range(group)],
                                      max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=cfg.seed)
-            context = context_for(policy, requests)
+            context = sample_context(policy, requests)
             earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
                 row = SdRow(name, batch, temperature, len(problems))

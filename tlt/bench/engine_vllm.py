@@ -37,7 +37,7 @@ import torch
 from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
-from tlt.bench.sd_drafters import task_of
+from tlt.bench.bench_drafter import countdown_task
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.export import export_eagle
 from tlt.models.drafter import load_drafter
@@ -290,7 +290,7 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
     compiled = resolve_compile(spec.rollout.compile, policy)
     sizes = {b: requests_per_batch(b, cfg.min_prompts) for b in cfg.batches}
     per_round = max(sizes.values())
-    problems = generate(per_round * (cfg.repeats + 1), spec.dataset.builtin.seed + EVAL_SEED_OFFSET, task_of(folder))
+    problems = generate(per_round * (cfg.repeats + 1), spec.dataset.builtin.seed + EVAL_SEED_OFFSET, countdown_task(folder))
     rounds = [make_requests(tokenizer, problems[r * per_round:(r + 1) * per_round], temperature=0.0,
                             max_new_tokens=spec.algorithm.max_new_tokens, seed=spec.algorithm.seed)
               for r in range(cfg.repeats + 1)]

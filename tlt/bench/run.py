@@ -24,19 +24,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
 import yaml
 
 from transformers import PreTrainedModel
 
 from tlt.adaptive.costs import measure_costs, measure_drafter_costs
+from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
-from tlt.config import RunSpec, TLTTrainingRun
+from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.drafting import EagleChainDrafter
@@ -46,9 +46,11 @@ from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import steps
 from tlt.runtime.devices import gpu_plan
 from tlt.rollout.compiled import resolve_compile
-from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
+
+if TYPE_CHECKING:  # Ray is imported where a run starts: `tlt bench worker` uses this module without it
+    from tlt.runtime.ray_coordinator import RayTrainer
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +145,12 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple
     maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
     distribution), cached beside the warm start: (its folder, its training info). static freezes it,
     tlt keeps training it."""
-    from tlt.bench.engine_sd import SdBenchConfig
-    from tlt.bench.sd_drafters import trained_drafter
     folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
-    sd_cfg = SdBenchConfig(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
+    budget = DrafterBudget(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
                            drafter_steps=int(cfg["steps"]), drafter_batch=int(cfg["batch"]),
                            drafter_lr=float(cfg["learningRate"]), seed=int(cfg["seed"]))
-    _, info = trained_drafter(sd_cfg, folder, policy.eval(), tokenizer)
+    _, info = trained_drafter(budget, folder, policy.eval(), tokenizer)
     return folder / f"bench-drafter-{info['cache_key']}", info
 
 
@@ -199,6 +199,8 @@ def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | No
     a drafter."""
     if trainer.actors is None or trainer.actors.hub is None:
         return None
+    import ray
+
     if trainer.spec.drafter.publish == "validated" and trainer.served is not None:
         params = trainer.served[1]
     else:
@@ -241,6 +243,8 @@ class DriftProbe:
 def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int,
                 drafter: Path | None = None) -> dict[str, Any]:
     """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
+    from tlt.runtime.ray_coordinator import RayTrainer
+
     run = variant_run(workload, variant, repeat, drafter)
     trainer = RayTrainer(run, out_dir, warmstart=workload.warmstart, num_cpus=num_cpus)
     accept: list[float | None] = []
@@ -317,6 +321,8 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
     Each run's metrics are also written to `<work_dir>/<variant>-<repeat>.json` as soon as it ends
     (and the cost curve to `<work_dir>/costs.json`).
     """
+    import ray
+
     check_devices(workload)
     note = progress or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}

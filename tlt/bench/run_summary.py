@@ -281,6 +281,6 @@ def frozen_drop(series: list[float | None]) -> float | None:
 
 
 def _default_threshold() -> int:
-    from tlt.config import SpeculativeSpec
+    from tlt.spec.run import SpeculativeSpec
 
     return SpeculativeSpec().threshold

@@ -135,8 +135,8 @@ def _train_beside(folder: str, drafter_config: Any, drafter_state: dict[str, tor
 
 def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str, Any]:
     """Run the bench (module docstring); the result as a JSON-able dict."""
+    from tlt.bench.bench_drafter import countdown_task, sample_context
     from tlt.bench.engine_sd import SdBenchConfig, sd_engine
-    from tlt.bench.sd_drafters import context_for, task_of
     from tlt.bench.run import _load_average, load_workload, variant_run, warm_drafter
     from tlt.drafter.buffer import OnlineBuffer
     from tlt.drafter.evaluate import make_requests
@@ -164,7 +164,7 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
     drafter.bind_policy(policy)
     compiled = resolve_compile(spec.rollout.compile, policy)
     sd_cfg = replace(SdBenchConfig(), compile=compiled)
-    task = task_of(folder)
+    task = countdown_task(folder)
     group = algo.group_size if algo.temperature > 0 else 1
 
     def requests_for(count: int, seed: int) -> list:
@@ -175,12 +175,13 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
     # the trainer's samples: the policy's own, other prompts, with hidden states (as a rollout buffers them)
     note("sampling the trainer's data")
     samples = requests_for(max(cfg.requests, 16), cfg.seed + 2)
-    sampler = Engine(policy, max_batch_size=len(samples), max_context=context_for(policy, samples), return_hidden=True)
+    sampler = Engine(policy, max_batch_size=len(samples), max_context=sample_context(policy, samples),
+                     return_hidden=True)
     buffer = OnlineBuffer(1, spec.drafter.batch_tokens, seed=cfg.seed)
     buffer.add(sampler.generate(samples), 0)
     packs = buffer.batches(0)
     decode = requests_for(cfg.requests, cfg.seed + 1)
-    context = context_for(policy, decode)
+    context = sample_context(policy, decode)
     engines = {(arm, b): sd_engine(arm, sd_cfg, policy, drafter, b, context) for b in cfg.batches for arm in cfg.arms}
     note("warming up the decode engines")
     for engine in engines.values():

@@ -8,6 +8,8 @@ steps that rollout worker 0 would get. The tlt worker drafts with the workload's
 handed over as the coordinator hands it, and keeps its bandit and history store from shard to shard
 as a worker does across steps. The policy stays fixed (no update): this measures the rollout engine.
 Variants alternate shard by shard, the order flipped every shard. Verifiers are replaced by a no-op.
+Device: the workload's `rollout.resources.gpus` >= 1 puts both workers on `cuda:0` (refused, naming the field,
+without one); Ray is not needed (a GPU image without it runs this bench).
 `repeats` times over, each with fresh workers: the bandit's choices follow measured step times, so two
 repeats of the same shards take different arm paths (measured: 1.09x and 1.21x in two runs of one
 repeat each), and one repeat says little.
@@ -25,6 +27,7 @@ import contextlib
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,15 +66,18 @@ class _NoVerifier:
     score = _NoScore()
 
 
-def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
-    """Run the bench (see the module docstring); the result as a JSON-able dict."""
-    from tlt.bench.run import _load_average, load_workload, variant_run, warm_drafter
+def run_worker_bench(cfg: WorkerBenchConfig, on_repeat: Callable[[dict[str, Any]], None] | None = None
+                     ) -> dict[str, Any]:
+    """Run the bench (see the module docstring); the result as a JSON-able dict. `on_repeat` gets the result so
+    far after every repeat (`repeats_done` of `config.repeats`): a run cut short keeps its finished repeats."""
+    from tlt.bench.run import _load_average, check_devices, load_workload, variant_run, warm_drafter
     from tlt.models.drafter import load_drafter
     from tlt.models.loading import load_policy
     from tlt.tasks.datasets import load_problems
     from tlt.tasks.warmstart import warm_start
 
     workload = load_workload(cfg.workload, quick=cfg.quick)
+    check_devices(workload)
     load_before = _load_average()
     threads_before = torch.get_num_threads()
     drafter_path, _ = warm_drafter(workload)
@@ -87,18 +93,33 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         drafter = (0, {k: v.detach().clone() for k, v in load_drafter(drafter_path, policy.config).state_dict().items()})
     problems = load_problems(spec.dataset, "train")
     split = StepSplit() if cfg.split else None
-    inputs = _Inputs(runs, str(folder), rows, weights, drafter, problems, split)
+    device = torch.device("cuda", 0) if spec.rollout.resources.gpus > 0 else torch.device("cpu")
+    inputs = _Inputs(runs, str(folder), rows, weights, drafter, problems, split, device)
+    repeats: list[dict[str, dict[str, Any]]] = []
     try:
-        repeats = [_repeat(cfg, inputs, r) for r in range(cfg.repeats)]
+        for r in range(cfg.repeats):
+            repeats.append(_repeat(cfg, inputs, r))
+            if on_repeat is not None:
+                on_repeat(_result(cfg, workload.name, inputs, repeats, load_before))
     finally:
         torch.set_num_threads(threads_before)
+    return _result(cfg, workload.name, inputs, repeats, load_before)
+
+
+def _result(cfg: WorkerBenchConfig, name: str, inputs: _Inputs, repeats: list[dict[str, dict[str, Any]]],
+            load_before: list[float]) -> dict[str, Any]:
+    """The bench's result over the repeats done so far."""
+    from tlt.bench.run import _load_average
+
     variants = {v: _pooled([rep[v] for rep in repeats]) for v in ("vanilla", "tlt")}
     ratios = [_ratios(rep) for rep in repeats]
     speedups = sorted(r["rollout_speedup"] for r in ratios)
     tokens = {v: [t for rep in repeats for t in rep[v]["token_ids"]] for v in variants}
     return {
-        "workload": {"path": str(cfg.workload), "name": workload.name, "quick": cfg.quick},
-        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": rows, "repeats": cfg.repeats},
+        "workload": {"path": str(cfg.workload), "name": name, "quick": cfg.quick},
+        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": inputs.rows, "repeats": cfg.repeats,
+                   "device": str(inputs.device)},
+        "repeats_done": len(repeats),
         "variants": variants,
         "rollout_speedup": statistics.median(speedups),
         "rollout_speedup_range": [speedups[0], speedups[-1]],
@@ -109,7 +130,7 @@ def run_worker_bench(cfg: WorkerBenchConfig) -> dict[str, Any]:
         "speedup_per_token_by_running": per_token_speedup(variants["vanilla"]["ms_per_token_by_running"],
                                                           variants["tlt"]["ms_per_token_by_running"]),
         "load_average": {"before": load_before, "after": _load_average()},
-        **({"step_split": split.table()} if split is not None else {}),
+        **({"step_split": inputs.split.table()} if inputs.split is not None else {}),
     }
 
 
@@ -124,6 +145,7 @@ class _Inputs:
     drafter: tuple[int, dict[str, torch.Tensor]] | None
     problems: list[Any]
     split: StepSplit | None
+    device: torch.device
 
 
 def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, dict[str, Any]]:
@@ -135,8 +157,8 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
 
     algo = inputs.runs["tlt"].spec.algorithm
     replicas = inputs.runs["tlt"].spec.rollout.replicas
-    workers = {v: RolloutWorker(0, run.spec, inputs.folder, inputs.rows, [_NoVerifier()], None, threads=cfg.threads)
-               for v, run in inputs.runs.items()}
+    workers = {v: RolloutWorker(0, run.spec, inputs.folder, inputs.rows, [_NoVerifier()], None, threads=cfg.threads,
+                                device=inputs.device) for v, run in inputs.runs.items()}
     out: dict[str, dict[str, Any]] = {v: {"seconds": [], "steps": [], "tokens": [], "token_ids": [],
                                           "by_running": collections.Counter(),
                                           "steps_by_running": collections.Counter(),

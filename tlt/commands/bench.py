@@ -290,8 +290,8 @@ def _worker_run(args: argparse.Namespace) -> int:
     try:
         cfg = WorkerBenchConfig(workload=_workload_file(args.workload), shards=args.shards, threads=args.threads,
                                 quick=args.quick, split=args.split, repeats=args.repeats)
-        with console.status("one rollout worker alone: vanilla vs tlt"):
-            result = run_worker_bench(cfg)
+        with console.status("one rollout worker alone: vanilla vs tlt"):  # the JSON rewritten after every repeat
+            result = run_worker_bench(cfg, on_repeat=lambda partial: _write_json(console, args.json, partial))
     except ValueError as exc:
         console.print(f"error: {exc}")
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tlt.crd import crd_yaml
+from tlt.spec.crd import crd_yaml
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

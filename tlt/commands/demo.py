@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from tlt.bench.machine import describe, machine_info
     from tlt.bench.run import WARMSTARTS as CONFIGS
     from tlt.bench.run import DRAFTER_WARMSTART, drafter_warm_start
-    from tlt.config_io import SpecError, load_run
+    from tlt.spec.manifest_io import SpecError, load_run
     from tlt.runtime.demo_report import write_demo_report
     from tlt.runtime.ray_cluster import local_graph_sets, precompile_local
-    from tlt.runtime.ray_coordinator import policy_path
+    from tlt.runtime.local import policy_path
     from tlt.runtime.ray_train import train_ray
 
     if not args.file.is_file():

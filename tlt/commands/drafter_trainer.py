@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tlt.commands.worker import RAY, EnvError, checked_ray_environment, exit_on_sigterm, hold_node, read_env
-from tlt.config_io import SpecError, load_run
+from tlt.spec.manifest_io import SpecError, load_run
 from tlt.runtime.k8s_slots import worker_name
 from tlt.runtime.ray_sidecar import trainer_resource
 

@@ -72,8 +72,8 @@ def _cluster(args: argparse.Namespace, spec: Any) -> Any:
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from tlt.config import RunSpec
-    from tlt.config_io import load_run
+    from tlt.spec.run import RunSpec
+    from tlt.spec.manifest_io import load_run
 
     if args.bench_variant is not None:
         if args.run is not None:

@@ -8,10 +8,14 @@ Before Ray starts or a model loads, what the run reads here is checked as `tlt v
 (`tlt.runtime.preflight`: model folder, dataset files, first prompts, reward plug-in, metrics port), one
 line per problem. --local runs speculative.mode static / tlt as ngram (or off), saying so
 (`tlt.runtime.local.local_speculative`).
+SIGTERM or SIGINT (Ctrl-C) stops the run after the step under way, with a checkpoint of it
+(`tlt.runtime.graceful_stop`); a second one stops it at once.
 
-Exit status: 0 done, 1 the run stopped on an error (unusable checkpoint, bad model or data),
-2 the run file does not validate or asks for what cannot run here (rollout.engine vllm without vLLM, or
-with settings vLLM cannot honour: `tlt.rollout.vllm.spec_map`; a model, dataset or port the checks refuse).
+Exit status: 0 done, or stopped on a signal with its checkpoint written; 1 the run stopped on an error
+(unusable checkpoint, a checkpoint that could not be written, bad model or data); 2 the run file does not
+validate or asks for what cannot run here (rollout.engine vllm without vLLM, or with settings vLLM cannot
+honour: `tlt.rollout.vllm.spec_map`; a model, dataset or port the checks refuse); 143 stopped on a signal but
+the checkpoint could not be written (one line says why); 128 + N when a second signal N stopped it at once.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tlt.config import TLTTrainingRun
-from tlt.config_io import SpecError, load_run
-from tlt.rollout.vllm.availability import rollout_engine_problem
+from tlt.spec.run import TLTTrainingRun
+from tlt.spec.manifest_io import SpecError, load_run
+from tlt.rollout.vllm.availability import rollout_engine_problem, vllm_model_problem
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
+from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     problem = rollout_engine_problem(spec.spec.rollout.engine)
     if problem is None and spec.spec.rollout.engine == "vllm":
-        problem = vllm_spec_problem(spec.spec, cuda=torch.cuda.is_available())
+        problem = vllm_spec_problem(spec.spec, cuda=torch.cuda.is_available()) or vllm_model_problem(spec.spec)
         if problem is None and args.local:
             problem = ("rollout.engine 'vllm' needs the Ray loop (a vLLM rollout worker beside the policy's "
                        "trainer): drop --local, or set rollout.engine to 'tlt'")
@@ -92,19 +97,25 @@ def _step_line(m: dict[str, Any]) -> str:
 
 
 def train_local(spec: TLTTrainingRun, out: Path) -> int:
-    """The single-process loop with a progress display; resumes from `out` when it holds checkpoints."""
-    from tlt.runtime.checkpoint import CheckpointError
+    """The single-process loop with a progress display; resumes from `out` when it holds checkpoints.
+    Stops gracefully on SIGTERM / SIGINT (the module docstring)."""
+    with stop_on_signals() as stop:
+        return _train_local(spec, out, stop)
+
+
+def _train_local(spec: TLTTrainingRun, out: Path, stop: GracefulStop) -> int:
+    from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
+    from tlt.runtime.checkpoint_recovery import cannot_resume
     from tlt.runtime.local import LocalTrainer, ResumeError
 
     console = Console(stderr=True)
     try:
         trainer = LocalTrainer(spec, out)
     except (CheckpointError, ResumeError) as exc:
-        console.print(f"[red]error:[/red] cannot resume from {out}: {exc}", markup=True, highlight=False)
-        console.print("the checkpoint was left as it is; fix or move it, or train into another --out", highlight=False)
+        console.print(f"error: {cannot_resume(out, exc)}", style="red", highlight=False, soft_wrap=True)
         return 1
     except (OSError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 1
     total = spec.spec.algorithm.steps
     if trainer.step:
@@ -117,9 +128,23 @@ def train_local(spec: TLTTrainingRun, out: Path) -> int:
             progress.console.print(_step_line(metrics), highlight=False)
             progress.update(task, completed=metrics["step"])
 
-        history = trainer.train(on_step=on_step)
+        try:
+            history = trainer.train(on_step=on_step, stop=stop)
+        except CheckpointWriteError as exc:
+            trainer.loggers.close()
+            code, line = write_failed(stop, exc)
+            console.print(line, style="red", highlight=False, soft_wrap=True)
+            return code
     trainer.loggers.close()
+    if trainer.step < total:
+        console.print(stopped_line(spec.metadata.name, stop.name, trainer.step, total,
+                                   str(trainer.stopped) if trainer.stopped else None), highlight=False, soft_wrap=True)
+        return 0
+    from tlt.runtime.report import write_report
+
     last = history[-1] if history else None
     summary = f"done: {len(history)} steps" + (f", final reward {last['reward_mean']:.3f}" if last else "")
-    console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}")
+    report = write_report(out, title=f"TLT run {spec.metadata.name} (--local)") if trainer.step else None
+    console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}"
+                  + (f", report {report}" if report else ""))
     return 0

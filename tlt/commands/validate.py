@@ -17,14 +17,14 @@ import sys
 
 from transformers import PreTrainedTokenizerBase
 
-from tlt.config import RunSpec
-from tlt.config_io import SpecError, load_run
+from tlt.spec.run import RunSpec
+from tlt.spec.manifest_io import SpecError, load_run
 from tlt.models.loading import load_tokenizer
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
 from tlt.runtime.preflight import input_problems, metrics_port_problem
-from tlt.spec_references import SharedNames, reference_problems
-from tlt.spec_warnings import spec_warnings
+from tlt.spec.references import SharedNames, reference_problems
+from tlt.spec.spec_warnings import spec_warnings
 from tlt.tasks.datasets import DatasetError, load_problems
 from tlt.tasks.prompt_format import PromptError, encode_prompt
 from tlt.tasks.tokenizer import build_task_tokenizer

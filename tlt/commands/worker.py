@@ -7,6 +7,11 @@ Implements the worker contract of `tlt_operator.builders.pod` (its docstring is 
   (`tlt.runtime.ray_train.train_ray`) into /var/lib/tlt, the pod's working directory, where a relative
   `checkpoint.path` resolves onto the checkpoint volume (so a replaced head resumes from the last
   checkpoint). It stops the head at the end and exits 0 when every step is done: the run's Succeeded.
+  SIGTERM (the kubelet stopping the pod) while the coordinator runs: it finishes the step under way,
+  writes a checkpoint of it, stops Ray and exits 143 (`tlt.runtime.graceful_stop`), so the pod is Failed,
+  not Succeeded, and its replacement resumes from that checkpoint. The pod's
+  terminationGracePeriodSeconds must cover one step and one checkpoint, or the kubelet's SIGKILL ends it
+  first (the previous checkpoint then stands).
 - rollout / verifier pods join the head as Ray nodes that advertise one unit of their role's custom
   resource (`tlt_rollout` / `tlt_verifier`, the names `tlt.runtime.ray_cluster` asks for), so the
   coordinator's actors of that role land on them; `ray start --block` holds the pod.
@@ -26,7 +31,8 @@ Policy rank 0 must have `RAY_AUTH_MODE` set itself: it is also a Ray driver, and
 mode when it is imported (checked here with Ray 2.60: a driver given only the token is refused).
 
 Exit status: 0 done (policy rank 0), 1 the run failed or this node lost the cluster, 2 the spec or the
-environment is wrong, 143 terminated (SIGTERM from the kubelet).
+environment is wrong, 143 terminated (SIGTERM from the kubelet; on policy rank 0 after the checkpoint of
+the step under way, or without one when it could not be written or no step was running).
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal, get_args
 
-from tlt.config import RunSpec, TLTTrainingRun
-from tlt.config_io import SpecError, load_run
+from tlt.spec.run import RunSpec, TLTTrainingRun
+from tlt.spec.manifest_io import SpecError, load_run
+from tlt.runtime.graceful_stop import EXIT_TERMINATED
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 from tlt.runtime.ray_sidecar import TRAINER_RESOURCE_PREFIX, trainer_nodes
 
@@ -59,7 +66,6 @@ ROLES: tuple[str, ...] = get_args(Role)
 WORK_DIR = Path("/var/lib/tlt")
 ENV_VARS = ("TLT_RUN_NAME", "TLT_ROLE", "TLT_RANK", "TLT_POD_NAME", "TLT_NAMESPACE", "TLT_POD_IP", "TLT_HEAD_ADDRESS")
 RAY = (sys.executable, "-m", "ray.scripts.scripts")
-EXIT_TERMINATED = 128 + signal.SIGTERM
 AUTH_MODE = "RAY_AUTH_MODE"
 AUTH_TOKEN = "RAY_AUTH_TOKEN"
 
@@ -176,6 +182,7 @@ def wait_for_nodes(address: str, spec: RunSpec, deadline: float, poll: float = 2
 
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
+        signal.signal(signal.SIGTERM, _terminate)  # over Ray's own (exit 15): SIGTERM while waiting is 143
     while missing := missing_nodes(spec, ray.cluster_resources()):
         if time.monotonic() > deadline:
             raise TimeoutError("still waiting for nodes: "
@@ -256,7 +263,7 @@ def run_head(env: WorkerEnv, run_spec: TLTTrainingRun, out: Path, join_timeout: 
             return 1
         from tlt.runtime.ray_train import train_ray
 
-        return train_ray(run_spec, out, address=address)
+        return train_ray(run_spec, out, address=address, stopped_exit=EXIT_TERMINATED)
     finally:
         import ray
 

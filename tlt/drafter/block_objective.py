@@ -15,7 +15,7 @@ its checkpoint takes exactly the steps an unbroken run would.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -93,8 +93,9 @@ class BlockTraining:
         self.optimizer = make_optimizer(drafter, lr)
         self.step = 0
 
-    def train(self, steps: int) -> list[float]:
-        """`steps` optimizer steps, batch `step % len(batches)` each; returns the losses."""
+    def train(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> list[float]:
+        """`steps` optimizer steps, batch `step % len(batches)` each; returns the losses. on_step(steps done
+        in this call, loss) after each step."""
         self.drafter.train()
         losses = []
         for _ in range(steps):
@@ -105,6 +106,8 @@ class BlockTraining:
             self.optimizer.step()
             self.step += 1
             losses.append(loss.total.item())
+            if on_step is not None:
+                on_step(len(losses), losses[-1])
         self.drafter.eval()
         return losses
 

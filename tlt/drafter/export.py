@@ -43,6 +43,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from tlt.drafter.async_ckpt import LATEST
 from tlt.models.drafter import (CONFIG_FILE, SHAPE_FIELDS, WEIGHTS_FILE, EagleDrafter, drafter_config_from_target,
                                 load_drafter, save_drafter)
+from tlt.models.eagle_layout import EAGLE_ARCHITECTURE, check_eagle_keys
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +52,7 @@ EXPORT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": t
 SERVED_DIR = "drafter-served"  # under a run's output folder: the drafter its next step would draft with
 SERVED_INFO = "served.json"  # in SERVED_DIR: {"version", "publish", "step"}
 DRAFTER_SNAPSHOTS_DIR = "drafter"  # under a run's output folder: the hub's asynchronous snapshots
-EAGLE_ARCHITECTURE = "LlamaForCausalLM"
 EAGLE_FORMAT = "eagle"
-EAGLE_WEIGHT_NAMES: tuple[str, ...] = (
-    "fc.weight",
-    "layers.0.self_attn.q_proj.weight",
-    "layers.0.self_attn.k_proj.weight",
-    "layers.0.self_attn.v_proj.weight",
-    "layers.0.self_attn.o_proj.weight",
-    "layers.0.post_attention_layernorm.weight",
-    "layers.0.mlp.gate_proj.weight",
-    "layers.0.mlp.up_proj.weight",
-    "layers.0.mlp.down_proj.weight",
-)
 
 
 @dataclass(frozen=True)
@@ -156,15 +145,6 @@ def write_served_drafter(out_dir: str | Path, drafter: tuple[int, dict[str, torc
         shutil.rmtree(staging, ignore_errors=True)
     log.info("served drafter version %d (publish %s, step %d) written to %s", version, publish, step, final)
     return final
-
-
-def check_eagle_keys(names: set[str] | list[str], where: str) -> None:
-    """Raise ValueError unless `names` is exactly the EAGLE tensor set, naming missing and extra keys."""
-    present = set(names)
-    missing = sorted(set(EAGLE_WEIGHT_NAMES) - present)
-    extra = sorted(present - set(EAGLE_WEIGHT_NAMES))
-    if missing or extra:
-        raise ValueError(f"{where}: not an EAGLE drafter: missing keys {missing}, unexpected keys {extra}")
 
 
 def eagle_config(drafter: EagleDrafter, target: PretrainedConfig, dtype: torch.dtype) -> dict:

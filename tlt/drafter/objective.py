@@ -10,7 +10,7 @@ where the drafter runs during rollout (the first draft reads the first response 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -108,9 +108,11 @@ def make_optimizer(drafter: EagleDrafter, lr: float) -> torch.optim.AdamW:
 
 
 def train_drafter_steps(
-    drafter: EagleDrafter, batches: Sequence[DrafterBatch], steps: int, lr: float
+    drafter: EagleDrafter, batches: Sequence[DrafterBatch], steps: int, lr: float,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Plain training loop for tests: `steps` optimiser steps cycling over `batches`; returns the losses."""
+    """Plain training loop (tests, the bench drafter): `steps` optimiser steps cycling over `batches`; returns
+    the losses. on_step(steps done, loss) after each step."""
     if not batches:
         raise ValueError("train_drafter_steps needs at least one batch")
     optimizer = make_optimizer(drafter, lr)
@@ -123,6 +125,8 @@ def train_drafter_steps(
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), max_norm=1.0)
         optimizer.step()
         losses.append(loss.total.item())
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
     drafter.eval()
     log.debug("drafter trained %d steps, loss %.4f -> %.4f", steps, losses[0], losses[-1])
     return losses

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tlt.config import MonitoringSpec
+from tlt.spec.run import MonitoringSpec
 from tlt.monitoring.base import Loggers, MetricsLogger
 from tlt.monitoring.jsonl import JsonlLogger
 

@@ -9,13 +9,22 @@ holds the last finished step's value; the histograms and counters accumulate ove
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 from tlt.monitoring.base import scalars
+
+log = logging.getLogger(__name__)
 
 # metrics.jsonl key -> (metric name, help): the last step's value
 GAUGES = {
@@ -34,6 +43,9 @@ GAUGES = {
     "reward_mean": ("tlt_reward_mean", "Mean reward of the last step's responses."),
     "reward_group_solved": ("tlt_reward_group_solved_ratio", "Share of prompts with a rewarded response."),
     "truncation_rate": ("tlt_response_truncated_ratio", "Share of responses cut at the token limit."),
+    "eval_reward_mean": ("tlt_eval_reward_mean", "Mean reward on the held-out problems, last evaluation."),
+    "eval_accuracy": ("tlt_eval_accuracy_ratio", "Share of held-out problems with the full reward, last evaluation."),
+    "eval_seconds": ("tlt_eval_seconds", "Wall time of the last held-out evaluation (not part of the step's)."),
 }
 # metrics.jsonl key -> (histogram name, help, bucket upper bounds), one observation per step
 HISTOGRAMS = {
@@ -73,6 +85,8 @@ class PrometheusLogger:
         self.arm_steps = Gauge("tlt_sd_arm_steps", "Decode steps of each arm in each batch-size bucket, last step.",
                                ["bucket", "arm"], registry=self.registry)
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
+        shown = "localhost" if addr in ("0.0.0.0", "::") else addr
+        log.info("Prometheus metrics at http://%s:%d/metrics (monitoring.metricsPort)", shown, self.port)
 
     @property
     def port(self) -> int:

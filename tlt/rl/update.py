@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from tlt.config import AlgorithmSpec
+from tlt.spec.run import AlgorithmSpec
 from tlt.rl.grpo import grpo_loss
 from tlt.rl.packing import forward_inputs, micro_batches
 

@@ -11,8 +11,10 @@ Layout under the checkpoint root::
     .tmp-step-00000006-1234/  an interrupted write: ignored, removed by the next save
 
 A SIGKILL at any point leaves either the previous checkpoint as LATEST or the new one complete.
+A write that fails (a full disk, a quota, an I/O error) removes its temporary folder and raises
+`CheckpointWriteError` naming the root and the bytes the checkpoint needs; LATEST is untouched.
 A checkpoint that exists but cannot be read or whose digests differ raises `CheckpointError`;
-it is never silently skipped or replaced.
+it is never silently skipped or replaced (`tlt.runtime.checkpoint_recovery` decides what a run does then).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tlt.runtime.devices import tree_to_cpu
@@ -39,6 +42,19 @@ MANIFEST = "manifest.json"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that exists but cannot be used; the message names the folder and the problem."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, I/O error); the previous one is intact."""
+
+    def __init__(self, message: str, needed_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+
+
+# What the writers raise when a write fails: Python's OSError, safetensors' own error, and torch.save's
+# RuntimeError (its C++ stream reports a full disk as "basic_ios::clear" or "unexpected pos", no errno).
+WRITE_ERRORS = (OSError, SafetensorError, RuntimeError)
 
 
 @dataclass
@@ -114,8 +130,45 @@ def _write_file_synced(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor's elements in `obj` (a tensor, or dicts, lists and tuples holding them)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def checkpoint_bytes(ckpt: Checkpoint) -> int:
+    """A lower bound of the disk space `ckpt` takes: its tensors' bytes plus its JSON state (file headers and
+    pickled structure add about 2 KiB per file: a few per cent of a real checkpoint, most of a tiny one)."""
+    state = len(json.dumps(ckpt.state, sort_keys=True, default=str).encode())
+    return tensor_bytes(ckpt.tensors) + tensor_bytes(ckpt.objects) + state
+
+
+def _write_failed(root: Path, step: int, partial: list[Path], exc: BaseException,
+                  needed: int) -> CheckpointWriteError:
+    """Remove what the failed write left (`partial`: folders and files); the error that names the root, the
+    bytes needed and the checkpoint that is still the resume point."""
+    for path in partial:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    free = shutil.disk_usage(root).free
+    pointer = root / LATEST
+    kept = f"{pointer.read_text().strip()} is intact" if pointer.exists() else "there is no earlier checkpoint"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CheckpointWriteError(
+        f"checkpoint.path {root}: writing the step-{step} checkpoint failed ({first}); it needs at least "
+        f"{needed:,} bytes and {free:,} are free there; the partial files were removed and {kept}", needed)
+
+
 def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
-    """Write `ckpt` under `root` atomically, point LATEST at it, keep the newest `keep` checkpoints."""
+    """Write `ckpt` under `root` atomically, point LATEST at it, keep the newest `keep` checkpoints.
+    Raises CheckpointWriteError when a file cannot be written (LATEST and its folder left as they were)."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     root = Path(root)
@@ -126,7 +179,41 @@ def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
     if final.exists() and (root / LATEST).exists() and (root / LATEST).read_text().strip() == final.name:
         raise CheckpointError(f"{final} is the latest checkpoint; refusing to overwrite it")
     tmp = root / f".tmp-{_name(ckpt.step)}-{os.getpid()}"
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+        _write_files(tmp, ckpt)
+    except WRITE_ERRORS as exc:
+        raise _write_failed(root, ckpt.step, [tmp], exc, checkpoint_bytes(ckpt)) from exc
+    if final.exists():  # left by a run killed before LATEST moved to it: not the resume point
+        aside = root / f".tmp-old-{final.name}-{os.getpid()}"
+        os.replace(final, aside)
+        shutil.rmtree(aside)
+    os.replace(tmp, final)
+    try:
+        point_latest(root, final.name)
+    except OSError as exc:  # unless LATEST moved before the error, the new folder is no resume point: freed
+        moved = (root / LATEST).is_file() and (root / LATEST).read_text().strip() == final.name
+        raise _write_failed(root, ckpt.step, [] if moved else [final], exc, checkpoint_bytes(ckpt)) from exc
+    _prune(root, keep)
+    log.info("checkpoint step %d written to %s", ckpt.step, final)
+    return final
+
+
+def point_latest(root: Path, name: str) -> None:
+    """Point LATEST at the folder `name` atomically: a temporary file, fsynced, renamed over it. An OSError
+    leaves LATEST as it was (the temporary file removed)."""
+    pointer = root / f".tmp-{LATEST}-{os.getpid()}"
+    try:
+        _write_file_synced(pointer, name.encode())
+        os.replace(pointer, root / LATEST)
+    except OSError:
+        pointer.unlink(missing_ok=True)
+        raise
+    _fsync_dir(root)
+
+
+def _write_files(tmp: Path, ckpt: Checkpoint) -> None:
+    """Every file of `ckpt` and its manifest into the folder `tmp`, each fsynced, then the folder."""
     files: dict[str, str] = {}
     for name, tensors in ckpt.tensors.items():
         path = tmp / f"{name}.safetensors"
@@ -142,18 +229,6 @@ def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
         with (tmp / name).open("rb") as fh:
             os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    if final.exists():  # left by a run killed before LATEST moved to it: not the resume point
-        aside = root / f".tmp-old-{final.name}-{os.getpid()}"
-        os.replace(final, aside)
-        shutil.rmtree(aside)
-    os.replace(tmp, final)
-    pointer = root / f".tmp-{LATEST}-{os.getpid()}"
-    _write_file_synced(pointer, final.name.encode())
-    os.replace(pointer, root / LATEST)
-    _fsync_dir(root)
-    _prune(root, keep)
-    log.info("checkpoint step %d written to %s", ckpt.step, final)
-    return final
 
 
 def _prune(root: Path, keep: int) -> None:

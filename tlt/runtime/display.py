@@ -49,6 +49,9 @@ class LiveDisplay:
         self.current_step = min(event.get("step", self.current_step), self.total)
         if kind == "phase":
             self.phase = event["phase"]
+            if not self.console.is_terminal:  # piped into a log: the live view is not redrawn, so say it
+                self.console.print(f"[{self.name}] step {self.current_step}/{self.total}: {self.phase} "
+                                   f"({time.time() - self.started:.0f} s)", highlight=False, markup=False)
         elif kind == "workers":
             self.workers = {w["worker"]: w for w in event["workers"]}
         elif kind == "restart":

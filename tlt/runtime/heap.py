@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-import ray
+from tlt.runtime.optional_ray import ray
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def freeze_heap() -> dict[str, Any]:
 
 def in_actor() -> bool:
     """Whether this process runs a Ray actor (a process of its own)."""
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def freeze_actor_heap(name: str) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tlt.config import API_GROUP, API_VERSION, PLURAL
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def progress_report(metrics: dict[str, Any]) -> str:
     """The coordinator's `progress` value from one step's metrics (the operator mirrors it into
     `.status.step` and `.status.drafter`); keys the step did not report are left out."""
     fields = {"step": "step", "lastStepSeconds": "step_seconds", "drafterVersion": "drafter_version",
-              "acceptLength": "accept_length"}
+              "acceptLength": "accept_length", "evalAccuracy": "eval_accuracy", "evalReward": "eval_reward_mean"}
     report = {key: metrics[name] for key, name in fields.items() if metrics.get(name) is not None}
     if metrics.get("drafter_trainers") is not None:
         report["activeTrainers"] = len(metrics["drafter_trainers"])

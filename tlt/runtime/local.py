@@ -18,9 +18,13 @@ policy's own, recomputed before the update; the engine's are kept only to report
 Resume: a checkpoint holds the policy weights, the optimizer state, the step, torch's RNG state,
 the metrics so far and the spec that wrote it. A new trainer on the same output folder continues
 from the newest checkpoint and rewrites metrics.jsonl to the checkpoint's steps, so a step that
-ran after the last checkpoint is redone, bit for bit, and recorded once. An unreadable
-checkpoint raises `CheckpointError`; a checkpoint of a different run raises `ResumeError`.
-Neither is ever replaced by a fresh start.
+ran after the last checkpoint is redone, bit for bit, and recorded once. A damaged newest checkpoint
+is passed over for the newest intact one, or stops the run (`checkpoint.onCorrupt`,
+`tlt.runtime.checkpoint_recovery`); a checkpoint of a different run raises `ResumeError`. Neither is
+ever replaced by a fresh start.
+
+Stop: with a `GracefulStop` (`tlt.runtime.graceful_stop`), a SIGTERM / SIGINT ends the loop after the
+step under way, with a checkpoint of it (event `stop` in events.jsonl); no final policy is written.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.config import RunSpec, SpeculativeSpec, TLTTrainingRun
+from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.monitoring import METRICS_FILE, build_loggers
 from tlt.rollout.compiled import resolve_compile
@@ -47,9 +51,13 @@ from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.stepper import PlainStepper, Stepper
 from tlt.runtime import steps
-from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
+from tlt.runtime.checkpoint import Checkpoint, save_checkpoint
+from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import CPU, policy_device
+from tlt.runtime.events import append_event
+from tlt.runtime.graceful_stop import GracefulStop
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
+from tlt.runtime.heldout import eval_due, evaluate, heldout_problems
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
@@ -106,6 +114,14 @@ def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | Non
     return spec.model_copy(update={"mode": mode}), note
 
 
+def policy_path(run: TLTTrainingRun, warmstart: WarmstartConfig | None) -> str:
+    """The folder the Ray workers load the policy architecture and tokenizer from: `model.path`, else the
+    built-in warm start."""
+    if run.spec.model.path is not None:
+        return run.spec.model.path
+    return str(warm_start(warmstart or WarmstartConfig()))
+
+
 def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, SpeculativeStepper | None]:
     """The engine's stepper for `speculative.mode`, and its speculative part (None when off).
 
@@ -125,7 +141,7 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
     if arm is None:
         raise ValueError(MSG_NGRAM_ARM)
     speculative = SpeculativeStepper(runner, NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max))
-    return steps.ThresholdStepper(plain, speculative, spec.threshold), speculative
+    return steps.ThresholdStepper(plain, speculative, spec.threshold, spec.buckets), speculative
 
 
 def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, SpeculativeStepper | None]:
@@ -156,7 +172,16 @@ def resume_conflicts(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     return found
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+def check_same_run(ckpt: Checkpoint | None, root: Path, spec: dict[str, Any]) -> None:
+    """Raise ResumeError when `ckpt` (under `root`) was written by a run whose spec (JSON, by alias)
+    differs from `spec` in a field a resume must keep (`resume_conflicts`)."""
+    conflicts = [] if ckpt is None else resume_conflicts(ckpt.state.get("spec", {}), spec)
+    if conflicts:
+        raise ResumeError(f"{root} holds a checkpoint of a different run; use another --out or checkpoint.path, "
+                          "or restore the run file. Differences:\n  " + "\n  ".join(conflicts))
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     """Replace `path` atomically with one JSON line per row."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
@@ -173,7 +198,14 @@ class LocalTrainer:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
+        # the checkpoint to resume from, read, verified and checked against this run before anything loads
+        ckpt, damaged = resume_point(self.checkpoint_root, self.spec.checkpoint.on_corrupt)
+        check_same_run(ckpt, self.checkpoint_root, self._spec_json())
+        for d in damaged:  # a damaged checkpoint was passed over for `ckpt` (never None then)
+            append_event(self.out_dir, "checkpoint_damaged", ckpt.step + 1, folder=d.folder, moved_to=d.moved_to,
+                         reason=d.reason, resumed_step=ckpt.step)
         self.problems = load_problems(self.spec.dataset, "train")
+        self.heldout = heldout_problems(self.spec)  # [] unless algorithm.evalEvery
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
         # one process: the engine's copy of the policy computes where the policy does
         device = policy_device(self.spec.policy.resources.gpus, cuda_available=torch.cuda.is_available())
@@ -183,7 +215,8 @@ class LocalTrainer:
         self.optimizer = build_optimizer(self.policy, self.spec)
         self.step = 0
         self.history: list[dict[str, Any]] = []
-        self._resume()
+        self.stopped: Path | None = None
+        self._resume(ckpt)
         self.engine, self.speculative = build_engine(self.policy, self.spec)
         self.loggers = build_loggers(self.spec.monitoring, self.out_dir, run_name=run.metadata.name,
                                      config=self._spec_json())
@@ -195,22 +228,15 @@ class LocalTrainer:
     def _spec_json(self) -> dict[str, Any]:
         return self.spec.model_dump(mode="json", by_alias=True)
 
-    def _resume(self) -> None:
-        ckpt = load_latest(self.checkpoint_root)
+    def _resume(self, ckpt: Checkpoint | None) -> None:
         if ckpt is not None:
-            conflicts = resume_conflicts(ckpt.state.get("spec", {}), self._spec_json())
-            if conflicts:
-                raise ResumeError(
-                    f"{self.checkpoint_root} holds a checkpoint of a different run; use another --out "
-                    "or checkpoint.path, or restore the run file. Differences:\n  " + "\n  ".join(conflicts)
-                )
             self.policy.load_state_dict(ckpt.tensors["policy"])
             self.optimizer.load_state_dict(ckpt.objects["optimizer"])
             torch.set_rng_state(ckpt.tensors["rng"]["torch"])
             self.step = ckpt.step
             self.history = list(ckpt.state["metrics"])
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
-        _write_jsonl(self.metrics_path, self.history)
+        write_jsonl(self.metrics_path, self.history)
 
     def save(self) -> Path:
         """A whole-run checkpoint of the current step."""
@@ -254,22 +280,33 @@ class LocalTrainer:
         if self.speculative is not None:
             metrics["accept_length"] = self.speculative.stats.accept_length
             metrics["sd_steps"] = self.speculative.stats.steps
+        if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
+            metrics.update(evaluate(self.engine.generate, self.heldout, self.tokenizer, self.spec, self.reward))
         self.step = step
         self.history.append(metrics)
         self.loggers.log_step(metrics)
         return metrics
 
-    def train(self, on_step: StepCallback | None = None) -> list[dict[str, Any]]:
+    def train(self, on_step: StepCallback | None = None, stop: GracefulStop | None = None) -> list[dict[str, Any]]:
         """Run the remaining steps (checkpoint every `checkpoint.intervalSteps` and at the end);
-        write the final policy to `<out>/policy`. Returns the metrics of every step of the run."""
+        write the final policy to `<out>/policy`. Returns the metrics of every step of the run.
+        Once `stop` is requested: return after the step under way and its checkpoint, which `self.stopped`
+        names (None when no step ran since the start: nothing to save)."""
         interval = self.spec.checkpoint.interval_steps
-        while self.step < self.algo.steps:
+        saved = self.checkpoint_root / f"step-{self.step:08d}" if self.step else None
+        stop = stop or GracefulStop()  # not installed: never requested
+        while self.step < self.algo.steps and not stop.requested:
             metrics = self.train_step()
             log.info("step %d: reward %.3f, %.0f tok/s", self.step, metrics["reward_mean"],
                      metrics["tokens_per_second"])
-            if self.step % interval == 0 or self.step == self.algo.steps:
-                self.save()
+            if self.step % interval == 0 or self.step == self.algo.steps or stop.requested:
+                saved = self.save()
             if on_step is not None:
                 on_step(metrics)
+        if self.step < self.algo.steps:  # stopped on a signal
+            self.stopped = saved
+            append_event(self.out_dir, "stop", self.step + 1, signal=stop.name,
+                         checkpoint=str(saved) if saved else None)
+            return self.history
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
         return self.history

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 

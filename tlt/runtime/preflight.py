@@ -29,7 +29,7 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.models.loading import (
     load_tokenizer,
     model_folder_problems,
@@ -38,7 +38,8 @@ from tlt.models.loading import (
 )
 from tlt.monitoring.factory import metrics_port_message
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
-from tlt.tasks.datasets import DatasetError, read_problems
+from tlt.rollout.vllm.availability import vllm_model_problem
+from tlt.tasks.datasets import DatasetError, held_out_indices, read_problems
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import PromptError, encode_prompt
 
@@ -90,6 +91,11 @@ def dataset_problems(spec: RunSpec) -> tuple[list[str], list[Problem]]:
             continue
         if field == "path":
             train = read
+    if not problems and spec.algorithm.eval_every and data.eval_path is None and not held_out_indices(
+            len(train), data.eval_fraction, data.split_seed):
+        problems.append(f"spec.algorithm.evalEvery: {spec.algorithm.eval_every} needs held-out problems, and "
+                        f"{data.path} holds none out: set dataset.evalPath, or dataset.evalFraction > 0 with at "
+                        "least 2 records, or evalEvery: 0")
     return problems, train
 
 
@@ -111,6 +117,8 @@ def prompt_problems(spec: RunSpec, tokenizer: PreTrainedTokenizerBase, problems:
 def input_problems(spec: RunSpec) -> list[str]:
     """Every problem with what the run reads here, one line each, field path first (see the module docstring)."""
     problems, tokenizer = model_problems(spec)
+    if not problems and spec.rollout.engine == "vllm" and (heads := vllm_model_problem(spec)) is not None:
+        problems.append(f"spec.{heads}")
     data_problems, train = dataset_problems(spec)
     problems += data_problems
     if tokenizer is not None and not data_problems:

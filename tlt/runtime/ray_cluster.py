@@ -27,7 +27,7 @@ from typing import Any
 import ray
 import torch
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.devices import GpuPlan, gpu_plan
 from tlt.runtime.precompile import graph_sets, precompile

@@ -22,6 +22,9 @@ the run reloads its newest whole-run checkpoint (or the initial policy when ther
 starts fresh actors; restarts beyond `runPolicy.backoffLimit` fail the run. When this process
 (the coordinator's node) is lost, Ray takes its actors with it; rerunning the same command (or
 the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
+The checkpoint to resume from is read and verified before Ray starts (`checkpoint.onCorrupt`,
+`tlt.runtime.checkpoint_recovery`). With a `GracefulStop`, a SIGTERM / SIGINT ends the run after the
+step under way: its trainers stop, a checkpoint of that step is written, event `stop`.
 
 Modes (`speculative.mode`; steppers from `tlt.runtime.ray_stepper`): off and ngram keep no drafter; static
 trains the drafter only in the idle time of the run's first step, then freezes it; tlt trains it every step.
@@ -29,9 +32,7 @@ trains the drafter only in the idle time of the run's first step, then freezes i
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,28 +42,31 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-from tlt.config import TLTTrainingRun
-from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR, write_served_drafter
+from tlt.spec.run import TLTTrainingRun
+from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR
 from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
 from tlt.runtime import steps
-from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
+from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, save_checkpoint
+from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import to_cpu
 from tlt.runtime.drafter_metrics import drafter_step_metrics
-from tlt.runtime.local import METRICS_FILE, POLICY_DIR, ResumeError, build_optimizer, build_policy, resume_conflicts
+from tlt.runtime.events import append_event
+from tlt.runtime.graceful_stop import GracefulStop
+from tlt.runtime.local import (METRICS_FILE, POLICY_DIR, build_optimizer, build_policy, check_same_run, policy_path,
+                               write_jsonl)
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.ray_slots import SlotSource
 from tlt.runtime.shard_metrics import shard_rollout_metrics
 from tlt.runtime.step_drafters import StepDrafters
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.warmstart import WarmstartConfig, warm_start
+from tlt.tasks.warmstart import WarmstartConfig
 
 log = logging.getLogger(__name__)
 
 STEP_FAILURES = (RayActorError, RayTaskError, ObjectLostError, WorkerCrashedError)
-EVENTS_FILE = "events.jsonl"
 DRAFTER_DIR = DRAFTER_SNAPSHOTS_DIR
 EventFn = Callable[[dict[str, Any]], None]
 
@@ -71,19 +75,12 @@ class RunFailed(RuntimeError):
     """The run failed more often than `runPolicy.backoffLimit` allows."""
 
 
-def policy_path(run: TLTTrainingRun, warmstart: WarmstartConfig | None) -> str:
-    """The folder the workers load the policy architecture and tokenizer from."""
-    if run.spec.model.path is not None:
-        return run.spec.model.path
-    return str(warm_start(warmstart or WarmstartConfig()))
-
-
 class RayTrainer:
     """Coordinator + policy update in this process; rollout workers, verifiers and the drafter hub as actors."""
 
     def __init__(self, run: TLTTrainingRun, out_dir: str | Path, *, warmstart: WarmstartConfig | None = None,
                  address: str | None = None, num_cpus: int | None = None, on_event: EventFn | None = None,
-                 stop_trainers_at: str = "update") -> None:
+                 stop_trainers_at: str = "update", stop: GracefulStop | None = None) -> None:
         if stop_trainers_at not in ("update", "rollout"):
             raise ValueError(f"stop_trainers_at must be 'update' or 'rollout', got {stop_trainers_at!r}")
         self.stop_trainers_at = stop_trainers_at
@@ -100,14 +97,23 @@ class RayTrainer:
             load_reward(self.spec.verifier.reward)
         self.policy_path = policy_path(run, warmstart)
         self.warmstart = warmstart
+        # the checkpoint to resume from, read, verified and checked against this run before Ray starts
+        ckpt, damaged = resume_point(self.checkpoint_root, self.spec.checkpoint.on_corrupt)
+        check_same_run(ckpt, self.checkpoint_root, self.spec.model_dump(mode="json", by_alias=True))
         self.resources = connect(address, num_cpus)
+        if stop is not None:
+            stop.install()  # again: ray.init put its own SIGTERM handler on this process
         self.placement = placement(self.spec, self.resources)  # ValueError: a role asks for a missing GPU
         torch.set_num_threads(self.placement.driver_threads)
         self.slots = SlotSource(self.spec.drafter.enabled_slots, self.out_dir)
         self.actors: Actors | None = None
+        self.stopped: Path | None = None
         self.restarts = 0
         self._load_initial()
-        self._resume()
+        self._resume(ckpt)
+        for d in damaged:
+            self._emit("checkpoint_damaged", folder=d.folder, moved_to=d.moved_to, reason=d.reason,
+                       resumed_step=self.step)
         self.loggers = build_loggers(self.spec.monitoring, self.out_dir, run_name=run.metadata.name,
                                      config=self.spec.model_dump(mode="json", by_alias=True))
 
@@ -129,20 +135,12 @@ class RayTrainer:
         self.trainer_states: list[dict[str, Any] | None] | None = None
 
     def _emit(self, kind: str, **info: Any) -> None:
-        event = {"type": kind, "time": time.time(), "step": self.step + 1, **info}
-        with (self.out_dir / EVENTS_FILE).open("a") as fh:
-            fh.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+        event = append_event(self.out_dir, kind, self.step + 1, **info)
         if self.on_event is not None:
             self.on_event(event)
 
-    def _resume(self) -> None:
-        ckpt = load_latest(self.checkpoint_root)
+    def _resume(self, ckpt: Checkpoint | None) -> None:
         if ckpt is not None:
-            current = self.spec.model_dump(mode="json", by_alias=True)
-            conflicts = resume_conflicts(ckpt.state.get("spec", {}), current)
-            if conflicts:
-                raise ResumeError(f"{self.checkpoint_root} holds a checkpoint of a different run:\n  "
-                                  + "\n  ".join(conflicts))
             self.policy.load_state_dict(ckpt.tensors["policy"])
             self.optimizer.load_state_dict(ckpt.objects["optimizer"])
             torch.set_rng_state(ckpt.tensors["rng"]["torch"])
@@ -154,9 +152,7 @@ class RayTrainer:
             served = (self.drafter_state or {}).get("served")
             self.drafters.served = (int(served["version"]), served["params"]) if served else None
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
-        tmp = self.metrics_path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in self.history))
-        os.replace(tmp, self.metrics_path)
+        write_jsonl(self.metrics_path, self.history)
 
     def start_actors(self) -> Actors:
         snapshot_dir = str(self.out_dir / DRAFTER_DIR)
@@ -339,47 +335,47 @@ class RayTrainer:
         pushes = ray.get(self.actors.hub.take_pushes.remote())
         return {**drafter_step_metrics(results, acks, pushes), **self.drafters.outcome(results)}
 
-    def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Run the remaining steps with checkpoints and restarts; write the final policy and, with a drafter,
-        the served one (`<out>/drafter-served/`, see `_write_served`). Returns all metrics."""
+    def train(self, on_step: Callable[[dict[str, Any]], None] | None = None,
+              stop: GracefulStop | None = None) -> list[dict[str, Any]]:
+        """Run the remaining steps with checkpoints and restarts; write the final policy and, with a drafter, the
+        served one (`StepDrafters.write_served`). Returns all metrics. Once `stop` is requested: return after the
+        step under way and its checkpoint, which `self.stopped` names (None: no step ran, nothing to save)."""
         interval = self.spec.checkpoint.interval_steps
+        saved = self.checkpoint_root / f"step-{self.step:08d}" if self.step else None
+        stop = stop or GracefulStop()  # not installed: never requested
         try:
-            while self.step < self.algo.steps:
+            while self.step < self.algo.steps and not stop.requested:
                 try:
                     metrics = self.train_step()
                 except STEP_FAILURES as exc:
+                    if stop.requested:  # stopping: its last checkpoint stands (pods may be leaving with it)
+                        break
                     self._restart(exc)
                     continue
-                if self.step % interval == 0 or self.step == self.algo.steps:
-                    self.save()
+                if stop.requested:  # the checkpoint holds what the trainers learnt until now
+                    self._stop_trainers(self._running_trainers)
+                    self._running_trainers = {}
+                if self.step % interval == 0 or self.step == self.algo.steps or stop.requested:
+                    saved = self.save()
                     self._emit("checkpoint", saved_step=self.step)
                 if on_step is not None:
                     on_step(metrics)
+            if self.step < self.algo.steps:  # stopped on a signal
+                self.stopped = saved
+                self._emit("stop", signal=stop.name, checkpoint=str(saved) if saved else None)
+                return self.history
             self._stop_trainers(self._running_trainers)
             self._running_trainers = {}
             if self.actors is not None and self.actors.hub is not None:
                 # submitted before waiting: the hub's calls run on several threads, in no fixed order
                 ray.get(self.actors.hub.snapshot.remote(self.step))
                 ray.get(self.actors.hub.wait_snapshots.remote(60.0))
-            self._write_served()
+            self.drafters.write_served(self.out_dir, self.actors.hub if self.actors else None, self.drafter_state,
+                                       self.policy.config, self.step)
         finally:
             self.shutdown()
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
         return self.history
-
-    def _write_served(self) -> None:
-        """Write the drafter the next step would draft with (`step_drafters`: the served one under
-        `drafter.publish: validated`, the hub's newest under `latest`) as `<out>/drafter-served/`, what
-        `tlt export-drafter RUN` exports. The hub's newest comes from the hub, or from the checkpoint when
-        no actors ran (a finished run started again). Nothing without a drafter."""
-        if self.actors is not None and self.actors.hub is not None:
-            newest = ray.get(self.actors.hub.pull.remote())
-        elif self.drafter_state is not None:
-            newest = (int(self.drafter_state["version"]), self.drafter_state["params"])
-        else:
-            return
-        write_served_drafter(self.out_dir, self.drafters.next_drafter(newest), self.policy.config,
-                             publish=self.spec.drafter.publish, step=self.step)
 
     def _restart(self, exc: BaseException) -> None:
         failed = self.step + 1
@@ -389,7 +385,7 @@ class RayTrainer:
         self._running_trainers = {}
         self._load_initial()
         restarts = self.restarts
-        self._resume()
+        self._resume(resume_point(self.checkpoint_root, self.spec.checkpoint.on_corrupt)[0])
         self.restarts = restarts
         self._emit("restart", failed_step=failed, resumed_step=self.step, restarts=self.restarts, limit=limit,
                    error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", detail=str(exc))

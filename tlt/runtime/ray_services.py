@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import ray
 import torch
 
 from tlt.drafter.hub import DrafterHub
@@ -19,6 +18,7 @@ from tlt.models.drafter import drafter_config_from_target
 from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
 from tlt.rl.rewards import score
 from tlt.runtime.devices import to_cpu
+from tlt.runtime.optional_ray import ray
 
 
 class VerifierWorker:

@@ -32,7 +32,7 @@ import ray
 import torch
 from torch import nn
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper, build_adaptive_stepper
-from tlt.config import SpeculativeSpec
+from tlt.spec.run import SpeculativeSpec
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.history import HistoryStore
 from tlt.rollout.runner import ModelRunner

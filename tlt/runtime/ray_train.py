@@ -1,7 +1,10 @@
 """`tlt train` on Ray: the coordinator with the live display, then the end-of-run report.
 
 Local Ray cluster by default; `address` (or `$RAY_ADDRESS`) joins an existing cluster unchanged.
-Exit status as `tlt train`: 0 done, 1 the run stopped on an error.
+SIGTERM / SIGINT stop the run after the step under way with a checkpoint, then Ray is shut down
+(`tlt.runtime.graceful_stop`; the handler is installed again once `ray.init` has put Ray's own in place).
+Exit status as `tlt train`: 0 done or stopped with a checkpoint, 1 the run stopped on an error, 143 stopped
+on a signal without a checkpoint (the line says why).
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ import logging
 import os
 from pathlib import Path
 
+import ray
 from rich.console import Console
 
-from tlt.config import TLTTrainingRun
+from tlt.spec.run import TLTTrainingRun
 from tlt.runtime import k8s_slots
-from tlt.runtime.checkpoint import CheckpointError
+from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
 from tlt.runtime.display import LiveDisplay
+from tlt.runtime.checkpoint_recovery import cannot_resume
+from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
 from tlt.runtime.local import ResumeError
 from tlt.runtime.ray_coordinator import RayTrainer, RunFailed
 from tlt.runtime.report import PLOTS, write_report
@@ -35,23 +41,36 @@ def _on_step(display: LiveDisplay, metrics: dict) -> None:
 
 
 def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num_cpus: int | None = None,
-              warmstart: WarmstartConfig | None = None) -> int:
+              warmstart: WarmstartConfig | None = None, stopped_exit: int = 0) -> int:
     """Train `run` into `out` with the live display; write the report. `warmstart` picks the built-in
-    task's policy when `model.path` is unset (default: the default warm start)."""
+    task's policy when `model.path` is unset (default: the default warm start). `stopped_exit`: the exit
+    status of a run stopped on a signal with its checkpoint written (`tlt worker` must not exit 0 then: that
+    is the pod's Succeeded)."""
+    with stop_on_signals() as stop:
+        return _train_ray(run, out, address, num_cpus, warmstart, stop, stopped_exit)
+
+
+def _train_ray(run: TLTTrainingRun, out: Path, address: str | None, num_cpus: int | None,
+               warmstart: WarmstartConfig | None, stop: GracefulStop, stopped_exit: int) -> int:
     console = Console(stderr=True)
     address = address or os.environ.get("RAY_ADDRESS") or None
     total = run.spec.algorithm.steps
     display = LiveDisplay(run.metadata.name, total, console)
     try:
         with display:
-            trainer = RayTrainer(run, out, address=address, num_cpus=num_cpus, on_event=display.event, warmstart=warmstart,
-                                 stop_trainers_at="rollout" if address else "update")
+            trainer = RayTrainer(run, out, address=address, num_cpus=num_cpus, on_event=display.event,
+                                 warmstart=warmstart, stop_trainers_at="rollout" if address else "update", stop=stop)
             if trainer.step:
                 console.print(f"resuming {run.metadata.name} at step {trainer.step}/{total} from "
                               f"{trainer.checkpoint_root}")
-            history = trainer.train(on_step=lambda metrics: _on_step(display, metrics))
+            history = trainer.train(on_step=lambda metrics: _on_step(display, metrics), stop=stop)
+    except CheckpointWriteError as exc:
+        ray.shutdown()
+        code, line = write_failed(stop, exc)
+        console.print(line, style="red", highlight=False, soft_wrap=True)
+        return code
     except (CheckpointError, ResumeError) as exc:
-        console.print(f"[red]error:[/red] cannot resume from {out}: {exc}", highlight=False)
+        console.print(f"error: {cannot_resume(out, exc)}", style="red", highlight=False, soft_wrap=True)
         return 1
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}", highlight=False)
@@ -59,9 +78,16 @@ def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num
     except (OSError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 1
+    if trainer.step < total:  # stopped on a signal, its checkpoint written
+        ray.shutdown()
+        trainer.loggers.close()
+        console.print(stopped_line(run.metadata.name, stop.name, trainer.step, total,
+                                   str(trainer.stopped) if trainer.stopped else None), highlight=False, soft_wrap=True)
+        return stopped_exit
     report = write_report(out, title=f"TLT run {run.metadata.name}")
     trainer.loggers.log_figures([Path(out) / name for name in PLOTS], trainer.step)
     trainer.loggers.close()
+    snapshots = Path(out) / "drafter"  # a learned drafter's snapshots (none with the vLLM engine or mode off)
     console.print(f"done: {len(history)} steps; metrics {trainer.metrics_path}; report {report}; "
-                  f"policy {out / 'policy'}; drafter snapshots {out / 'drafter'}")
+                  f"policy {out / 'policy'}" + (f"; drafter snapshots {snapshots}" if snapshots.is_dir() else ""))
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.drafter.export import export_eagle
 from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy

@@ -26,13 +26,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-import ray
 import torch
 
 from tlt.adaptive.arms import drafter_graphs, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.adaptive.stepper import AdaptiveStepper
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer
@@ -49,6 +48,7 @@ from tlt.runtime import k8s_slots, steps
 from tlt.runtime.after_rollout import AfterRollout
 from tlt.runtime.devices import actor_device, completion_to_cpu, to_cpu, tree_to_cpu
 from tlt.runtime.heap import freeze_actor_heap
+from tlt.runtime.optional_ray import ray
 from tlt.runtime.ray_services import hub_push, no_hub
 from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
@@ -68,11 +68,13 @@ class RolloutWorker:
     """One rollout engine, its buffer and its spot trainer; methods run on the actor's threads."""
 
     def __init__(self, index: int, spec: RunSpec, policy_path: str, rows: int, verifiers: list[Any],
-                 hub: Any | None, threads: int = 1) -> None:
+                 hub: Any | None, threads: int = 1, device: torch.device | None = None) -> None:
         torch.set_num_threads(threads)
         model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
-        # the GPU Ray gave this actor (`rollout.resources.gpus`), or the CPU (also outside Ray: tests, tools)
-        model.to(actor_device(ray.get_gpu_ids() if ray.is_initialized() else []))
+        # `device` (outside Ray: `tlt bench worker`), else the GPU Ray gave this actor (`rollout.resources.gpus`),
+        # else the CPU (also outside Ray: tests, tools)
+        gpu_ids = ray.get_gpu_ids() if ray is not None and ray.is_initialized() else []
+        model.to(device if device is not None else actor_device(gpu_ids))
         self._setup(index, spec, model, rows, verifiers)
         self.engine = Engine(model, max_batch_size=self.rows, max_context=self.context,
                              return_hidden=self.uses_drafter, compile=resolve_compile(spec.rollout.compile, model))

@@ -70,6 +70,8 @@ def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]] | None
         "drafter_last": drafter_quality(history[-1]) if history else None,
         "response_length_median": statistics.median(lengths) if lengths else None,
         "response_length_max": max(lengths) if lengths else None,
+        "heldout": [(m["step"], m["eval_reward_mean"], m["eval_accuracy"], m["eval_samples"], m["eval_seconds"])
+                    for m in history if "eval_accuracy" in m],
     }
 
 
@@ -177,6 +179,12 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
                      f"| {m.get('harvested_seconds') or 0.0:.2f} |")
     lines += ["", "drafter: accept length where the speculative stepper reports it, else top-1 agreement of the "
               "step's drafter on the step's fresh rollouts (before training on them).", ""]
+    if s["heldout"]:
+        lines += ["Held-out evaluation (`algorithm.evalEvery`; its time is not part of the steps'):", "",
+                  "| after step | reward | accuracy | problems | seconds |", "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {step} | {reward:.3f} | {accuracy:.3f} | {n} | {seconds:.1f} |"
+                  for step, reward, accuracy, n, seconds in s["heldout"]]
+        lines += [""]
     lines += [f"![{name}]({name})" for name in PLOTS]
     path = out / REPORT_FILE
     path.write_text("\n".join(lines) + "\n")

@@ -12,10 +12,12 @@ object from step to step.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from tlt.drafter.export import write_served_drafter
 from tlt.drafter.publish import publish_outcome, step_drafters
 
 Drafter = tuple[int, Any]  # (version, parameters)
@@ -72,3 +74,17 @@ class StepDrafters:
     def next_drafter(self, newest: Drafter) -> Drafter:
         """The drafter the next step would draft with, given the hub's `newest`."""
         return step_drafters(self.publish, self.served, newest)[0]
+
+    def write_served(self, out_dir: Path, hub: Any | None, checkpointed: dict[str, Any] | None, config: Any,
+                     step: int) -> None:
+        """Write the drafter the next step would draft with (the served one under `drafter.publish: validated`,
+        the hub's newest under `latest`) as `<out>/drafter-served/`, what `tlt export-drafter RUN` exports. The
+        hub's newest comes from `hub`, or from the `checkpointed` hub state when no actors ran (a finished run
+        started again). Nothing without a drafter. `config`: the policy's model config."""
+        if hub is not None:
+            newest = ray.get(hub.pull.remote())
+        elif checkpointed is not None:
+            newest = (int(checkpointed["version"]), checkpointed["params"])
+        else:
+            return
+        write_served_drafter(out_dir, self.next_drafter(newest), config, publish=self.publish, step=step)

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.config import AlgorithmSpec, RunSpec
+from tlt.spec.run import AlgorithmSpec, RunSpec
 from tlt.rl.grpo import group_advantages
 from tlt.rl.packing import micro_batches
 from tlt.rl.rewards import score
 from tlt.rl.reward_plugin import RewardError, RewardFn, call_reward
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
-from tlt.adaptive.switch import sd_enabled
+from tlt.rollout.draft_switch import sd_bucket
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.engine import Engine
 from tlt.rollout.stepper import Stepper
@@ -143,14 +143,15 @@ class RolloutTrace:
 
 class ThresholdStepper:
     """Plain decoding while the running batch is large, speculative decoding once it has shrunk to
-    at most `threshold` rows (the tail, where decoding is memory-bound and drafts are nearly free)."""
+    at most `threshold` rows and into a bucket (the tail, where decoding is memory-bound and drafts are
+    nearly free): `tlt.rollout.draft_switch.sd_bucket`, the rule the adaptive stepper and vLLM's map use too."""
 
-    def __init__(self, plain: Stepper, speculative: Stepper, threshold: int) -> None:
-        self.plain, self.speculative, self.threshold = plain, speculative, threshold
+    def __init__(self, plain: Stepper, speculative: Stepper, threshold: int, buckets: Sequence[int]) -> None:
+        self.plain, self.speculative, self.threshold, self.buckets = plain, speculative, threshold, tuple(buckets)
 
     def step(self, batch: RunningBatch) -> int:
-        chosen = self.speculative if sd_enabled(batch.num_rows, self.threshold) else self.plain
-        return chosen.step(batch)
+        drafts = sd_bucket(batch.num_rows, self.threshold, self.buckets) is not None
+        return (self.speculative if drafts else self.plain).step(batch)
 
 
 def rollout(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tlt.config import ArmSpec
+from tlt.spec.run import ArmSpec
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 from tlt.sim.accept import AcceptCurve
 from tlt.sim.measured import MeasuredCost
 from tlt.sim.simulator import build_variants, simulate

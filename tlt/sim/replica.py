@@ -4,7 +4,7 @@ responses finish.
 Event-driven: between two finishing responses the running batch is constant, so the replica advances
 in chunks of at most `decision_tokens` tokens per row instead of round by round (a 1024-GPU step then
 costs thousands of events, not millions of rounds). Before each chunk the engine's own decision runs:
-`tlt.adaptive.switch.sd_bucket` (threshold and buckets) says plain or SD, the replica's
+`tlt.rollout.draft_switch.sd_bucket` (threshold and buckets) says plain or SD, the replica's
 `BucketedBandit` chooses the arm, and the chunk's tokens per row over its seconds are the reward, as in
 `tlt.adaptive.stepper`. A chunk of N tokens takes N / accept_length rounds of the arm's cost (the
 target verifying `verify_width` tokens per row plus its drafter steps).
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from tlt.adaptive.arms import arm_label, verify_width
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.switch import sd_bucket
-from tlt.config import ArmSpec
+from tlt.rollout.draft_switch import sd_bucket
+from tlt.spec.run import ArmSpec
 from tlt.sim.accept import accept_length, drafter_steps
 from tlt.sim.cost import CostModel
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from tlt.adaptive.arms import arm_indices
 from tlt.adaptive.stepper import new_bandit
-from tlt.config import SpeculativeSpec
+from tlt.spec.run import SpeculativeSpec
 from tlt.sim.accept import AcceptCurve
 from tlt.sim.cost import CostModel
 from tlt.sim.replica import Drafting

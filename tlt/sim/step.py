@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tlt.config import ArmSpec, RunSpec
+from tlt.spec.run import ArmSpec, RunSpec
 from tlt.rl.packing import LAYOUTS, micro_batches
 from tlt.sim.cost import CostModel
 from tlt.sim.replica import Drafting, ReplicaRollout, Segment, decode_shard

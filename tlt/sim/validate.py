@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlt.adaptive.costs import amdahl
-from tlt.config import ArmSpec, SpeculativeSpec
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept
 from tlt.sim.cost import CostModel
 from tlt.sim.profiles import load_cost_model

@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from tlt.config import DatasetSpec
+from tlt.spec.run import DatasetSpec
 from tlt.tasks.countdown import CountdownTask, generate
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import PromptError, render_prompt

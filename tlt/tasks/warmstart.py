@@ -34,6 +34,7 @@ from transformers import (
 )
 
 from tlt.models.tiny import tiny_config
+from tlt.progress import phase
 from tlt.rl.rewards import number_match
 from tlt.tasks.countdown import CountdownTask, generate
 from tlt.tasks.depth import layer_skip_losses
@@ -259,16 +260,23 @@ def train_policy(
     return model, metrics
 
 
-def evaluate_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, config: WarmstartConfig) -> dict:
-    """Greedy accuracy on held-out problems and the length tail of the policy's own T=1 samples."""
+def evaluate_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, config: WarmstartConfig,
+                    on_part: Callable[[int, str], None] | None = None) -> dict:
+    """Greedy accuracy on held-out problems and the length tail of the policy's own T=1 samples.
+    on_part(parts done, what): called after each of the three parts."""
+    report = on_part or (lambda done, what: None)
     held_out = generate(config.num_eval, config.eval_seed, config.task)
     accuracy = greedy_accuracy(model, tokenizer, held_out, number_match, config.max_new_tokens)
+    report(1, f"greedy accuracy {accuracy:.3f}")
     sampled = generate(config.num_samples, config.eval_seed + 1, config.task)
     lengths = sample_lengths(model, tokenizer, sampled, config.max_new_tokens, seed=config.eval_seed)
+    report(2, "sampled lengths")
     examples = encode_examples(tokenizer, held_out[:64])
     batches = [collate(examples[i : i + 16], tokenizer.pad_token_id) for i in range(0, len(examples), 16)]
+    skipped = layer_skip_losses(model, batches)
+    report(3, "layer-skip losses")
     return {"greedy_accuracy": accuracy, "sampled_length": length_stats(lengths),
-            "heldout_loss_layer_skipped": layer_skip_losses(model, batches)}
+            "heldout_loss_layer_skipped": skipped}
 
 
 def warm_start(
@@ -285,8 +293,13 @@ def warm_start(
         raise ValueError(f"warm start tokenizer must be {TOKENIZER_VERSION!r} (the built-in task tokenizer), "
                          f"got {config.tokenizer!r}")
     tokenizer = build_task_tokenizer()
-    model, metrics = train_policy(config, tokenizer, on_step)
-    metrics.update(evaluate_policy(model, tokenizer, config))
+    if on_step is None:  # nobody shows progress: say what happens and how far along it is
+        with phase(f"warm start {config.cache_key()[:8]}: policy SFT", config.steps) as update:
+            model, metrics = train_policy(config, tokenizer, lambda step, _, loss: update(step, f"loss {loss:.3f}"))
+    else:
+        model, metrics = train_policy(config, tokenizer, on_step)
+    with phase(f"warm start {config.cache_key()[:8]}: evaluation", 3, "parts") as update:
+        metrics.update(evaluate_policy(model, tokenizer, config, update))
     log.info("warm start trained: %s", metrics)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tlt.config import API_GROUP, API_VERSION, KIND, RunSpec
+from tlt.spec.run import API_GROUP, API_VERSION, KIND, RunSpec
 
 from .. import names
 

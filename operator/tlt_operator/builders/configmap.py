@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from tlt.config import ObjectMeta, RunSpec, TLTTrainingRun
+from tlt.spec.run import ObjectMeta, RunSpec, TLTTrainingRun
 
 from .. import names
 from .common import RunRef, metadata

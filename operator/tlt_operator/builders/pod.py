@@ -66,7 +66,7 @@ import json
 import posixpath
 from typing import Any
 
-from tlt.config import RoleSpec, RunSpec
+from tlt.spec.run import RoleSpec, RunSpec
 
 from .. import names
 from .common import RunRef, metadata
@@ -226,6 +226,8 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int, token_sec
     # fresh namespace may not have yet); only the API callers mount its token.
     pod_spec["serviceAccountName"] = overrides.service_account_name or names.worker_account_name(run.name)
     pod_spec["automountServiceAccountToken"] = api_caller(role, rank)
+    if overrides.termination_grace_period_seconds is not None:  # a graceful stop's step + checkpoint
+        pod_spec["terminationGracePeriodSeconds"] = overrides.termination_grace_period_seconds
     if overrides.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in overrides.image_pull_secrets]
     if spec.scheduling_policy.priority_class_name:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from tlt.config import API_GROUP, PLURAL, RunSpec
+from tlt.spec.run import API_GROUP, PLURAL, RunSpec
 
 from .. import names
 from .common import RunRef, metadata

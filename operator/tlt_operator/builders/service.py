@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 
 from .. import names
 from .common import RunRef, metadata

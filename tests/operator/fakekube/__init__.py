@@ -30,7 +30,7 @@ What it does as a real apiserver does:
   when the last finalizer goes, no new finalizers while deleting); `propagationPolicy: Orphan`;
 - ownerReference garbage collection, background propagation, asynchronous like the real
   collector; dependents whose owners are all gone are deleted;
-- CRD structural-schema and CEL validation on create and update through `tlt.crd_validate`:
+- CRD structural-schema and CEL validation on create and update through `tlt.spec.crd_validate`:
   defaults applied and unknown fields pruned, or refused with 400 under `fieldValidation=Strict`;
   invalid objects answered with 422 `Invalid` and the apiserver's message shape (`<Kind>.<group> "<name>" is
   invalid: <field>: <message>`) and causes.

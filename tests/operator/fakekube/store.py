@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tlt.crd_lint import crd_problems
-from tlt.crd_validate import DNS_SUBDOMAIN, DNS_SUBDOMAIN_MSG
+from tlt.spec.crd_lint import crd_problems
+from tlt.spec.crd_validate import DNS_SUBDOMAIN, DNS_SUBDOMAIN_MSG
 
 from . import selectors
 from .patching import PatchError, json_patch, merge_patch

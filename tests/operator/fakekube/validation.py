@@ -1,4 +1,4 @@
-"""CRD validation for the fake: `tlt.crd_validate` does what the apiserver does (prune, default,
+"""CRD validation for the fake: `tlt.spec.crd_validate` does what the apiserver does (prune, default,
 structural schema, CEL), so the fake stores what a real server would and rejects what it would."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tlt.crd_validate import CRDValidator
+from tlt.spec.crd_validate import CRDValidator
 
 from .resources import Validator
 

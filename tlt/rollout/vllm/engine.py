@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from tlt.drafter.export import check_eagle_keys
+from tlt.models.eagle_layout import check_eagle_keys
 from tlt.rollout.types import Completion, Request
 from tlt.rollout.vllm.availability import require_vllm
 

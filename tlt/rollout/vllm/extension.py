@@ -31,7 +31,7 @@ class WeightSync:
         return len(named)
 
     def tlt_update_drafter(self, named: list[tuple[str, torch.Tensor]]) -> int:
-        """Load EAGLE-named drafter tensors (`tlt.drafter.export.EAGLE_WEIGHT_NAMES`) in place."""
+        """Load EAGLE-named drafter tensors (`tlt.models.eagle_layout.EAGLE_WEIGHT_NAMES`) in place."""
         drafter = getattr(self.model_runner, "drafter", None)
         if drafter is None or not hasattr(drafter, "model"):
             raise RuntimeError("tlt_update_drafter: this vLLM engine runs no EAGLE drafter "

@@ -21,7 +21,8 @@ sample (temperature > 0) with SD on a CPU build is refused; greedy SD and sampli
 
 from __future__ import annotations
 
-from tlt.config import RunSpec, SpeculativeSpec
+from tlt.rollout.draft_switch import drafts_at_some_batch
+from tlt.spec.run import RunSpec, SpeculativeSpec
 
 EAGLE_KINDS = ("chain", "tree", "mixed")
 
@@ -38,8 +39,9 @@ def eagle_draft_tokens(speculative: SpeculativeSpec) -> int:
 
 
 def vllm_drafts(speculative: SpeculativeSpec) -> bool:
-    """Whether the vLLM worker runs EAGLE: a learned drafter (static / tlt) that may draft (threshold > 0)."""
-    return speculative.mode in ("static", "tlt") and speculative.threshold > 0
+    """Whether the vLLM worker runs EAGLE: a learned drafter (static / tlt) that drafts at some running batch
+    (`tlt.rollout.draft_switch`; threshold 0: the drafter trains, never drafts)."""
+    return speculative.mode in ("static", "tlt") and drafts_at_some_batch(speculative.threshold, speculative.buckets)
 
 
 def vllm_spec_problem(spec: RunSpec, *, cuda: bool) -> str | None:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tlt.config import RunSpec
+from tlt.spec.run import RunSpec
 
 SHARED_SECRETS_ENV = "TLT_OPERATOR_SHARED_SECRETS"
 SERVICE_ACCOUNTS_ENV = "TLT_OPERATOR_SERVICE_ACCOUNTS"

@@ -65,6 +65,11 @@ class StepStatus(StatusPart):
     current: Count | None = Field(None, description="Steps finished.")
     total: Count | None = Field(None, description="Steps the run will take (spec.algorithm.steps).")
     last_step_seconds: Seconds | None = Field(None, description="Wall time of the last finished step.")
+    eval_accuracy: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="Share of held-out problems answered with the full reward, last evaluation "
+        "(spec.algorithm.evalEvery).")
+    eval_reward: Annotated[float, Field(ge=-1e9, le=1e9)] | None = Field(
+        None, description="Mean reward on the held-out problems, last evaluation.")
 
 
 class DrafterStatus(StatusPart):

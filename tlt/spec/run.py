@@ -4,7 +4,7 @@ Field names are camelCase on the wire (YAML, the Kubernetes API) and snake_case 
 Every field carries a description, a default where one makes sense, and bounds; strings and
 lists are bounded so the CRD's CEL rules pass the apiserver's cost check. Cross-field rules
 are written twice on purpose: as pydantic validators here (local `tlt validate`, `tlt train`)
-and as CEL rules in the CRD (`tlt/crd.py`); `tests/schema` checks both reject the same files.
+and as CEL rules in the CRD (`tlt/spec/crd.py`); `tests/schema` checks both reject the same files.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tlt.config_base import (IMAGE_PATTERN, QUALIFIED_NAME, LabelValue, Name, PathStr, QualifiedName, Quantity,
+from tlt.spec.base import (IMAGE_PATTERN, QUALIFIED_NAME, LabelValue, Name, PathStr, QualifiedName, Quantity,
                              ShortStr, Spec)
 # The checkpoint, speculative and drafter sections live in their own modules; imported from here as every
-# section is (the CRD, the builders and the tests read them from tlt.config).
-from tlt.config_checkpoint import (  # noqa: F401
+# section is (the CRD, the builders and the tests read them from tlt.spec.run).
+from tlt.spec.checkpoint import (  # noqa: F401
     FORBIDDEN_MOUNT,
     MSG_CHECKPOINT_CANONICAL,
     MSG_CHECKPOINT_MOUNT,
@@ -29,7 +29,7 @@ from tlt.config_checkpoint import (  # noqa: F401
     TOKEN_DIRS,
     CheckpointSpec,
 )
-from tlt.config_speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec
+from tlt.spec.speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec
 
 API_GROUP = "tlt.dev"
 API_VERSION = "v1alpha1"
@@ -137,6 +137,12 @@ class AlgorithmSpec(Spec):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Rollout nucleus sampling mass.")
     max_new_tokens: int = Field(512, ge=1, le=131072, description="Response length cap (truncation).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling, shuffling and initialisation.")
+    eval_every: int = Field(
+        0, ge=0, le=1_000_000,
+        description="Held-out evaluation every this many steps and after the last (the dataset's eval split: "
+        "reward and accuracy in the metrics, the report and the status); 0: never.")
+    eval_samples: int = Field(64, ge=1, le=100_000, description="Held-out problems evaluated (the eval split's first).")
+    eval_temperature: float = Field(0.0, ge=0, le=10.0, description="Held-out sampling temperature; 0 is greedy.")
 
 
 class Toleration(Spec):
@@ -206,6 +212,11 @@ class PodOverrides(Spec):
     image_pull_secrets: list[Name] = Field(
         default_factory=list, max_length=8, description="Secrets used to pull the image."
     )
+    termination_grace_period_seconds: int | None = Field(
+        None, ge=0, le=86400,
+        description="Seconds a pod has after SIGTERM before it is killed. On the policy pods: at least one "
+        "step plus one checkpoint, so a stop (drain, eviction, suspend) keeps the step. Unset: the cluster's "
+        "default (30).")
 
     @model_validator(mode="after")
     def _no_reserved_keys(self) -> PodOverrides:

@@ -1,4 +1,4 @@
-"""The base of every spec section of `tlt.config` (camelCase on the wire, unknown fields refused) and the
+"""The base of every spec section of `tlt.spec.run` (camelCase on the wire, unknown fields refused) and the
 types the sections share."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The apiserver's answers to an invalid custom resource: field errors and the `Status` body.
 
-Used by `tlt.crd_validate` (which finds the errors) and by the operator tests' fake API server
+Used by `tlt.spec.crd_validate` (which finds the errors) and by the operator tests' fake API server
 (which answers with them); the wording, reasons and codes are kube-apiserver's.
 """
 

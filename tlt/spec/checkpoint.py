@@ -1,14 +1,15 @@
 """Whole-run checkpoints, and where their folder may be: a canonical path with no '..', and, when a volume
 is mounted there on a cluster, nowhere over the pod's own mounts or its ServiceAccount token. The same
-regexes are the CRD's CEL rules (tlt.crd), so `tlt validate` and the API server refuse the same paths."""
+regexes are the CRD's CEL rules (tlt.spec.crd), so `tlt validate` and the API server refuse the same paths."""
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tlt.config_base import Name, PathStr, Spec
+from tlt.spec.base import Name, PathStr, Spec
 
 PARENT_SEGMENT = r"(^|/)\.\.(/|$)"
 MSG_CHECKPOINT_PATH = ("checkpoint.path must not contain a '..' segment (it would leave the working directory or "
@@ -52,6 +53,10 @@ class CheckpointSpec(Spec):
     claim_name: Name | None = Field(None, description="PersistentVolumeClaim mounted at `path` on a cluster.")
     interval_steps: int = Field(1, ge=1, le=1_000_000, description="Whole-run checkpoint every N steps.")
     keep: int = Field(2, ge=1, le=100, description="Checkpoints kept.")
+    on_corrupt: Literal["fallback", "fail"] = Field(
+        "fallback", description="When the newest checkpoint's files do not match their sha256 digests at resume: "
+        "fallback resumes from the newest intact checkpoint (a warning and an event; the damaged folder is kept "
+        "as corrupt-step-N), fail stops the run and leaves the folder as it is.")
 
     @model_validator(mode="after")
     def _safe_path(self) -> CheckpointSpec:

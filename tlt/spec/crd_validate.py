@@ -27,8 +27,8 @@ import celpy
 import jsonschema
 from celpy import celtypes
 
-from tlt.crd_errors import BLOCKING_REASONS as _BLOCKING
-from tlt.crd_errors import FieldError, Validation
+from tlt.spec.crd_errors import BLOCKING_REASONS as _BLOCKING
+from tlt.spec.crd_errors import FieldError, Validation
 
 _MISSING = object()
 CEL_SKIPPED = (
@@ -331,7 +331,7 @@ class CRDValidator:
 @cache
 def default_validator() -> CRDValidator:
     """The validator of the `TLTTrainingRun` CRD this package generates."""
-    from tlt.crd import build_crd
+    from tlt.spec.crd import build_crd
 
     return CRDValidator(build_crd())
 

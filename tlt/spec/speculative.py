@@ -1,5 +1,5 @@
 """The run spec's speculative-decoding and drafter sections (`speculative`, `drafter`); re-exported by
-`tlt.config`, whose module docstring says how the spec is written and checked."""
+`tlt.spec.run`, whose module docstring says how the spec is written and checked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from tlt.config_base import PathStr, Spec
+from tlt.spec.base import PathStr, Spec
 
 Exploration = Literal["weighted", "uniform"]  # which arm an exploring bandit round tries (tlt.adaptive.bandit)
 

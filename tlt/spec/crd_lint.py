@@ -2,7 +2,7 @@
 
 The CEL here is Google's own (`cel-expr-python`, the cel-cpp runtime), whose parser is the grammar
 cel-go and so the apiserver use: a rule it cannot compile, the apiserver refuses too (`cel-python`,
-which `tlt.crd_validate` evaluates with, accepts unknown string escapes such as `'\\.'`). Three checks:
+which `tlt.spec.crd_validate` evaluates with, accepts unknown string escapes such as `'\\.'`). Three checks:
 
 - every `x-kubernetes-validations` rule compiles (with the Kubernetes list library functions the
   project's rules use declared: `isSorted`);
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-from tlt.crd_validate import without_nulls as _without_nulls
+from tlt.spec.crd_validate import without_nulls as _without_nulls
 
 _FIELD_PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_-]*)|\['([^']+)'\]")
 

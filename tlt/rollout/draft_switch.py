@@ -50,3 +50,9 @@ def sd_bucket(running_batch: int, threshold: int, buckets: Sequence[int]) -> int
     if not sd_enabled(running_batch, threshold):
         return None
     return bucket_of(running_batch, buckets)
+
+
+def drafts_at_some_batch(threshold: int, buckets: Sequence[int]) -> bool:
+    """Whether `sd_bucket` says SD for any running batch: the question a runtime that cannot switch per
+    round (vLLM: one speculative config for the whole engine) asks of the same rule."""
+    return sd_bucket(1, threshold, buckets) is not None

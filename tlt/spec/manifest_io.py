@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tlt.config import (
+from tlt.spec.run import (
     IMAGE_PATTERN,
     KIND,
     RUN_NAME_PATTERN,
@@ -140,7 +140,7 @@ def _format(err: dict[str, Any]) -> str:
 
 @cache
 def _spec_schema() -> dict[str, Any]:
-    from tlt.crd import build_schema  # the CRD is generated from this module's models: import it late
+    from tlt.spec.crd import build_schema  # the CRD is generated from this module's models: import it late
 
     return build_schema()["properties"]["spec"]
 
