@@ -56,6 +56,7 @@ def test_accept_lengths_are_reachable_by_each_draft_shape(report):
     most[f"tree-k{topk}-d{depth}-b{budget}"] = depth + 1  # tree: at most depth drafts plus the next token
     most[f"ngram-{cfg.ngram[0]}"] = cfg.ngram[0] + 1
     most[f"history-{cfg.history[0]}"] = most[f"mixed-{cfg.history[0]}"] = cfg.history[0] + 1
+    most.update({f"block-{d}": d + 1 for d in cfg.block_depths})
     assert set(most) | {"plain"} == set(cfg.variants())
     for row in report["sd"]["rows"]:
         if row["variant"] == "plain":
@@ -91,6 +92,8 @@ def test_costs_cover_every_batch_and_verify_width(report):
             assert point["ratio"] == 1.0
     assert [p["batch"] for p in costs["drafter_step"]] == list(cfg.batches)
     assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["drafter_step"])
+    assert [(p["batch"], p["block"]) for p in costs["block_step"]] == [(b, max(cfg.block_depths)) for b in cfg.batches]
+    assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["block_step"])
 
 
 def test_drafter_was_trained_on_the_policys_outputs(report):
@@ -111,6 +114,20 @@ def test_history_summary_has_a_ratio_per_batch_at_the_sampling_temperature(repor
         assert report["mixed_vs_best_single"][str(b)] > 0
         mixed = rows[f"mixed-{cfg.history[0]}", b, t]
         assert sum(mixed["sources"][k] for k in ("history", "eagle", "none")) > 0
+
+
+def test_block_drafts_have_a_ratio_per_batch_against_the_best_chain(report):
+    cfg = SdBenchConfig.quick()
+    rows = {(r["variant"], r["batch"], r["temperature"]): r for r in report["sd"]["rows"]}
+    t = max(cfg.temperatures)
+    assert set(report["block_vs_best_chain"]) == {str(b) for b in cfg.batches}
+    for b in cfg.batches:
+        best = {kind: max(rows[v, b, t]["tokens_per_s"] for v in cfg.variants() if v.startswith(kind))
+                for kind in ("block-", "chain-")}
+        assert report["block_vs_best_chain"][str(b)] == pytest.approx(best["block-"] / best["chain-"])
+    block = report["sd"]["block_drafter"]
+    assert block["settings"]["block_size"] == max(cfg.block_depths)
+    assert len(block["train_agreement_by_offset"]) == max(cfg.block_depths)
 
 
 WORKLOAD = """\

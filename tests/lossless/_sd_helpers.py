@@ -8,7 +8,7 @@ procedure is run on a large batch of independent rows (vectorised), then compare
 Mutants (deliberately wrong verifiers) live here, test-only: the same G-test must reject them.
 `drafter_logits_along`: an EAGLE drafter's own cache-free forward, what the cached drafting must match.
 `random_eagle`, `history_store`: the engine-level tests' untrained EAGLE drafter and history store;
-`reduced_eagle`: the drafter with a reduced draft vocabulary.
+`reduced_eagle`: the drafter with a reduced draft vocabulary; `random_block`: an untrained block drafter.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from tlt.models.block_drafter import BlockDrafter, new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.rollout import verify
 from tlt.rollout.history import HistoryStore
@@ -44,6 +45,16 @@ def reduced_eagle(model: PreTrainedModel, ids: list[int], seed: int = 3) -> Eagl
     drafter = random_eagle(model, seed)
     vocab = drafter.set_draft_vocab(len(ids))
     vocab.update(torch.tensor(sorted(ids)), model.get_output_embeddings())
+    return drafter
+
+
+def random_block(model: PreTrainedModel, ids: list[int] | None = None, seed: int = 5) -> BlockDrafter:
+    """An untrained block drafter (seeded init, block size 8, two layers) bound to the model; drafting from
+    the token ids `ids` only when given (a reduced draft vocabulary)."""
+    torch.manual_seed(seed)
+    drafter = new_block_drafter(model, num_layers=2)
+    if ids is not None:
+        drafter.set_draft_vocab(len(ids)).update(torch.tensor(sorted(ids)), model.get_output_embeddings())
     return drafter
 
 

@@ -2,9 +2,10 @@
 
 - Greedy decoding in float64 with the adaptive stepper equals plain decoding token for token while
   the batch shrinks across the SD threshold and the bandit switches between n-gram chains, EAGLE
-  chains, EAGLE trees and an always-right oracle chain.
+  chains, EAGLE trees, block drafts and an always-right oracle chain.
 - The target forwards exactly the prompt tokens plus what each step verified: switching SD on or
-  changing arms costs zero re-prefill tokens (counted at the target's embedding layer).
+  changing arms costs zero re-prefill tokens (counted at the target's embedding layer); a block arm's
+  step runs its drafter once.
 - The bandit inside the engine records rewards per bucket, tries every arm, and keeps exploring
   with epsilon > 0 (with epsilon 0 it settles on the best arm).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import _sd_helpers as H
 import pytest
 import torch
 from transformers import PreTrainedModel
@@ -41,7 +43,8 @@ ARMS = [
     ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5),
     ArmSpec(kind="chain", depth=4),
 ]
-WITH_PLAIN = [*ARMS, ArmSpec(kind="plain")]  # plain steps chosen by the bandit, between speculative ones
+# block drafts and plain steps chosen by the bandit, between the other speculative arms
+WITH_PLAIN = [*ARMS, ArmSpec(kind="block", depth=3), ArmSpec(kind="plain")]
 
 
 def _requests(max_new: tuple[int, ...] = MAX_NEW) -> list[Request]:
@@ -84,6 +87,17 @@ def plain64(model64: PreTrainedModel) -> list[Completion]:
     return Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT).generate(_requests())
 
 
+class ForwardCounter:
+    """Counts a module's forward calls."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self.count += 1
+
+
 class TargetTokenCounter:
     """Counts every token the target model embeds (any forward of the target, prefill included)."""
 
@@ -97,7 +111,8 @@ class TargetTokenCounter:
 
 def _adaptive_engine(model, spec, answers=None, *, seed=0, clock=None) -> tuple[Engine, AdaptiveStepper]:
     engine = Engine(model, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=True)
-    stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed)
+    stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed,
+                                     block=H.random_block(model))
     if answers is not None:  # one more arm: the oracle, whose drafts are all accepted
         arms = stepper.arms + [Arm(len(stepper.arms), "oracle-d6", ArmSpec(kind="chain", depth=6),
                                    OracleChain(answers, 6))]
@@ -129,10 +144,13 @@ def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, 
     answers = {c.request_id: c.token_ids for c in plain64}
     engine, stepper = _adaptive_engine(model64, _spec(arms=WITH_PLAIN), answers)
     counter = TargetTokenCounter(model64)
+    block = next(a.drafter.drafter for a in stepper.arms if a.label == "block-d3")
+    calls = ForwardCounter(block)
     try:
         engine.generate(_requests())
     finally:
         counter.handle.remove()
+        calls.handle.remove()
     prompt_tokens = sum(len(p) for p in PROMPTS)  # equal lengths: prefill has no padding
     assert len({len(p) for p in PROMPTS}) == 1
     widths = {a.label: verify_width(a.spec) for a in stepper.arms}
@@ -143,6 +161,7 @@ def test_switching_sd_on_and_changing_arms_costs_zero_reprefill_tokens(model64, 
         verified += expected
     assert counter.count == prompt_tokens + verified
     assert engine.tokens_processed == prompt_tokens + verified
+    assert 0 < calls.count == sum(1 for r in stepper.log if r.arm == "block-d3"), "one block forward a block step"
     switches = sum(1 for a, b in itertools.pairwise(stepper.log) if a.arm != b.arm)
     assert switches >= 3
     assert "plain" in {r.arm for r in stepper.log}, "the plain arm must be chosen between speculative arms"
@@ -202,6 +221,12 @@ def test_build_arms_refuses_learned_arms_without_a_drafter(model64):
                    max_batch_size=4, max_context=MAX_CONTEXT)
 
 
+def test_build_arms_refuses_block_arms_without_a_block_drafter(model64):
+    with pytest.raises(ValueError, match="arms of kind block needs the block drafter"):
+        build_arms(_spec(arms=WITH_PLAIN), embed=model64.get_input_embeddings(), drafter=_eagle(model64), max_batch_size=4,
+                   max_context=MAX_CONTEXT)
+
+
 def test_bandit_reward_is_per_running_row(model64, plain64):
     """A plain arm gains exactly one token per row and step: with every step lasting 1 s its reward
     is 1.0 whatever the batch size in the bucket (4 -> 3 -> 2 -> 1 rows here)."""
@@ -226,10 +251,13 @@ def test_every_arm_runs_up_to_the_context_limit_without_overflow(seed, model64):
     requests = _requests(max_new=(200, 200, 200, 200))
     plain = Engine(model64, max_batch_size=4, max_context=context).generate(requests)
     arms = [*ARMS, ArmSpec(kind="ngram", depth=4), ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6),
-            ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2), ArmSpec(kind="mixed", depth=3)]
+            ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2), ArmSpec(kind="mixed", depth=3),
+            ArmSpec(kind="block", depth=3), ArmSpec(kind="block", depth=8)]
     spec = _spec(arms=arms, threshold=4, buckets=[4], epsilon=1.0, history={"min_match": 1, "max_match": 4})
     engine = Engine(model64, max_batch_size=4, max_context=context, return_hidden=True)
-    engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed)
+    engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed,
+                                            block=H.random_block(model64))
     out = engine.generate(requests)
     assert [c.token_ids for c in out] == [c.token_ids for c in plain]
     assert all(c.finish_reason == "length" for c in out)
+    assert {"block-d3", "block-d8"} <= {r.arm for r in engine.stepper.log}, "block arms are chosen like any other"

@@ -1,7 +1,7 @@
 """Speculative decoding in the engine is lossless.
 
 Greedy: token for token equal to plain decoding in float64 for n-gram chains, EAGLE chains and trees,
-EAGLE drafters with a reduced draft vocabulary, random (mostly rejected) trees and oracle drafters that are always right (also through non-first
+block drafts (k tokens from one block-drafter forward), EAGLE and block drafters with a reduced draft vocabulary, random (mostly rejected) trees and oracle drafters that are always right (also through non-first
 branches, which forces cache compaction); on a tiny Qwen2, and for the n-gram, EAGLE, oracle-tree
 and mixed drafters on a tiny Qwen3 too. After such a step the next logits equal a fresh full
 forward; log-probs of accepted tokens equal the plain engine's in float32. Sampled: token for token
@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from tlt.models.drafter import EagleDrafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -123,6 +124,11 @@ DRAFTERS: dict[str, DrafterFactory] = {
         H.reduced_eagle(m, list(range(0, 32, 2))), m.get_input_embeddings(), topk=2, depth=3, budget=5,
         max_batch_size=4, max_context=ctx
     ),
+    "block-2": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=2),
+    "block-8": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=8),
+    "block-argmax": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=4, guess="argmax"),
+    "block-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(
+        H.random_block(m, list(range(0, 32, 2))), k=4),
     "history-chain": lambda m, a, ctx=MAX_CONTEXT: HistoryDrafter(_store(), k=4),
     "history-tree": lambda m, a, ctx=MAX_CONTEXT: HistoryTreeDrafter(_store(), topk=2, depth=3, budget=5),
     "mixed": lambda m, a, ctx=MAX_CONTEXT: MixedDrafter(_store(), EagleChainDrafter(
@@ -174,12 +180,14 @@ def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, pl
     _assert_greedy_speculative_equals_plain(name, model64, plain64)
 
 
-@pytest.mark.parametrize("name", ["ngram-chain", "eagle-chain", "eagle-tree", "oracle-tree-second-branch", "mixed"])
+@pytest.mark.parametrize("name", ["ngram-chain", "eagle-chain", "eagle-tree", "oracle-tree-second-branch", "mixed",
+                                  "block-8"])
 def test_greedy_speculative_equals_plain_decoding_on_qwen3(name: str, qwen3_64):
     _assert_greedy_speculative_equals_plain(name, qwen3_64, _generate(qwen3_64, _requests(), None)[0])
 
 
-@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain", "history-tree", "mixed"])
+@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain", "history-tree", "mixed",
+                                  "block-8"])
 def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
     requests = _requests()

@@ -1,6 +1,6 @@
 """Sampling with speculative decoding in the engine keeps the target's distribution: the joint of the
-first three tokens of a tiny real model (vocabulary 8, peaked head) sampled through every drafter,
-eager and compiled, matches the exact joint (G-test, alpha 1e-3)."""
+first three tokens of a tiny real model (vocabulary 8, peaked head) sampled through every drafter
+(block drafts too), eager and compiled, matches the exact joint (G-test, alpha 1e-3)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tlt.models.tiny import tiny_model
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import Drafter, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -50,6 +51,9 @@ def _exact_joint(model: PreTrainedModel, temperature: float, top_p: float) -> to
 
 
 ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
+    "block-coupled": lambda m, c: BlockChainDrafter(H.random_block(m), k=2, compile=c),
+    "block-argmax-draft-vocab": lambda m, c: BlockChainDrafter(H.random_block(m, [0, 2, 3, 5, 7]), k=3,
+                                                                guess="argmax", compile=c),
     "eagle-chain-sampled": lambda m, c: EagleChainDrafter(
         _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c
     ),

@@ -16,6 +16,7 @@ from tlt.spec.run import (
     MSG_RESERVED,
 )
 from tlt.spec.crd import (
+    MSG_BLOCK_ARM,
     MSG_BUCKETS,
     MSG_DATASET_PATH,
     MSG_DATASET_SYSTEM,
@@ -49,6 +50,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.speculative.history"),
     ("history arm deeper than maxDraft", {"speculative": {"arms": [{"kind": "mixed", "depth": 9}]}},
      "spec.speculative"),
+    ("block arm deeper than a block", {"speculative": {"arms": [{"kind": "block", "depth": 9}]}},
+     "spec.speculative.arms[0]"),
+    ("block arm with topk", {"speculative": {"arms": [{"kind": "block", "depth": 4, "topk": 2}]}},
+     "spec.speculative.arms[0]"),
     ("file dataset without path", {"dataset": {"source": "file"}}, "spec.dataset"),
     ("unknown field", {"algorithm": {"stepz": 3}}, "spec.algorithm.stepz"),
     ("steps zero", {"algorithm": {"steps": 0}}, "spec.algorithm.steps"),
@@ -133,6 +138,8 @@ CEL_MESSAGES = {
     "system message without chat": MSG_DATASET_SYSTEM,
     "history match min above max": MSG_HISTORY_MATCH,
     "history arm deeper than maxDraft": MSG_HISTORY_DEPTH,
+    "block arm deeper than a block": MSG_BLOCK_ARM,
+    "block arm with topk": MSG_BLOCK_ARM,
     "draft vocabulary below a tree's topk": MSG_DRAFT_VOCAB,
     "toleration Exists with a value": MSG_TOLERATION,
     "env value and secret": MSG_ENV,

@@ -7,13 +7,16 @@ import pytest
 from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
 from tlt.adaptive.stepper import AdaptiveStepper, new_bandit
 from tlt.spec.run import ArmSpec, SpeculativeSpec
+from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import ModelRunner
+from tlt.sim.accept import drafter_steps
 
 ARMS = [ArmSpec(kind="chain", depth=3), ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
         ArmSpec(kind="ngram", depth=5), ArmSpec(kind="tree", depth=2, topk=3)]
@@ -187,3 +190,19 @@ def test_drafter_graphs_are_those_the_usable_arms_and_sampling_reach():
     # mixed arms are dropped with the history store, and their chains with them
     off = SpeculativeSpec(mode="tlt", arms=[ArmSpec(kind="mixed", depth=3)], history={"enabled": False})
     assert drafter_graphs(off, sampled=True) == empty
+
+
+def test_block_arms_label_width_mode_and_one_drafter_for_every_depth(model):
+    arms = [ArmSpec(kind="block", depth=2), ArmSpec(kind="ngram", depth=3), ArmSpec(kind="block", depth=8)]
+    assert [arm_label(a) for a in arms] == ["block-d2", "ngram-d3", "block-d8"]
+    assert [verify_width(a) for a in arms] == [3, 4, 9]
+    assert drafter_steps(arms[2]) == (1, 1), "the simulator charges a block arm one drafter forward"
+    assert arm_indices(SpeculativeSpec(mode="ngram", arms=arms)) == [1], "a block drafter is learned"
+    block = new_block_drafter(model)
+    built = build_arms(SpeculativeSpec(mode="static", arms=arms), embed=model.get_input_embeddings(), drafter=None,
+                       max_batch_size=2, max_context=64, block=block)
+    assert [type(a.drafter) for a in built] == [BlockChainDrafter, NgramDrafter, BlockChainDrafter]
+    assert built[0].drafter.drafter is built[2].drafter.drafter is block
+    assert [built[0].drafter.k, built[2].drafter.k] == [2, 8]
+    with pytest.raises(ValueError, match="kind block need 2 <= depth <= 8"):
+        ArmSpec(kind="block", depth=9)

@@ -20,6 +20,7 @@ def test_the_default_spec_has_no_warnings():
     ({"speculative": {"threshold": 100, "buckets": [1, 4, 16]}}, "spec.speculative.threshold"),
     ({"speculative": {"arms": [{"kind": "tree", "depth": 2, "topk": 2, "verifyTokens": 7}]}},
      "spec.speculative.arms[0].verifyTokens"),
+    ({"speculative": {"arms": [{"kind": "block", "depth": 4}]}}, "spec.speculative.arms[0]"),
     ({"model": {"maxContext": 256}, "algorithm": {"maxNewTokens": 256}}, "spec.algorithm.maxNewTokens"),
     ({"verifier": {"resources": {"memory": "100m"}}}, "spec.verifier.resources.memory"),
     ({"rollout": {"resources": {"memory": "1.0001Ki"}}}, "spec.rollout.resources.memory"),

@@ -53,6 +53,8 @@ def test_what_vllm_can_and_cannot_honour():
     assert "algorithm.temperature 1.0" in cpu_sampled and "speculative.mode 'tlt'" in cpu_sampled
     assert "speculative.mode 'ngram'" in vllm_spec_problem(vllm_spec(speculative={"mode": "ngram"}), cuda=True)
     assert vllm_spec_problem(RunSpec.model_validate({"speculative": {"mode": "ngram"}}), cuda=False) is None
+    block = vllm_spec(speculative={"arms": [{"kind": "chain", "depth": 2}, {"kind": "block", "depth": 4}]})
+    assert "speculative.arms of kind block" in vllm_spec_problem(block, cuda=True)
 
 
 def test_the_kv_cache_holds_every_row_at_full_context():

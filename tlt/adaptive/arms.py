@@ -7,7 +7,8 @@ Modes:
 
 - off: no arms (plain decoding only);
 - ngram: only the model-free arms, `ngram`, `history` and `plain` (no learned drafter needed);
-- static / tlt: every arm; `chain`, `tree` and `mixed` arms draft with the learned EAGLE drafter.
+- static / tlt: every arm; `chain`, `tree` and `mixed` arms draft with the learned EAGLE drafter, `block`
+  arms with the block drafter (`tlt.models.block_drafter`: a chain of `depth` drafts from one forward).
 
 `history` and `mixed` arms read the rollout-history store (`tlt.rollout.history`); with
 `speculative.history.enabled: false` they are dropped. All of an engine's history arms share one store,
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from tlt.spec.run import ArmSpec, SpeculativeSpec
+from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
@@ -34,6 +37,7 @@ from tlt.rollout.mixed import MixedDrafter
 LEARNED_KINDS = ("chain", "tree", "mixed")
 HISTORY_KINDS = ("history", "mixed")
 MODEL_FREE_KINDS = ("ngram", "history", "plain")
+BLOCK_KINDS = ("block",)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ def build_arms(
     max_context: int,
     compile: bool = False,
     history: HistoryStore | None = None,
+    block: BlockDrafter | None = None,
 ) -> list[Arm]:
     """The arms of `spec.mode`, each with its drafter (a drafter factory over `spec.arms`).
 
@@ -135,7 +140,8 @@ def build_arms(
     chain or tree is in use. The engine must keep hidden states (`Engine(return_hidden=True)`).
     compile: the EAGLE arms' drafter steps are compiled (as the engine's, `Engine(compile=True)`).
     history: the rollout-history store of the history and mixed arms (a new one from
-    `speculative.history` when None and such an arm is in use).
+    `speculative.history` when None and such an arm is in use). block: the block drafter, bound like
+    `drafter`; required when an arm of kind block is in use (compiled with `compile`, `tlt.rollout.block`).
     """
     indices = arm_indices(spec)
     needs_drafter = any(spec.arms[i].kind in LEARNED_KINDS for i in indices)
@@ -143,6 +149,9 @@ def build_arms(
         raise ValueError(
             f"speculative.mode {spec.mode!r} with arms of kind chain/tree needs the learned drafter; none was given"
         )
+    if block is None and any(spec.arms[i].kind in BLOCK_KINDS for i in indices):
+        raise ValueError(f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; none was "
+                         "given (`tlt train` does not build one yet: drop the block arms from speculative.arms)")
     scratch = max((_scratch(spec.arms[i]) for i in indices), default=0)
     shared = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch) if needs_drafter else None
     if history is None and any(spec.arms[i].kind in HISTORY_KINDS for i in indices):
@@ -150,7 +159,10 @@ def build_arms(
     arms = []
     for i in indices:
         arm = spec.arms[i]
-        built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context, history)
+        if arm.kind in BLOCK_KINDS and block is not None:
+            built: Drafter | None = BlockChainDrafter(block, arm.depth, compile=compile)
+        else:
+            built = _drafter(arm, spec, drafter, embed, shared, max_batch_size, max_context, history)
         arms.append(Arm(i, arm_label(arm), arm, built))
     return arms
 
@@ -194,5 +206,5 @@ def _drafter(
     if arm.kind == "tree":
         return EagleTreeDrafter(drafter, embed, topk=arm.topk, depth=arm.depth, budget=tree_budget(arm),
                                 max_batch_size=max_batch_size, max_context=max_context, state=shared)
-    raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'plain', "
+    raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'block', 'plain', "
                      f"got {arm.kind!r}")

@@ -32,6 +32,7 @@ from tlt.rollout.history import HistoryStore
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.rollout.draft_switch import sd_bucket
 from tlt.spec.run import SpeculativeSpec
+from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.runner import ModelRunner
@@ -181,15 +182,17 @@ def build_adaptive_stepper(
     bandit: BucketedBandit | None = None,
     seed: int = 0,
     history: HistoryStore | None = None,
+    block: BlockDrafter | None = None,
 ) -> AdaptiveStepper:
     """The engine's adaptive stepper for `spec` (arms of `spec.mode`, threshold, buckets).
 
     Pass the previous rollout's `bandit` to keep what it learned; a new one is seeded with `seed`; pass the
     engine's rollout-history store (`history`) to keep earlier rollouts' responses for history drafts.
-    The engine must keep hidden states (`Engine(return_hidden=True)`) for the EAGLE arms.
+    The engine must keep hidden states (`Engine(return_hidden=True)`) for the EAGLE and block arms; `block`:
+    the block drafter of arms of kind block.
     """
     arms = build_arms(spec, embed=runner.model.get_input_embeddings(), drafter=drafter,
                       max_batch_size=rows, max_context=context, compile=runner.compiled is not None,
-                      history=history)
+                      history=history, block=block)
     bandit = bandit if bandit is not None else new_bandit(spec, len(arms), seed)
     return AdaptiveStepper(runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets)

@@ -1,14 +1,10 @@
 """The EAGLE drafter the benches start from: trained for a fixed budget on the warm-started policy's own
 samples at T=1 (the step-0 distribution), cached beside the policy by its settings. Shared by `tlt bench
-engine --part sd` and the workloads' `drafterWarmstart` (`tlt.bench.run`)."""
+engine --part sd` and the workloads' `drafterWarmstart` (`tlt.bench.run`); the sd part's block drafter
+(`tlt.bench.bench_block_drafter`) trains on the same samples."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +12,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.bench.drafter_cache import cached_drafter
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter, target_features
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, target_features
 from tlt.progress import phase
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request
@@ -48,7 +45,7 @@ def sample_context(policy: PreTrainedModel, requests: list[Request]) -> int:
     return min(policy.config.max_position_embeddings, longest + 32)
 
 
-def _drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
+def drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
     """The policy's own samples as aligned drafter batches (response positions only)."""
     engine = Engine(policy, max_batch_size=64, max_context=sample_context(policy, requests), return_hidden=False)
     seqs = [(c.prompt_ids + c.token_ids, len(c.prompt_ids)) for c in engine.generate(requests)]
@@ -68,41 +65,44 @@ def _drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) 
     return out
 
 
+def drafter_requests(cfg: DrafterBudget, folder: Path, tokenizer: PreTrainedTokenizerBase) -> list[Request]:
+    """The warm-start prompts: `drafter_prompts` task prompts other than the timed ones, sampled at T=1."""
+    problems = generate(cfg.drafter_prompts, cfg.seed + 7_777_777, countdown_task(folder))
+    return make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
+                         seed=cfg.seed + 7_777_777)
+
+
+def own_samples(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
+    """`drafter_data` under the progress line of the drafter warm start."""
+    with phase("drafter warm start: the policy's own samples", len(requests), "prompts") as update:
+        batches = drafter_data(policy, requests, batch)
+        update(len(requests))
+    return batches
+
+
 def trained_drafter(cfg: DrafterBudget, folder: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
                     ) -> tuple[EagleDrafter, dict]:
     """An EAGLE drafter trained on the policy's own outputs, cached next to the policy by its settings."""
     settings = {"policy": folder.name, "prompts": cfg.drafter_prompts, "steps": cfg.drafter_steps,
                 "batch": cfg.drafter_batch, "lr": cfg.drafter_lr, "max_new_tokens": cfg.max_new_tokens,
                 "seed": cfg.seed}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    target = folder / f"bench-drafter-{key}"
-    if (target / "bench.json").is_file():
-        return load_drafter(target, policy), json.loads((target / "bench.json").read_text())
-    problems = generate(cfg.drafter_prompts, cfg.seed + 7_777_777, countdown_task(folder))
-    requests = make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
-                             seed=cfg.seed + 7_777_777)
-    started = time.perf_counter()
-    with phase("drafter warm start: the policy's own samples", len(requests), "prompts") as update:
-        batches = _drafter_data(policy, requests, cfg.drafter_batch)
-        update(len(requests))
-    torch.manual_seed(cfg.seed)
-    drafter = EagleDrafter(drafter_config_from_target(policy.config))
-    drafter.bind_policy(policy)
-    with phase("drafter warm start: training", cfg.drafter_steps) as update:
-        losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr,
-                                     lambda step, loss: update(step, f"loss {loss:.3f}"))
-    held = _drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
-    with torch.no_grad():
-        pred = drafter(held.input_ids, held.features, held.position_ids)
-        agree = (drafter.logits(pred).argmax(-1) == drafter.logits(held.target).argmax(-1)) & held.mask
-    info = {"settings": settings, "cache_key": key, "train_seconds": time.perf_counter() - started,
-            "loss_first": losses[0], "loss_last": losses[-1],
-            "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1)}
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=folder))
-    save_drafter(drafter, staging)
-    (staging / "bench.json").write_text(json.dumps(info, indent=2))
-    try:
-        os.rename(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return drafter, info
+
+    def train() -> tuple[EagleDrafter, dict]:
+        requests = drafter_requests(cfg, folder, tokenizer)
+        started = time.perf_counter()
+        batches = own_samples(policy, requests, cfg.drafter_batch)
+        torch.manual_seed(cfg.seed)
+        drafter = EagleDrafter(drafter_config_from_target(policy.config))
+        drafter.bind_policy(policy)
+        with phase("drafter warm start: training", cfg.drafter_steps) as update:
+            losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr,
+                                         lambda step, loss: update(step, f"loss {loss:.3f}"))
+        held = drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
+        with torch.no_grad():
+            pred = drafter(held.input_ids, held.features, held.position_ids)
+            agree = (drafter.logits(pred).argmax(-1) == drafter.logits(held.target).argmax(-1)) & held.mask
+        return drafter, {"train_seconds": time.perf_counter() - started, "loss_first": losses[0],
+                         "loss_last": losses[-1],
+                         "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1)}
+
+    return cached_drafter(folder, "bench-drafter", settings, train, lambda path: load_drafter(path, policy))

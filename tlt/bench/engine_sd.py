@@ -23,8 +23,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.adaptive.costs import measure_costs
 from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
 from tlt.bench.engine import DTYPES
+from tlt.bench.bench_block_drafter import trained_block_drafter
+from tlt.bench.sd_summary import block_vs_best_chain, history_summary
 from tlt.drafter.evaluate import make_requests
+from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter, load_drafter
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import EagleCache, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -70,6 +74,8 @@ class SdBenchConfig:
     ngram: tuple[int, int, int] = (4, 2, 4)  # (k, ngram_min, ngram_max)
     history: tuple[int, int, int] = (4, 2, 8)  # (k, min_match, max_match)
     history_nodes: int = 400_000
+    block_depths: tuple[int, ...] = (2, 4, 8)  # block drafts (one drafter forward each); the drafter's block: max
+    block_layers: int = 1
     group_size: int = 8
     drafter_prompts: int = 512
     drafter_steps: int = 400
@@ -89,7 +95,7 @@ class SdBenchConfig:
     def quick(cls, repeats: int = 1) -> SdBenchConfig:
         return cls(warmstart="reduced", batches=(1, 4), min_prompts=2, max_new_tokens=16, drafter_prompts=16,
                    drafter_steps=5, drafter_batch=16, cost_widths=(2, 4), cost_context=32, repeats=repeats,
-                   group_size=2)
+                   group_size=2, block_depths=(2, 4))
 
     def variants(self) -> list[str]:
         topk, depth, budget = self.tree
@@ -97,7 +103,8 @@ class SdBenchConfig:
         # (the two differ only at T > 0)
         return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"chain-{max(self.chain_depths)}-argmax",
                 f"tree-k{topk}-d{depth}-b{budget}",
-                f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}"]
+                f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}",
+                *(f"block-{d}" for d in self.block_depths)]
 
 
 def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokenizerBase]:
@@ -109,8 +116,8 @@ def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokeni
 
 
 def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter: EagleDrafter, batch: int,
-              context: int) -> Engine:
-    """An engine for one SD variant name from cfg.variants()."""
+              context: int, block: BlockDrafter | None = None) -> Engine:
+    """An engine for one SD variant name from cfg.variants() (`block`: the block variants' drafter)."""
     engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain",
                     compile=cfg.compile)
     embed = policy.get_input_embeddings()
@@ -130,6 +137,8 @@ def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter
         k = cfg.history[0]
         stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context,
                                                                                   compile=cfg.compile), k)
+    elif variant.startswith("block-") and block is not None:
+        stepper_drafter = BlockChainDrafter(block, int(variant[6:]), compile=cfg.compile)
     elif variant == "plain":
         return engine
     else:
@@ -224,9 +233,27 @@ def _drafter_step_costs(cfg: SdBenchConfig, drafter: EagleDrafter, policy: PreTr
             state.drafter.logits(state.forward(tokens, feats, L[:, None], L[:, None], mask))
 
         fns[b] = go
+    return _fastest(fns, cfg.repeats)
+
+
+def _block_step_costs(cfg: SdBenchConfig, block: BlockDrafter, policy: PreTrainedModel) -> list[dict]:
+    """Seconds of one block-drafter forward of the deepest block variant, plus the head, per batch: what
+    a block step drafts with (a chain of k pays k drafter steps)."""
+    k = max(cfg.block_depths)
+    fns = {}
+    for b in cfg.batches:
+        tokens = torch.ones(b, dtype=torch.long)
+        feats = torch.zeros(b, policy.config.hidden_size, dtype=policy.dtype)
+        fns[b] = lambda tokens=tokens, feats=feats: block.logits(block(tokens, feats, k))
+    return [{**point, "block": k} for point in _fastest(fns, cfg.repeats)]
+
+
+def _fastest(fns: dict[int, Callable[[], object]], repeats: int) -> list[dict]:
+    """[{batch, seconds (fastest), seconds_median}] of each batch's call over `repeats` rounds after an
+    untimed one, the batches interleaved within a round."""
     seconds: dict[int, list[float]] = {b: [] for b in fns}
     with torch.no_grad():
-        for _ in range(cfg.repeats + 1):
+        for _ in range(repeats + 1):
             for b, go in fns.items():
                 t0 = time.perf_counter()
                 go()
@@ -265,9 +292,12 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     else:
         folder, policy, tokenizer = _policy(cfg)
         drafter, drafter_info = trained_drafter(cfg.drafter_budget(), folder, policy, tokenizer)
+    block, block_info = trained_block_drafter(cfg.drafter_budget(), max(cfg.block_depths), cfg.block_layers, folder,
+                                              policy, tokenizer)
     policy = policy.to(DTYPES[cfg.dtype])
-    drafter = copy.deepcopy(drafter).to(DTYPES[cfg.dtype])
+    drafter, block = (copy.deepcopy(d).to(DTYPES[cfg.dtype]) for d in (drafter, block))
     drafter.bind_policy(policy)
+    block.bind_policy(policy)
     task = countdown_task(folder)
     variants: list[tuple[SdRow, Callable[[], float]]] = []
     for batch in cfg.batches:
@@ -281,7 +311,7 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
             earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
                 row = SdRow(name, batch, temperature, len(problems))
-                engine = sd_engine(name, cfg, policy, drafter, batch, context)
+                engine = sd_engine(name, cfg, policy, drafter, batch, context, block)
                 variants.append((row, _sd_runner(row, engine, requests, cfg, earlier)))
     for _, go in variants:  # warm-up round, not timed
         go()
@@ -307,25 +337,13 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "policy": {"folder": str(folder), "params": sum(p.numel() for p in policy.parameters()),
                    "warmstart_metrics": load_metadata(folder)["metrics"]},
         "drafter": drafter_info,
+        "block_drafter": block_info,
         "rows": [r.as_dict() for r, _ in variants],
         "ratios": ratios,
     }
     costs = {"clock": "wall", "context": cfg.cost_context, "estimate": "fastest repeat",
-                  "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy)}
-    return {"sd": sd, "costs": costs, **history_summary(sd["rows"], cfg)}
-
-
-def history_summary(rows: list[dict], cfg: SdBenchConfig) -> dict[str, dict[str, float]]:
-    """At the highest temperature (GRPO samples), per batch: history's accept length over n-gram's, and
-    the mixed variant's tokens/s over the best single drafter's (EAGLE chains, tree, history)."""
-    temperature = max(cfg.temperatures)
-    k = cfg.history[0]
-    at = {(r["variant"], r["batch"]): r for r in rows if r["temperature"] == temperature}
-    singles = [v for v in cfg.variants() if v.startswith(("chain-", "tree-", "history-"))]
-    out: dict[str, dict[str, float]] = {"history_vs_ngram_accept": {}, "mixed_vs_best_single": {}}
-    for b in cfg.batches:
-        ngram = at[f"ngram-{cfg.ngram[0]}", b]["accept_length"]
-        out["history_vs_ngram_accept"][str(b)] = at[f"history-{k}", b]["accept_length"] / ngram
-        best = max(at[v, b]["tokens_per_s"] for v in singles)
-        out["mixed_vs_best_single"][str(b)] = at[f"mixed-{k}", b]["tokens_per_s"] / best
-    return out
+                  "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy),
+             "block_step": _block_step_costs(cfg, block, policy)}
+    temperature = max(cfg.temperatures)  # GRPO samples
+    return {"sd": sd, "costs": costs, "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
+            **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0])}

@@ -184,6 +184,13 @@ def _engine_tables(result: dict) -> list:
             for b, ratio in result["history_vs_ngram_accept"].items():
                 table.add_row(b, f"{ratio:.2f}x", f"{result['mixed_vs_best_single'][b]:.2f}x")
             tables.append(table)
+        if result.get("block_vs_best_chain"):
+            table = Table(title=f"block drafts (one drafter forward) at T={max(sd['config']['temperatures']):g}")
+            for column in ("batch", "best block / best chain tok/s"):
+                table.add_column(column, justify="right")
+            for b, ratio in result["block_vs_best_chain"].items():
+                table.add_row(b, f"{ratio:.2f}x")
+            tables.append(table)
         costs = result["costs"]
         table = Table(title=f"costs after {costs['context']} cached tokens (ms, {costs['estimate']})")
         for column in ("batch", "width (tokens/row)", "target forward ms", "vs 1 token"):
@@ -193,6 +200,8 @@ def _engine_tables(result: dict) -> list:
                           f"{point['ratio']:.2f}x")
         for point in costs["drafter_step"]:
             table.add_row(str(point["batch"]), "drafter step", f"{point['seconds'] * 1e3:.2f}", "")
+        for point in costs.get("block_step", []):
+            table.add_row(str(point["batch"]), f"block of {point['block']}", f"{point['seconds'] * 1e3:.2f}", "")
         tables.append(table)
     if "vllm" in result:
         tables.extend(_vllm_tables(result))

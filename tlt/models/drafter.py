@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -83,17 +83,19 @@ def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril().view(1, 1, seq_len, seq_len)
 
 
-class EagleDrafter(nn.Module):
-    """fc (2H -> H, no bias) + one Llama decoder layer with identity input norm; head bound from the policy."""
+class BoundDrafter(nn.Module):
+    """What every learned drafter shares: `fc` (2H -> H, no bias) over (token embedding, target feature),
+    Llama decoder layers (the first with identity input norm, `num_layers` of them), the policy's embedding
+    and head bound by reference, and drafting's reduced vocabulary. `forward` is the subclass's."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, num_layers: int = 1) -> None:
         super().__init__()
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        layer = LlamaDecoderLayer(config, layer_idx=0)
-        layer.input_layernorm = nn.Identity()
-        self.layers = nn.ModuleList([layer])
+        layers = [LlamaDecoderLayer(config, layer_idx=i) for i in range(num_layers)]
+        layers[0].input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList(layers)
         # Plain tuples keep these out of the module tree: no parameters, no state_dict entries,
         # and `.to(bfloat16)` leaves RoPE's inverse frequencies in float32.
         self._rotary: tuple[LlamaRotaryEmbedding] = (LlamaRotaryEmbedding(config),)
@@ -142,6 +144,36 @@ class EagleDrafter(nn.Module):
             )
         return self._bound
 
+    def logits(self, pred: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V] of predicted (or target) features [B, T, H] through the bound LM head."""
+        _, head = self._require_bound()
+        bias = head.bias.detach() if head.bias is not None else None
+        return F.linear(pred.to(head.weight.dtype), head.weight.detach(), bias)
+
+    def set_draft_vocab(self, size: int) -> DraftVocab | None:
+        """Draft from `size` tokens of the bound head (`tlt.models.draft_vocab`; ids 0 .. size - 1 until
+        updated); 0: from the whole vocabulary. Set it before the drafter's steps compile: the graphs
+        read the subset's tensors, which later updates refresh in place."""
+        _, head = self._require_bound()
+        self._draft_vocab = DraftVocab(head, size) if size else None
+        return self._draft_vocab
+
+    @property
+    def draft_vocab(self) -> DraftVocab | None:
+        return self._draft_vocab
+
+    def draft_logits(self, pred: torch.Tensor) -> torch.Tensor:
+        """What drafting ranks tokens by: `logits`, -inf outside the draft vocabulary when one is set.
+        pred [..., H] -> [..., V]."""
+        return self.logits(pred) if self._draft_vocab is None else self._draft_vocab.logits(pred)
+
+
+class EagleDrafter(BoundDrafter):
+    """fc (2H -> H, no bias) + one Llama decoder layer with identity input norm; head bound from the policy."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__(config, num_layers=1)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -175,29 +207,6 @@ class EagleDrafter(nn.Module):
             fused, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings
         )
 
-    def logits(self, pred: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, V] of predicted (or target) features [B, T, H] through the bound LM head."""
-        _, head = self._require_bound()
-        bias = head.bias.detach() if head.bias is not None else None
-        return F.linear(pred.to(head.weight.dtype), head.weight.detach(), bias)
-
-    def set_draft_vocab(self, size: int) -> DraftVocab | None:
-        """Draft from `size` tokens of the bound head (`tlt.models.draft_vocab`; ids 0 .. size - 1 until
-        updated); 0: from the whole vocabulary. Set it before the drafter's steps compile: the graphs
-        read the subset's tensors, which later updates refresh in place."""
-        _, head = self._require_bound()
-        self._draft_vocab = DraftVocab(head, size) if size else None
-        return self._draft_vocab
-
-    @property
-    def draft_vocab(self) -> DraftVocab | None:
-        return self._draft_vocab
-
-    def draft_logits(self, pred: torch.Tensor) -> torch.Tensor:
-        """What drafting ranks tokens by: `logits`, -inf outside the draft vocabulary when one is set.
-        pred [..., H] -> [..., V]."""
-        return self.logits(pred) if self._draft_vocab is None else self._draft_vocab.logits(pred)
-
 
 def target_features(
     policy: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
@@ -207,7 +216,7 @@ def target_features(
         return policy.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def save_drafter(drafter: EagleDrafter, path: str | Path) -> None:
+def save_drafter(drafter: BoundDrafter, path: str | Path) -> None:
     """Write the trainable weights (safetensors, no embedding or head) and config.json into a folder."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -233,6 +242,13 @@ def load_drafter(path: str | Path, target: PretrainedConfig | PreTrainedModel) -
     The key set must match exactly and every shape must fit the target, or ValueError names the
     offending keys / fields. The weights keep the dtype they were saved in.
     """
+    return load_saved(path, target, lambda config, saved: EagleDrafter(config))
+
+
+def load_saved(path: str | Path, target: PretrainedConfig | PreTrainedModel,
+               build: Callable[[LlamaConfig, dict], BoundDrafter]) -> BoundDrafter:
+    """`load_drafter` for any drafter kind: `build(config from the target, the saved config.json)` makes the
+    empty module the saved weights must fit exactly."""
     folder = Path(path)
     config_file, weights_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     for required in (config_file, weights_file):
@@ -242,10 +258,11 @@ def load_drafter(path: str | Path, target: PretrainedConfig | PreTrainedModel) -
             )
     target_config = target.config if isinstance(target, PreTrainedModel) else target
     config = drafter_config_from_target(target_config)
-    _check_saved_shapes(json.loads(config_file.read_text()), config, config_file)
+    saved = json.loads(config_file.read_text())
+    _check_saved_shapes(saved, config, config_file)
 
     state = load_file(str(weights_file))
-    drafter = EagleDrafter(config)
+    drafter = build(config, saved)
     expected = drafter.state_dict()
     missing, extra = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
     if missing or extra:

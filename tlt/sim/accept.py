@@ -56,6 +56,8 @@ def drafter_steps(arm: ArmSpec) -> tuple[int, int]:
     """(drafter forwards per round, rows per forward as a multiple of the batch) of `arm`."""
     if arm.kind in ("chain", "tree"):
         return arm.depth, arm.topk if arm.kind == "tree" else 1
+    if arm.kind == "block":  # one forward over the anchor and depth masks
+        return 1, 1
     return 0, 1
 
 

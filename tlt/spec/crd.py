@@ -55,6 +55,7 @@ MSG_NGRAM = "speculative.ngramMin must be <= speculative.ngramMax"
 MSG_TRAINERS = "drafter.minTrainers must be <= drafter.maxTrainers"
 MSG_HISTORY_MATCH = "speculative.history.minMatch must be <= speculative.history.maxMatch"
 MSG_HISTORY_DEPTH = "speculative.arms of kind history or mixed must have depth <= speculative.history.maxDraft"
+MSG_BLOCK_ARM = "speculative.arms of kind block need 2 <= depth <= 8 and topk 1"
 MSG_DRAFT_VOCAB = "speculative.draftVocab must be 0 (the whole vocabulary) or >= every arm's topk"
 MSG_SIDECAR = "drafter.deviceClassName is required when drafter.placement is 'sidecar'"
 MSG_MANAGED_BY = "managedBy is immutable"
@@ -112,6 +113,9 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         {"rule": f"!({_present('draftVocab', 'arms')}) || self.draftVocab == 0 || "
                  "self.arms.all(a, !has(a.topk) || a.topk <= self.draftVocab)", "message": MSG_DRAFT_VOCAB},
     ],
+    ("speculative", "arms", "[]"): [{"rule": "!has(self.kind) || self.kind != 'block' || ((!has(self.depth) || "
+                                             "(self.depth >= 2 && self.depth <= 8)) && (!has(self.topk) || self.topk == 1))",
+                                     "message": MSG_BLOCK_ARM}],
     ("speculative", "history"): [{"rule": f"!({_present('minMatch', 'maxMatch')}) || self.minMatch <= self.maxMatch",
                                   "message": MSG_HISTORY_MATCH}],
     ("drafter",): [

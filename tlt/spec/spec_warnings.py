@@ -39,6 +39,10 @@ def spec_warnings(spec: RunSpec) -> list[str]:
         if arm.kind == "tree" and arm.verify_tokens > tree_candidates(arm):
             out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the "
                        f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
+        if arm.kind == "block" and sd.mode in ("static", "tlt"):
+            out.append(f"spec.speculative.arms[{i}]: kind block drafts with a block drafter, which the engine API and "
+                       "`tlt bench engine --part sd` build and `tlt train` does not yet: its rollout workers refuse "
+                       "this arm")
     seen: dict[tuple[str, int, int, int], int] = {}
     for i, arm in enumerate(sd.arms):
         key = (arm.kind, arm.depth, arm.topk, arm.verify_tokens)

@@ -15,14 +15,21 @@ Exploration = Literal["weighted", "uniform"]  # which arm an exploring bandit ro
 class ArmSpec(Spec):
     """One speculative-decoding strategy the bandit may choose."""
 
-    kind: Literal["chain", "tree", "ngram", "history", "mixed", "plain"] = Field(
+    kind: Literal["chain", "tree", "ngram", "history", "mixed", "block", "plain"] = Field(
         description="Drafting strategy: chain / tree from the learned drafter, ngram from the row's own text, "
         "history from the prompt's other responses (tree when topk > 1), mixed: per row history, else the "
-        "learned drafter, else nothing; plain drafts nothing (lets the bandit learn where SD does not pay)."
+        "learned drafter, else nothing; block: a chain of depth drafts from ONE forward of the block drafter "
+        "(2 <= depth <= 8); plain drafts nothing (lets the bandit learn where SD does not pay)."
     )
-    depth: int = Field(4, ge=1, le=32, description="Draft tokens per sequence (tree: levels).")
+    depth: int = Field(4, ge=1, le=32, description="Draft tokens per sequence (tree: levels; block: block size).")
     topk: int = Field(1, ge=1, le=16, description="Children per node (tree and history only).")
     verify_tokens: int = Field(0, ge=0, le=256, description="Tree budget of tokens verified; 0: depth*topk.")
+
+    @model_validator(mode="after")
+    def _block(self) -> ArmSpec:
+        if self.kind == "block" and not (2 <= self.depth <= 8 and self.topk == 1):
+            raise ValueError("speculative.arms of kind block need 2 <= depth <= 8 and topk 1")
+        return self
 
 
 def _default_arms() -> list[ArmSpec]:

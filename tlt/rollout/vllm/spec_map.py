@@ -54,6 +54,9 @@ def vllm_spec_problem(spec: RunSpec, *, cuda: bool) -> str | None:
                 "not vLLM's); use mode off, static or tlt, or rollout.engine 'tlt'")
     if not vllm_drafts(speculative):
         return None
+    if any(arm.kind == "block" for arm in speculative.arms):
+        return ("speculative.arms of kind block are not available with rollout.engine 'vllm' (it runs EAGLE "
+                "drafters only); drop them, or use rollout.engine 'tlt'")
     try:
         eagle_draft_tokens(speculative)
     except ValueError as exc:

@@ -1,0 +1,40 @@
+"""Summaries of the sd bench's rows: one ratio per running batch, at the bench's sampling temperature.
+
+Rows are `SdRow.as_dict()`s: variant, batch, temperature, accept_length, tokens_per_s (median)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _at(rows: list[dict[str, Any]], temperature: float) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["variant"], r["batch"]): r for r in rows if r["temperature"] == temperature}
+
+
+def history_summary(rows: list[dict[str, Any]], variants: list[str], batches: tuple[int, ...], temperature: float,
+                    ngram_k: int, history_k: int) -> dict[str, dict[str, float]]:
+    """Per batch: history's accept length over n-gram's, and the mixed variant's tokens/s over the best
+    single drafter's (EAGLE chains, tree, history)."""
+    at = _at(rows, temperature)
+    singles = [v for v in variants if v.startswith(("chain-", "tree-", "history-"))]
+    out: dict[str, dict[str, float]] = {"history_vs_ngram_accept": {}, "mixed_vs_best_single": {}}
+    for b in batches:
+        ngram = at[f"ngram-{ngram_k}", b]["accept_length"]
+        out["history_vs_ngram_accept"][str(b)] = at[f"history-{history_k}", b]["accept_length"] / ngram
+        best = max(at[v, b]["tokens_per_s"] for v in singles)
+        out["mixed_vs_best_single"][str(b)] = at[f"mixed-{history_k}", b]["tokens_per_s"] / best
+    return out
+
+
+def block_vs_best_chain(rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float
+                        ) -> dict[str, float]:
+    """{batch: tokens/s of the best block variant over the best EAGLE chain variant's} (variants named
+    `block-<k>` and `chain-<k>[-guess]`); batches without both are left out."""
+    at = _at(rows, temperature)
+    out = {}
+    for b in batches:
+        blocks = [r["tokens_per_s"] for (v, batch), r in at.items() if batch == b and v.startswith("block-")]
+        chains = [r["tokens_per_s"] for (v, batch), r in at.items() if batch == b and v.startswith("chain-")]
+        if blocks and chains:
+            out[str(b)] = max(blocks) / max(chains)
+    return out
