@@ -23,7 +23,7 @@ from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target, load_drafter
 from tlt.models.loading import load_policy
 from tlt.rollout.engine import Engine
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.report import summarize, write_report
 from tlt.tasks.datasets import load_problems
@@ -159,7 +159,7 @@ def test_online_training_raises_accept_length_and_agreement_on_fresh_rollouts(fi
                                      batch_size=4, temperature=1.0, seed=5).accept_length
               for name, d in (("initial", initial), ("trained", trained))}
     engine = Engine(policy, max_batch_size=32, max_context=256, return_hidden=True)
-    requests = steps.make_requests(problems, list(range(len(problems))), tokenizer, run.spec.algorithm, step=10_000)
+    requests = rl_step.make_requests(problems, list(range(len(problems))), tokenizer, run.spec.algorithm, step=10_000)
     rows = pack([s for c in engine.generate(requests) if (s := sample_from_completion(c, 1)) is not None], 256)
     with torch.no_grad():
         agree = {name: packed_agreement(d.eval(), rows) for name, d in (("initial", initial), ("trained", trained))}

@@ -1,4 +1,4 @@
-"""The distributed RL loop on Ray: the coordinator (this process, policy rank 0) drives the steps.
+"""The distributed RL loop on Ray: the coordinator (this process, policy rank 0) drives the rl_step.
 
 One step:
 1. push the policy weights (one object in the store) and the hub's newest drafter to every
@@ -26,7 +26,7 @@ The checkpoint to resume from is read and verified before Ray starts (`checkpoin
 `tlt.runtime.checkpoint_recovery`). With a `GracefulStop`, a SIGTERM / SIGINT ends the run after the
 step under way: its trainers stop, a checkpoint of that step is written, event `stop`.
 
-Modes (`speculative.mode`; steppers from `tlt.runtime.ray_stepper`): off and ngram keep no drafter; static
+Modes (`speculative.mode`; steppers from `tlt.adaptive.adaptive_stepper.rollout_stepper`): off and ngram keep no drafter; static
 trains the drafter only in the idle time of the run's first step, then freezes it; tlt trains it every step.
 """
 
@@ -48,7 +48,7 @@ from tlt.models.drafter import load_drafter
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import to_cpu
@@ -60,7 +60,7 @@ from tlt.runtime.local import (METRICS_FILE, POLICY_DIR, build_optimizer, build_
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.ray_slots import SlotSource
 from tlt.runtime.shard_metrics import shard_rollout_metrics
-from tlt.runtime.step_drafters import StepDrafters
+from tlt.runtime.served_drafter import StepDrafters
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
 
@@ -214,7 +214,7 @@ class RayTrainer:
         actors = self.actors or self.start_actors()
         step = self.step + 1
         started = time.time()
-        ids = steps.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
+        ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
         engine_dtype = resolve_dtype(self.spec.model.dtype)
         weights = ray.put(to_cpu(self.policy.state_dict(), engine_dtype))
         stamps = [started, time.time()]  # what the step does before dispatching (`rollout_overhead_parts`)
@@ -226,7 +226,7 @@ class RayTrainer:
         prepare = dict(zip(("put_weights", "stop_trainers", "drafters"),
                            (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))))
         futures = {}
-        for worker, shard in zip(actors.rollout, steps.shards(ids, len(actors.rollout))):
+        for worker, shard in zip(actors.rollout, rl_step.shards(ids, len(actors.rollout))):
             if shard:
                 futures[worker.rollout.remote(step, shard, [self.problems[i] for i in shard], weights, drafter,
                                               candidate)] = worker
@@ -244,7 +244,7 @@ class RayTrainer:
         reward_errors = [error for _, error in scored if error is not None]
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
-        update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
+        update = rl_step.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
                              compute_dtype=self.compute_dtype)
         update_seconds = time.time() - update_started
         # The workers buffered their samples and scored the drafters while the policy updated.
@@ -279,7 +279,7 @@ class RayTrainer:
         done: dict[Any, dict[str, Any]] = {}
         trainers: dict[Any, float] = {}
         starts = []
-        train = steps.trains_drafter(self.spec, step) and self.actors is not None and self.actors.hub is not None
+        train = rl_step.trains_drafter(self.spec, step) and self.actors is not None and self.actors.hub is not None
         pending = list(order)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)

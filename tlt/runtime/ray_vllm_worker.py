@@ -32,7 +32,7 @@ from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.ray_workers import GENERATING, IDLE, RolloutWorker
 from tlt.tasks.problem import Problem
@@ -95,7 +95,7 @@ class VllmRolloutWorker(RolloutWorker):
                 self.drafter.load_state_dict(drafter[1])
             if self.vllm.eagle is not None:
                 self.vllm.load_drafter(drafter[1])
-        requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
+        requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         group = self.spec.algorithm.group_size
         drafts_before, (_, accepted_before) = self.vllm.speculative_drafts(), self.vllm.speculative_counts()
         self.running = len(requests)

@@ -11,7 +11,7 @@
   its state and the one writer of its pod's state annotation.
 The run's shared services (the verifiers, the drafter hub) are in `tlt.runtime.ray_services`.
 
-Rollout uses the step building blocks of `tlt.runtime.steps` (requests, rollout trace).
+Rollout uses the step building blocks of `tlt.runtime.rl_step` (requests, rollout trace).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from tlt.adaptive.arms import drafter_graphs, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.stepper import AdaptiveStepper
+from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.spec.run import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.intake import buffer_and_agreement, policy_head
@@ -41,16 +41,15 @@ from tlt.models.loading import load_policy
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
-from tlt.rollout.step_split import STEP_SPLIT_ENV, StepSplit
-from tlt.rollout.stepper import FinishWatcher
+from tlt.rollout.step_timing import STEP_SPLIT_ENV, StepSplit
+from tlt.rollout.decode_step import FinishWatcher
 from tlt.rollout.warmup import warm_up
-from tlt.runtime import k8s_slots, steps
+from tlt.runtime import k8s_slots, rl_step
 from tlt.runtime.after_rollout import AfterRollout
 from tlt.runtime.devices import actor_device, completion_to_cpu, to_cpu, tree_to_cpu
 from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.optional_ray import ray
 from tlt.runtime.ray_services import hub_push, no_hub
-from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -193,7 +192,7 @@ class RolloutWorker:
             self.drafter.load_state_dict(drafter[1])
         stamps.append(time.time())
         by_request: dict[str, Problem] = {}
-        requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
+        requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
             by_request[request.request_id] = problem
 
@@ -209,7 +208,7 @@ class RolloutWorker:
             rewards[seq.request.request_id] = verify(verifier, seq.request.request_id, text)
             first_done.append(time.time())
 
-        trace = steps.RolloutTrace()
+        trace = rl_step.RolloutTrace()
 
         def on_step(metrics: Any) -> None:
             self.running = metrics.running
