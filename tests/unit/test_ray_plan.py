@@ -18,7 +18,7 @@ from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.ray_cluster import placement
 from tlt.runtime.rl_step import shards, trains_drafter
-from tlt.runtime.ray_slots import SlotSource
+from tlt.runtime.spot_trainers import SlotSource
 from tlt.runtime import k8s_slots
 from tlt.runtime.ray_workers import FinishWatcher, release_kv_cache, worker_identity
 
