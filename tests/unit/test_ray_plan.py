@@ -20,7 +20,9 @@ from tlt.runtime.ray_cluster import placement
 from tlt.runtime.rl_step import shards, trains_drafter
 from tlt.runtime.spot_trainers import SlotSource
 from tlt.runtime import k8s_slots
-from tlt.runtime.ray_workers import FinishWatcher, release_kv_cache, worker_identity
+from tlt.rollout.decode_step import FinishWatcher
+from tlt.runtime.shard_generation import release_kv_cache
+from tlt.runtime.worker_state import worker_identity
 
 
 def spec(**sections) -> RunSpec:
