@@ -20,15 +20,15 @@ One step:
 Failures: an actor that dies (or a task that raises) fails the step; all actors are torn down,
 the run reloads its newest whole-run checkpoint (or the initial policy when there is none) and
 starts fresh actors; restarts beyond `runPolicy.backoffLimit` fail the run (`tlt.runtime.run_checkpoint`).
-When this process
-(the coordinator's node) is lost, Ray takes its actors with it; rerunning the same command (or
-the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
+When this process (the coordinator's node) is lost, Ray takes its actors with it; rerunning the same
+command (or the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
 The checkpoint to resume from is read and verified before Ray starts (`checkpoint.onCorrupt`,
 `tlt.runtime.checkpoint_recovery`). With a `GracefulStop`, a SIGTERM / SIGINT ends the run after the
 step under way: its trainers stop, a checkpoint of that step is written, event `stop`.
 
-Modes (`speculative.mode`; steppers from `tlt.adaptive.adaptive_stepper.rollout_stepper`): off and ngram keep no drafter; static
-trains the drafter only in the idle time of the run's first step, then freezes it; tlt trains it every step.
+Modes (`speculative.mode`; steppers from `tlt.adaptive.adaptive_stepper.rollout_stepper`): off and ngram
+keep no drafter; static trains the drafter only in the idle time of the run's first step, then freezes
+it; tlt trains it every step.
 
 The coordinator's collaborators: `tlt.runtime.rollout_dispatch` (shards out, results back),
 `tlt.runtime.spot_trainers` (slots, trainer start / stop, drafter metrics), `tlt.runtime.served_drafter`
