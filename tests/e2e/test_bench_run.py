@@ -170,7 +170,7 @@ def test_mean_ci95_brackets_the_mean_and_needs_two_values():
 @pytest.mark.slow
 def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatch):
     from tlt.bench.run import run_bench
-    from tlt.rollout.step_split import STEP_SPLIT_ENV
+    from tlt.rollout.step_timing import STEP_SPLIT_ENV
 
     workload = load_workload(quick=True)
     monkeypatch.setenv(STEP_SPLIT_ENV, "1")  # as `--split`: the Ray workers split their decode steps

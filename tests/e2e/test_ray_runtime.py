@@ -23,7 +23,7 @@ from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target, load_drafter
 from tlt.models.loading import load_policy
 from tlt.rollout.engine import Engine
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.report import summarize, write_report
 from tlt.tasks.datasets import load_problems
@@ -37,7 +37,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-run")
-    run = TLTTrainingRun.model_validate({"metadata": {"name": "e2e"}, "spec": SPEC})
+    spec = {**SPEC, "algorithm": {**SPEC["algorithm"], "evalEvery": 2, "evalSamples": 4}}
+    run = TLTTrainingRun.model_validate({"metadata": {"name": "e2e"}, "spec": spec})
     try:
         # a display's callback, as `tlt train` has: the run then logs the workers' status as events
         trainer = RayTrainer(run, out, warmstart=reduced_config(), num_cpus=2, on_event=lambda event: None)
@@ -59,6 +60,15 @@ def test_three_step_tlt_run_finishes_with_checkpoint_policy_and_drafter(finished
     assert sum(m["streamed_rewards"] for m in history) > 0
     assert all(len(m["response_lengths"]) == 16 for m in history)
     assert write_report(out).is_file()
+
+
+def test_held_out_evaluation_runs_every_n_steps_and_after_the_last(finished_run):
+    _, _, history, out = finished_run
+    assert ["eval_accuracy" in m for m in history] == [False, True, True]
+    for m in history[1:]:
+        assert m["eval_samples"] == 4 and 0.0 <= m["eval_accuracy"] <= 1.0 and m["eval_seconds"] > 0
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("eval_reward_mean") for m in logged] == [m.get("eval_reward_mean") for m in history]
 
 
 def test_rollout_workers_froze_their_start_up_heap(finished_run):
@@ -159,7 +169,7 @@ def test_online_training_raises_accept_length_and_agreement_on_fresh_rollouts(fi
                                      batch_size=4, temperature=1.0, seed=5).accept_length
               for name, d in (("initial", initial), ("trained", trained))}
     engine = Engine(policy, max_batch_size=32, max_context=256, return_hidden=True)
-    requests = steps.make_requests(problems, list(range(len(problems))), tokenizer, run.spec.algorithm, step=10_000)
+    requests = rl_step.make_requests(problems, list(range(len(problems))), tokenizer, run.spec.algorithm, step=10_000)
     rows = pack([s for c in engine.generate(requests) if (s := sample_from_completion(c, 1)) is not None], 256)
     with torch.no_grad():
         agree = {name: packed_agreement(d.eval(), rows) for name, d in (("initial", initial), ("trained", trained))}

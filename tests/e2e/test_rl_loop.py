@@ -25,7 +25,7 @@ from tlt.models.tiny import tiny_model
 from tlt.rl.rewards import score
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams, StepMetrics
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.local import LocalTrainer
 from tlt.tasks.countdown import generate
 from tlt.tasks.datasets import load_problems
@@ -43,13 +43,13 @@ def _problems(count: int, seed: int) -> list[Problem]:
 
 
 def test_prompt_selection_is_a_function_of_seed_and_step():
-    first = steps.select_prompts(10, 4, seed=1, step=2)
-    assert first == steps.select_prompts(10, 4, seed=1, step=2)
-    assert first != steps.select_prompts(10, 4, seed=2, step=2)
-    epoch = [i for s in range(1, 6) for i in steps.select_prompts(10, 2, seed=1, step=s)]
+    first = rl_step.select_prompts(10, 4, seed=1, step=2)
+    assert first == rl_step.select_prompts(10, 4, seed=1, step=2)
+    assert first != rl_step.select_prompts(10, 4, seed=2, step=2)
+    epoch = [i for s in range(1, 6) for i in rl_step.select_prompts(10, 2, seed=1, step=s)]
     assert sorted(epoch) == list(range(10)), "each epoch visits every problem once"
-    walk = [i for s in range(1, 4) for i in steps.select_prompts(10, 4, seed=1, step=s)]
-    assert sorted(walk[:10]) == list(range(10)) and walk[10:] == steps.select_prompts(10, 2, 1, 6)
+    walk = [i for s in range(1, 4) for i in rl_step.select_prompts(10, 4, seed=1, step=s)]
+    assert sorted(walk[:10]) == list(range(10)) and walk[10:] == rl_step.select_prompts(10, 2, 1, 6)
 
 
 def test_samples_do_not_depend_on_batch_company():
@@ -58,15 +58,15 @@ def test_samples_do_not_depend_on_batch_company():
                     return_hidden=False)
     algo = AlgorithmSpec(group_size=3, max_new_tokens=10)
     problems = _problems(3, seed=9)
-    together = steps.rollout(engine, problems, tokenizer, algo, step=4, problem_ids=[7, 8, 9])
-    alone = steps.rollout(engine, problems[2:], tokenizer, algo, step=4, problem_ids=[9])
+    together = rl_step.rollout(engine, problems, tokenizer, algo, step=4, problem_ids=[7, 8, 9])
+    alone = rl_step.rollout(engine, problems[2:], tokenizer, algo, step=4, problem_ids=[9])
     assert [c.token_ids for c in together[6:]] == [c.token_ids for c in alone]
-    again = steps.rollout(engine, problems[2:], tokenizer, algo, step=5, problem_ids=[9])
+    again = rl_step.rollout(engine, problems[2:], tokenizer, algo, step=5, problem_ids=[9])
     assert [c.token_ids for c in again] != [c.token_ids for c in alone], "a new step draws new samples"
 
 
 def test_tail_seconds_count_steps_below_the_full_wave():
-    trace = steps.RolloutTrace()
+    trace = rl_step.RolloutTrace()
     for step, running, seconds in [(0, 4, 1.0), (1, 4, 0.5), (2, 3, 0.25), (3, 1, 0.125), (0, 2, 2.0), (1, 1, 4.0)]:
         trace(StepMetrics(step, running, running, running, 0, seconds))
     assert trace.tail_seconds() == 0.25 + 0.125 + 4.0
@@ -78,8 +78,8 @@ def test_group_advantages_are_prompt_major():
     engine = Engine(tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=8, max_context=64,
                     return_hidden=False)
     algo = AlgorithmSpec(group_size=2, max_new_tokens=4)
-    completions = steps.rollout(engine, _problems(2, seed=1), tokenizer, algo, step=1, problem_ids=[0, 1])
-    batch = steps.build_batch(completions, torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
+    completions = rl_step.rollout(engine, _problems(2, seed=1), tokenizer, algo, step=1, problem_ids=[0, 1])
+    batch = rl_step.build_batch(completions, torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
     assert batch.advantages[0] > 0 > batch.advantages[1] and batch.advantages[2:].eq(0).all()
     assert batch.prompt_ids[0] == batch.prompt_ids[1] != batch.prompt_ids[2]
 

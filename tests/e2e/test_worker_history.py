@@ -44,11 +44,11 @@ def test_responses_enter_the_history_store_after_the_rollout_and_before_the_next
     first = worker.rollout(1, [0, 1], problems[:2], weights, None)
     assert len(first["completions"]) == 4
     worker.wait_history_indexed()
-    assert worker.history.num_docs == 4, "every finished response is history once the rollout is settled"
+    assert worker.generator.history.num_docs == 4, "every finished response is history once the rollout is settled"
     worker.rollout(2, [0, 1], problems[:2], weights, None)  # waits for step 1's indexing before drafting
     worker.wait_history_indexed()
-    assert worker.history.num_docs == 8
-    assert worker._waves == [] and worker.after.indexing is None
+    assert worker.generator.history.num_docs == 8
+    assert worker.generator.waves == [] and worker.after.indexing is None
 
 
 def test_a_rollout_returns_before_its_responses_are_indexed():
@@ -59,7 +59,7 @@ def test_a_rollout_returns_before_its_responses_are_indexed():
     try:
         result = worker.rollout(1, [0, 1], problems[:2], weights, None)
         assert len(result["completions"]) == 4
-        assert worker.history.num_docs == 0, "the rollout returned before its responses were indexed"
+        assert worker.generator.history.num_docs == 0, "the rollout returned before its responses were indexed"
         assert worker.after.indexing is None, "indexing starts when the coordinator holds the results (`settle`)"
         worker.settle()
         assert worker.after.indexing is not None and not worker.after.indexing.done()
@@ -67,4 +67,4 @@ def test_a_rollout_returns_before_its_responses_are_indexed():
     finally:
         gate.set()
     worker.wait_history_indexed()
-    assert worker.history.num_docs == 4
+    assert worker.generator.history.num_docs == 4

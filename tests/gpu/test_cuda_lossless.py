@@ -30,7 +30,7 @@ import _sd_helpers as H  # noqa: E402
 import test_sd_engine as greedy_tier  # noqa: E402
 import test_sd_engine_sampling as sampling_tier  # noqa: E402
 
-from tlt.adaptive.stepper import build_adaptive_stepper  # noqa: E402
+from tlt.adaptive.adaptive_stepper import build_adaptive_stepper  # noqa: E402
 from tlt.spec.run import ArmSpec, SpeculativeSpec  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.rollout.compiled import CompiledStep  # noqa: E402

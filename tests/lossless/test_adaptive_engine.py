@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from tlt.adaptive.arms import Arm, build_arms, verify_width
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.stepper import AdaptiveStepper, build_adaptive_stepper
+from tlt.adaptive.adaptive_stepper import AdaptiveStepper, build_adaptive_stepper
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from tlt.adaptive.stepper import build_adaptive_stepper
+from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model

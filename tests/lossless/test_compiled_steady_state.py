@@ -15,7 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from tlt.adaptive.arms import drafter_graphs, new_history_store
-from tlt.adaptive.stepper import build_adaptive_stepper
+from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model

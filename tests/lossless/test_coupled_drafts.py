@@ -22,7 +22,7 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.guess import coupled_guess
 from tlt.rollout.sampling import process_logits, sample_from
 from tlt.rollout.sequence import Sequence
-from tlt.rollout.stepper import prefill
+from tlt.rollout.decode_step import prefill
 from tlt.rollout.types import Request, SamplingParams
 
 CONTEXT = 64

@@ -12,7 +12,7 @@ import torch
 from tlt.spec.run import AlgorithmSpec, DatasetSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.tokenizer import build_task_tokenizer
 
@@ -46,22 +46,22 @@ def test_engine_logprobs_equal_policy_after_every_update(family: str, tied: bool
     problems = _problems(32, seed=5)
 
     for step in range(1, UPDATES + 2):
-        ids = steps.select_prompts(len(problems), algo.prompts_per_step, algo.seed, step)
+        ids = rl_step.select_prompts(len(problems), algo.prompts_per_step, algo.seed, step)
         batch_problems = [problems[i] for i in ids]
-        completions = steps.rollout(engine, batch_problems, tokenizer, algo, step=step, problem_ids=ids)
-        batch = steps.build_batch(completions, _synthetic_rewards(completions, algo.group_size))
-        recomputed = steps.policy_logprobs(policy, batch, algo, pad_id=tokenizer.pad_token_id)
-        gap = steps.logprob_gap(batch.old_logprobs, recomputed, batch)
+        completions = rl_step.rollout(engine, batch_problems, tokenizer, algo, step=step, problem_ids=ids)
+        batch = rl_step.build_batch(completions, _synthetic_rewards(completions, algo.group_size))
+        recomputed = rl_step.policy_logprobs(policy, batch, algo, pad_id=tokenizer.pad_token_id)
+        gap = rl_step.logprob_gap(batch.old_logprobs, recomputed, batch)
         assert gap <= TOLERANCE, f"step {step}: engine log-probs differ from the policy's by {gap:.2e}"
         if step > UPDATES:
             break
         batch.old_logprobs = recomputed
-        steps.update_policy(policy, optimizer, batch, algo, pad_id=tokenizer.pad_token_id)
-        moved = steps.logprob_gap(
-            batch.old_logprobs, steps.policy_logprobs(policy, batch, algo, pad_id=tokenizer.pad_token_id), batch
+        rl_step.update_policy(policy, optimizer, batch, algo, pad_id=tokenizer.pad_token_id)
+        moved = rl_step.logprob_gap(
+            batch.old_logprobs, rl_step.policy_logprobs(policy, batch, algo, pad_id=tokenizer.pad_token_id), batch
         )
         assert moved > 100 * TOLERANCE, "the update must move the policy, or the check above proves nothing"
-        steps.sync_weights(policy, engine)
+        rl_step.sync_weights(policy, engine)
         if tied:
             assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
 
@@ -75,13 +75,13 @@ def test_stale_engine_is_detected():
     optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.learning_rate)
     problems = _problems(8, seed=6)
     ids = [0, 1, 2, 3]
-    completions = steps.rollout(engine, [problems[i] for i in ids], tokenizer, algo, step=1, problem_ids=ids)
-    batch = steps.build_batch(completions, _synthetic_rewards(completions, algo.group_size))
-    steps.update_policy(policy, optimizer, batch, algo, pad_id=tokenizer.pad_token_id)
-    completions = steps.rollout(engine, [problems[i] for i in ids], tokenizer, algo, step=2, problem_ids=ids)
-    batch = steps.build_batch(completions, _synthetic_rewards(completions, algo.group_size))
-    recomputed = steps.policy_logprobs(policy, batch, algo, pad_id=tokenizer.pad_token_id)
-    assert steps.logprob_gap(batch.old_logprobs, recomputed, batch) > 100 * TOLERANCE
+    completions = rl_step.rollout(engine, [problems[i] for i in ids], tokenizer, algo, step=1, problem_ids=ids)
+    batch = rl_step.build_batch(completions, _synthetic_rewards(completions, algo.group_size))
+    rl_step.update_policy(policy, optimizer, batch, algo, pad_id=tokenizer.pad_token_id)
+    completions = rl_step.rollout(engine, [problems[i] for i in ids], tokenizer, algo, step=2, problem_ids=ids)
+    batch = rl_step.build_batch(completions, _synthetic_rewards(completions, algo.group_size))
+    recomputed = rl_step.policy_logprobs(policy, batch, algo, pad_id=tokenizer.pad_token_id)
+    assert rl_step.logprob_gap(batch.old_logprobs, recomputed, batch) > 100 * TOLERANCE
 
 
 def _greedy_float64_run(root, mode: str):

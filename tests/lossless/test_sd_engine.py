@@ -29,7 +29,7 @@ from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import causal_mask
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import SpeculativeStepper
-from tlt.rollout.stepper import prefill
+from tlt.rollout.decode_step import prefill
 from tlt.rollout.tree import DraftTree, build_tree, chain_tree
 from tlt.rollout.types import Completion, Request, SamplingParams
 

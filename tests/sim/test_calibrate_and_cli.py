@@ -13,7 +13,7 @@ from tlt.sim.accept import AcceptCurve
 from tlt.sim.calibrate import compare_run, update_cost
 from tlt.sim.measured import MeasuredCost
 from tlt.sim.step import ClusterConfig, Variant, simulate_step
-from tlt.sim.validate import h20_check
+from tlt.sim.accuracy_checks import h20_check
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bench_costs_tiny.json"
 

@@ -6,8 +6,8 @@ import pytest
 
 from tlt.spec.run import ArmSpec
 from tlt.sim.accept import accept_length, alpha_for_accept
-from tlt.adaptive.costs import amdahl
-from tlt.sim.validate import (PAPER_ACCEPT, PAPER_SETUPS, implied_sd_share, paper_curve, paper_spec, paper_sweep,
+from tlt.bench.cost_timing import amdahl
+from tlt.sim.accuracy_checks import (PAPER_ACCEPT, PAPER_SETUPS, implied_sd_share, paper_curve, paper_spec, paper_sweep,
                               round_speedup)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
-from tlt.adaptive.stepper import AdaptiveStepper, new_bandit
+from tlt.adaptive.adaptive_stepper import AdaptiveStepper, new_bandit
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
@@ -92,7 +92,7 @@ def test_plain_arm_drafts_nothing_and_counts_as_a_plain_step(model):
 
 
 def test_arm_rates_sum_steps_seconds_and_tokens_per_bucket_and_arm():
-    from tlt.adaptive.stepper import StepRecord, arm_rates, merge_arm_rates
+    from tlt.adaptive.adaptive_stepper import StepRecord, arm_rates, merge_arm_rates
 
     log = [StepRecord(4, None, None, 4, 4, 1.0),  # above the threshold: not the bandit's
            StepRecord(2, 1, "chain-d2", 5, 6, 0.5), StepRecord(2, 1, "plain", 2, 2, 0.25),

@@ -55,3 +55,16 @@ def test_report_says_whether_the_samples_matched(tmp_path, tlt_reward, same):
     text = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt")[0].read_text()
     assert ("TLT generated what vanilla generated, step for step" in text) is same
     assert ("here some samples differ" in text) is not same
+
+
+def test_held_out_accuracy_is_shown_for_both_runs(tmp_path):
+    for name, accuracy in (("vanilla", [0.25, 0.5]), ("tlt", [0.25, 0.5])):
+        steps = _steps([4.0, 4.0], [0.5, 0.6])
+        for step, value in zip(steps, accuracy):
+            step.update(eval_accuracy=value, eval_reward_mean=value, eval_samples=8, eval_seconds=1.0)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    path, c = write_demo_report(tmp_path, tmp_path / "vanilla", tmp_path / "tlt")
+    assert c["heldout"]["tlt"] == [(1, 0.25), (2, 0.5)]
+    assert ("| held-out accuracy, by step | step 1: 0.250 -> step 2: 0.500 | step 1: 0.250 -> step 2: 0.500 | |"
+            in path.read_text())

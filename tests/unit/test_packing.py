@@ -12,7 +12,7 @@ from tlt.spec.run import AlgorithmSpec
 from tlt.models.tiny import tiny_model
 from tlt.rl.packing import forward_inputs, micro_batches
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
-from tlt.runtime.steps import policy_logprobs
+from tlt.runtime.rl_step import policy_logprobs
 
 
 def _long_tail_batch(count: int = 10, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:

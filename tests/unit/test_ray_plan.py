@@ -17,10 +17,12 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.ray_cluster import placement
-from tlt.runtime.steps import shards, trains_drafter
-from tlt.runtime.ray_slots import SlotSource
+from tlt.runtime.rl_step import shards, trains_drafter
+from tlt.runtime.spot_trainers import SlotSource
 from tlt.runtime import k8s_slots
-from tlt.runtime.ray_workers import FinishWatcher, release_kv_cache, worker_identity
+from tlt.rollout.decode_step import FinishWatcher
+from tlt.runtime.shard_generation import release_kv_cache
+from tlt.runtime.worker_state import worker_identity
 
 
 def spec(**sections) -> RunSpec:

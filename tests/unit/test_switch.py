@@ -55,7 +55,7 @@ def test_one_rule_answers_whether_a_runtime_ever_drafts():
 
 
 def test_the_local_loop_drafts_by_the_same_rule_as_the_adaptive_stepper():
-    from tlt.runtime.steps import ThresholdStepper
+    from tlt.runtime.rl_step import ThresholdStepper
 
     class Counting:
         def __init__(self):

@@ -12,7 +12,7 @@ from tlt.spec.run import AlgorithmSpec
 from tlt.models.tiny import tiny_model
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 from tlt.rollout.types import Completion
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 4, 4, 4, 4, 8], [1, 3]]
 RESPONSES = [[10, 11, 2], [12, 13, 14, 15, 16, 2], [17], [18, 19, 20, 2]]
@@ -59,7 +59,7 @@ def test_learn_runs_one_forward_per_micro_batch_and_epoch_and_reports_the_engine
     completions = [Completion(f"r{i}", p, r, batch.old_logprobs[i, : len(r)].float() + 1e-4, None, "stop")
                    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES))]
     calls = _counting_forwards(policy)
-    out = steps.learn(policy, torch.optim.SGD(policy.parameters(), lr=0.1), completions,
+    out = rl_step.learn(policy, torch.optim.SGD(policy.parameters(), lr=0.1), completions,
                       torch.tensor([[1.0, 0.0], [0.0, 1.0]]), algo, pad_id=0)
     assert calls[0] == 2 * 2  # 2 micro-batches x 2 epochs
     assert out["logprob_gap"] == pytest.approx(1e-4, rel=1e-2)

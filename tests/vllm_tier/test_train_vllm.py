@@ -22,7 +22,7 @@ import ray  # noqa: E402
 from tlt.cli import main  # noqa: E402
 from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.rollout.engine import Engine  # noqa: E402
-from tlt.runtime import steps  # noqa: E402
+from tlt.runtime import rl_step  # noqa: E402
 from tlt.runtime.ray_coordinator import RayTrainer  # noqa: E402
 from tlt.tasks.warmstart import load_policy, reduced_config, warm_start  # noqa: E402
 
@@ -67,8 +67,8 @@ def test_a_greedy_tlt_run_on_vllm_drafts_trains_and_matches_this_engine(tmp_path
     assert sum(m["drafter_updates"] for m in history) > 0, "the spot trainers trained on vLLM's rollouts"
     # step 1 ran the warm start: this engine's greedy responses of the same requests have the same lengths
     policy, tokenizer = load_policy(warm_start(tiny_warmstart()))
-    ids = steps.select_prompts(len(trainer.problems), run.spec.algorithm.prompts_per_step, run.spec.algorithm.seed, 1)
-    requests = steps.make_requests([trainer.problems[i] for i in ids], ids, tokenizer, run.spec.algorithm, 1)
+    ids = rl_step.select_prompts(len(trainer.problems), run.spec.algorithm.prompts_per_step, run.spec.algorithm.seed, 1)
+    requests = rl_step.make_requests([trainer.problems[i] for i in ids], ids, tokenizer, run.spec.algorithm, 1)
     engine = Engine(policy.float().eval(), max_batch_size=len(requests), max_context=run.spec.model.max_context)
     ours = [len(c.token_ids) for c in engine.generate(requests)]
     assert history[0]["response_lengths"] == ours

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from tlt.adaptive.costs import forward_fn
+from tlt.bench.cost_timing import forward_fn
 from tlt.bench.engine_compiled import Shape, _drafter_fn, build_policy
 from tlt.rollout.runner import ModelRunner
 

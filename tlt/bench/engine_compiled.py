@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from transformers import GenerationConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from tlt.adaptive.costs import forward_fn
+from tlt.bench.cost_timing import forward_fn
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.rollout.drafting import EagleCache, EagleChainDrafter
 from tlt.rollout.engine import Engine

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.adaptive.costs import measure_costs
+from tlt.bench.cost_timing import measure_costs
 from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
 from tlt.bench.engine import DTYPES
 from tlt.bench.bench_block_drafter import trained_block_drafter

@@ -36,7 +36,7 @@ import torch
 
 from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.stepper import AdaptiveStepper
+from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.bench.bench_drafter import countdown_task
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.export import export_eagle
@@ -47,7 +47,6 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request
 from tlt.rollout.vllm.availability import require_vllm
 from tlt.rollout.warmup import warm_up
-from tlt.runtime.ray_stepper import rollout_stepper
 from tlt.tasks.countdown import generate
 from tlt.tasks.datasets import EVAL_SEED_OFFSET
 from tlt.tasks.warmstart import warm_start

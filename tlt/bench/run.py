@@ -5,7 +5,7 @@ the same policy, engine, dtype, threads, prompts and seeds; only its `speculativ
 Repeats are interleaved (every variant once per round) and sums over all steps are compared by
 median and range. After every step the variant's current drafter is measured at ONE fixed arm
 on held-out prompts (accept length, bonus token included), so drafters compare on equal terms.
-The verify cost curve of the same policy and its drafter step's cost (`tlt.adaptive.costs`) give
+The verify cost curve of the same policy and its drafter step's cost (`tlt.bench.cost_timing`) give
 the ideal SD speedup. Drift, after every step: the held-out KL(step 0 || step t) of every variant's
 policy (`tlt.bench.drift`), and in the `frozenIn` variants (default: vanilla) the accept length of
 the frozen warm-start drafter with the current policy (how much a drafter that never adapts loses).
@@ -31,7 +31,7 @@ import yaml
 
 from transformers import PreTrainedModel
 
-from tlt.adaptive.costs import measure_costs, measure_drafter_costs
+from tlt.bench.cost_timing import measure_costs, measure_drafter_costs
 from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
@@ -43,7 +43,7 @@ from tlt.rollout.drafting import EagleChainDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Request, SamplingParams
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.devices import gpu_plan
 from tlt.rollout.compiled import resolve_compile
 from tlt.tasks.datasets import load_problems
@@ -171,7 +171,7 @@ def heldout_requests(trainer: RayTrainer, workload: Workload) -> list[Request]:
     algo = trainer.spec.algorithm
     return [Request(f"heldout-{i}", trainer.tokenizer(p.prompt).input_ids,
                     SamplingParams(algo.temperature, algo.top_p, cfg["maxNewTokens"], stop,
-                                   steps.derive_seed("heldout", cfg["seed"], i)))
+                                   rl_step.derive_seed("heldout", cfg["seed"], i)))
             for i, p in enumerate(problems)]
 
 
@@ -274,7 +274,7 @@ def _common_spec(workload: Workload) -> RunSpec:
 
 def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The verify cost curve of the starting policy in the workload's dtype, and the cost of one
-    drafter step relative to one target step at each batch (see tlt.adaptive.costs), on the device the
+    drafter step relative to one target step at each batch (see tlt.bench.cost_timing), on the device the
     rollout workers decode on (a GPU where `rollout.resources.gpus` asks for one)."""
     model, _ = load_policy(warm_start(workload.warmstart))
     gpus = _common_spec(workload).rollout.resources.gpus

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tlt.rollout.step_split import STEP_SPLIT_ENV
+from tlt.rollout.step_timing import STEP_SPLIT_ENV
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

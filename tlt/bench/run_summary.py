@@ -42,9 +42,9 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from tlt.adaptive.costs import CostPoint, DrafterCost, amdahl, cost_ratio, drafter_ratio, ideal_speedup
-from tlt.adaptive.stepper import merge_arm_rates
-from tlt.rollout.step_split import merge_tables, seconds_by_range
+from tlt.bench.cost_timing import CostPoint, DrafterCost, amdahl, cost_ratio, drafter_ratio, ideal_speedup
+from tlt.adaptive.adaptive_stepper import merge_arm_rates
+from tlt.rollout.step_timing import merge_tables, seconds_by_range
 from tlt.runtime.shard_metrics import accept_by_position
 from tlt.tasks.evaluate import length_stats
 

@@ -3,7 +3,7 @@ log-probs, on one step's responses of a workload's warm-started policy, in inter
 
 "recompute" is the update's earlier form (a no-grad forward over every micro-batch for the old
 log-probs, then the update); "first-pass" takes them from the update's own first forward
-(`policy_update(old_from_first_pass=True)`, what `steps.learn` does now). Both start every pair from the
+(`policy_update(old_from_first_pass=True)`, what `rl_step.learn` does now). Both start every pair from the
 same weights and a fresh optimizer; timings are wall seconds in this process at `threads` torch threads
 (the coordinator's on a 2-core machine)."""
 
@@ -20,7 +20,7 @@ import torch
 
 from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run
 from tlt.rollout.engine import Engine
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.tasks.countdown import generate
 from tlt.tasks.warmstart import load_policy, warm_start
 
@@ -34,11 +34,11 @@ def _update(mode: str, policy: torch.nn.Module, completions: list, rewards: torc
     optimizer = torch.optim.AdamW(model.parameters(), lr=algo.learning_rate)
     started = time.perf_counter()
     if mode == "recompute":
-        batch = steps.build_batch(completions, rewards)
-        batch.old_logprobs = steps.policy_logprobs(model, batch, algo, pad_id=pad_id)
-        steps.update_policy(model, optimizer, batch, algo, pad_id=pad_id)
+        batch = rl_step.build_batch(completions, rewards)
+        batch.old_logprobs = rl_step.policy_logprobs(model, batch, algo, pad_id=pad_id)
+        rl_step.update_policy(model, optimizer, batch, algo, pad_id=pad_id)
     else:
-        steps.learn(model, optimizer, completions, rewards, algo, pad_id=pad_id)
+        rl_step.learn(model, optimizer, completions, rewards, algo, pad_id=pad_id)
     return time.perf_counter() - started
 
 
@@ -59,7 +59,7 @@ def run_update_bench(workload_path: Path = DEFAULT_WORKLOAD, *, pairs: int = 5, 
     engine = Engine(copy.deepcopy(policy).eval(), max_batch_size=algo.prompts_per_step * algo.group_size,
                     max_context=min(workload.spec["model"]["maxContext"], policy.config.max_position_embeddings),
                     return_hidden=False)
-    completions = engine.generate(steps.make_requests(problems, list(range(len(problems))), tokenizer, algo, 1))
+    completions = engine.generate(rl_step.make_requests(problems, list(range(len(problems))), tokenizer, algo, 1))
     rewards = torch.rand(algo.prompts_per_step, algo.group_size, generator=torch.Generator().manual_seed(seed))
     before = list(os.getloadavg())
     seconds: dict[str, list[float]] = {mode: [] for mode in MODES}

@@ -6,7 +6,7 @@ process, built from the workload's `vanilla` / `tlt` spec as the bench run build
 threads a Ray worker gets (1). Both take the same shards: the prompts of the run's first `shards`
 steps that rollout worker 0 would get. The tlt worker drafts with the workload's warm drafter,
 handed over as the coordinator hands it, and keeps its bandit and history store from shard to shard
-as a worker does across steps. The policy stays fixed (no update): this measures the rollout engine.
+as a worker does across rl_step. The policy stays fixed (no update): this measures the rollout engine.
 Variants alternate shard by shard, the order flipped every shard. Verifiers are replaced by a no-op.
 Device: the workload's `rollout.resources.gpus` >= 1 puts both workers on `cuda:0` (refused, naming the field,
 without one); Ray is not needed (a GPU image without it runs this bench).
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from tlt.bench.run_summary import per_token_speedup
-from tlt.rollout.step_split import StepSplit, seconds_by_range
-from tlt.runtime import steps
+from tlt.rollout.step_timing import StepSplit, seconds_by_range
+from tlt.runtime import rl_step
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
     the order flipped every shard and every repeat. Per variant: seconds, steps, tokens per shard, decode
     seconds and steps by running batch, every response's tokens."""
     from tlt.runtime.ray_workers import RolloutWorker
-    from tlt.runtime.steps import shards
+    from tlt.runtime.rl_step import shards
 
     algo = inputs.runs["tlt"].spec.algorithm
     replicas = inputs.runs["tlt"].spec.rollout.replicas
@@ -164,7 +164,7 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
                                           "steps_by_running": collections.Counter(),
                                           "tokens_by_running": collections.Counter()} for v in workers}
     for step in range(1, cfg.shards + 1):
-        ids = shards(steps.select_prompts(len(inputs.problems), algo.prompts_per_step, algo.seed, step), replicas)[0]
+        ids = shards(rl_step.select_prompts(len(inputs.problems), algo.prompts_per_step, algo.seed, step), replicas)[0]
         for v in (("vanilla", "tlt") if (step + repeat) % 2 else ("tlt", "vanilla")):
             worker = workers[v]
             started = time.perf_counter()
@@ -174,7 +174,7 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
                 result = worker.rollout(step, ids, [inputs.problems[i] for i in ids], inputs.weights,
                                         inputs.drafter if v == "tlt" else None)
             out[v]["seconds"].append(time.perf_counter() - started)
-            trace = steps.RolloutTrace(steps=list(result["trace"]))
+            trace = rl_step.RolloutTrace(steps=list(result["trace"]))
             out[v]["steps"].append(len(result["trace"]))
             out[v]["tokens"].append(sum(len(c.token_ids) for c in result["completions"]))
             out[v]["by_running"].update(trace.decode_seconds_by_running())

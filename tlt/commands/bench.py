@@ -316,7 +316,7 @@ def _worker_run(args: argparse.Namespace) -> int:
 
 
 def _costs_arguments(parser: argparse.ArgumentParser) -> None:
-    from tlt.bench.costs import SHAPES
+    from tlt.bench.cost_terms import SHAPES
 
     parser.add_argument("--shape", default=None, help=f"a published shape, random weights: {', '.join(SHAPES)} "
                         "(default qwen2.5-0.5b unless --config)")
@@ -340,7 +340,7 @@ def _costs_run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from tlt.bench.costs import CostsConfig, costs_table, run_costs
+    from tlt.bench.cost_terms import CostsConfig, costs_table, run_costs
 
     console = Console()
     torch.set_num_threads(max(1, args.threads))

@@ -94,7 +94,7 @@ def _history(folder: Path) -> list[dict[str, Any]]:
 
 def _validate(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
     from tlt.sim.calibrate import compare_run
-    from tlt.sim.validate import h20_check, paper_sweep
+    from tlt.sim.accuracy_checks import h20_check, paper_sweep
 
     out: dict[str, Any] = {"local_error": None}
     if args.calibrate_run is not None and args.hardware.endswith(".json"):

@@ -5,7 +5,7 @@ an end-of-run report (`tlt.runtime.ray_train`); --local: one process, no Ray.
 
 Rerunning the same command on the same output folder resumes from its newest checkpoint.
 Before Ray starts or a model loads, what the run reads here is checked as `tlt validate` checks it
-(`tlt.runtime.preflight`: model folder, dataset files, first prompts, reward plug-in, metrics port), one
+(`tlt.runtime.input_checks`: model folder, dataset files, first prompts, reward plug-in, metrics port), one
 line per problem. --local runs speculative.mode static / tlt as ngram (or off), saying so
 (`tlt.runtime.local.local_speculative`).
 SIGTERM or SIGINT (Ctrl-C) stops the run after the step under way, with a checkpoint of it
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"{args.file}: {problem}", file=sys.stderr)
         return 2
-    from tlt.runtime.preflight import input_problems, metrics_port_problem
+    from tlt.runtime.input_checks import input_problems, metrics_port_problem
 
     problems = input_problems(spec.spec) + [p for p in [metrics_port_problem(spec.spec)] if p is not None]
     if args.local:

@@ -2,7 +2,7 @@
 
 Beyond the spec itself: with `rollout.engine: vllm`, what vLLM cannot honour (`tlt.rollout.vllm.spec_map`;
 an error everywhere, or a warning where only vLLM's CPU build refuses it); then what the run reads on this
-machine (`tlt.runtime.preflight`: the model folder, the dataset files, the first prompts, the reward plug-in;
+machine (`tlt.runtime.input_checks`: the model folder, the dataset files, the first prompts, the reward plug-in;
 a busy metrics port is a warning), the checks `tlt train` runs before it starts. `--schema-only` skips
 those: the spec alone, e.g. for a manifest whose paths exist only on the cluster. `--show-prompt N` prints
 the text and token ids of the first N training prompts exactly as the policy gets them (template, chat
@@ -22,7 +22,7 @@ from tlt.spec.manifest_io import SpecError, load_run
 from tlt.models.loading import load_tokenizer
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
-from tlt.runtime.preflight import input_problems, metrics_port_problem
+from tlt.runtime.input_checks import input_problems, metrics_port_problem
 from tlt.spec.references import SharedNames, reference_problems
 from tlt.spec.spec_warnings import spec_warnings
 from tlt.tasks.datasets import DatasetError, load_problems

@@ -14,7 +14,7 @@ from tlt.models.draft_vocab import DraftVocabTracker
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.sequence import Sequence
-from tlt.rollout.stepper import PlainStepper, Stepper, prefill
+from tlt.rollout.decode_step import PlainStepper, Stepper, prefill
 from tlt.rollout.types import Completion, Request, StepMetrics
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from tlt.rollout.batch import RunningBatch
 from tlt.rollout.drafting import Draft, Drafter
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.sampling import sample_tokens
-from tlt.rollout.stepper import PlainStepper
+from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.tree import DraftTree, chain_attention_mask, compaction_slots, tree_attention_mask, tree_positions
 from tlt.rollout.verify import verify_chain_tokens, verify_tree_tokens
 

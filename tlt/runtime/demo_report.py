@@ -41,6 +41,8 @@ def compare(vanilla: list[dict[str, Any]], tlt: list[dict[str, Any]]) -> dict[st
     out["step_speedup"] = out["step_seconds"]["vanilla"] / max(out["step_seconds"]["tlt"], 1e-9)
     out["reward"] = {name: {"first": h[0]["reward_mean"], "last": h[-1]["reward_mean"]}
                      for name, h in (("vanilla", van), ("tlt", run))}
+    out["heldout"] = {name: [(m["step"], m["eval_accuracy"]) for m in h if "eval_accuracy" in m]
+                      for name, h in (("vanilla", van), ("tlt", run))}
     out["idle_seconds"] = total(run, "idle_seconds")
     out["harvested_seconds"] = total(run, "harvested_seconds")
     accepts = [m.get("accept_length") for m in run if m.get("accept_length") is not None]
@@ -93,6 +95,11 @@ def _plot(c: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _series(points: list[tuple[int, float]]) -> str:
+    """`step 4: 0.250 -> step 8: 0.313` (held-out accuracy after those steps)."""
+    return " -> ".join(f"step {step}: {value:.3f}" for step, value in points) or "-"
+
+
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -129,6 +136,8 @@ def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str 
         f"| reward first -> last | {r['vanilla']['first']:.3f} -> {r['vanilla']['last']:.3f} | "
         f"{r['tlt']['first']:.3f} -> {r['tlt']['last']:.3f} | |",
         f"| generated tokens | {c['generated_tokens']['vanilla']:.0f} | {c['generated_tokens']['tlt']:.0f} | |",
+        *([f"| held-out accuracy, by step | {_series(c['heldout']['vanilla'])} | {_series(c['heldout']['tlt'])} | |"]
+          if c["heldout"]["vanilla"] or c["heldout"]["tlt"] else []),
         "",
         f"TLT: mean accept length {_fmt(c['accept_length_mean'])} tokens per row-step; idle rollout-worker time "
         f"{c['idle_seconds']:.1f} s, of which its drafter trainers harvested {c['harvested_seconds']:.1f} s."

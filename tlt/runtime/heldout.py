@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.rl.reward_plugin import RewardError, RewardFn
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion, Request, SamplingParams
-from tlt.runtime.steps import derive_seed, score_completions
+from tlt.runtime.rl_step import derive_seed, score_completions
 from tlt.spec.run import AlgorithmSpec, RunSpec
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.problem import Problem

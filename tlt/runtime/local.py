@@ -1,7 +1,7 @@
 """The single-process RL loop: one policy, one rollout engine, whole-run checkpoints, automatic resume.
 
 `LocalTrainer(run, out_dir).train()` runs `algorithm.steps` GRPO steps built from
-`tlt.runtime.steps`. Output folder layout::
+`tlt.runtime.rl_step`. Output folder layout::
 
     <out>/metrics.jsonl     one JSON object per finished step, steps 1..s with no gaps or repeats
     <out>/checkpoints/      whole-run checkpoints (`checkpoint.path`; relative paths are under <out>)
@@ -49,8 +49,8 @@ from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
-from tlt.rollout.stepper import PlainStepper, Stepper
-from tlt.runtime import steps
+from tlt.rollout.decode_step import PlainStepper, Stepper
+from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import CPU, policy_device
@@ -141,7 +141,7 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
     if arm is None:
         raise ValueError(MSG_NGRAM_ARM)
     speculative = SpeculativeStepper(runner, NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max))
-    return steps.ThresholdStepper(plain, speculative, spec.threshold, spec.buckets), speculative
+    return rl_step.ThresholdStepper(plain, speculative, spec.threshold, spec.buckets), speculative
 
 
 def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, SpeculativeStepper | None]:
@@ -256,23 +256,23 @@ class LocalTrainer:
         """Run step `self.step + 1`: rollout, score, recompute log-probs, update, sync. Returns its metrics."""
         step = self.step + 1
         started = time.perf_counter()
-        ids = steps.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
+        ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
         problems = [self.problems[i] for i in ids]
-        trace = steps.RolloutTrace()
+        trace = rl_step.RolloutTrace()
         if self.speculative is not None:
             self.speculative.stats = AcceptanceStats()
-        completions = steps.rollout(self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids,
+        completions = rl_step.rollout(self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids,
                                     trace=trace)
         rollout_seconds = time.perf_counter() - started
         reward_errors: list[RewardError] = []
-        rewards = steps.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format,
+        rewards = rl_step.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format,
                                           reward=self.reward, errors=reward_errors)
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.perf_counter()
-        update = steps.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
+        update = rl_step.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
                              compute_dtype=self.compute_dtype)
-        steps.sync_weights(self.policy, self.engine)
-        metrics = {"step": step, **steps.rollout_metrics(completions, rewards, trace, rollout_seconds), **update,
+        rl_step.sync_weights(self.policy, self.engine)
+        metrics = {"step": step, **rl_step.rollout_metrics(completions, rewards, trace, rollout_seconds), **update,
                    "update_seconds": time.perf_counter() - update_started,
                    "step_seconds": time.perf_counter() - started}
         if self.reward is not None:

@@ -81,9 +81,7 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
     from tlt.adaptive.arms import drafter_graphs
     from tlt.models.loading import read_model_config
     from tlt.rollout.compiled import resolve_compile_for
-    from tlt.runtime.ray_workers import (
-        DRAFTER_MODES,  # here, not at the top: job processes need no Ray
-    )
+    from tlt.runtime.worker_drafter import DRAFTER_MODES  # here, not at the top: job processes need no Ray
 
     if spec.rollout.engine != "tlt":
         return []

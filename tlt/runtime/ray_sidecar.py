@@ -38,7 +38,7 @@ from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.runtime.ray_services import hub_push
-from tlt.runtime.ray_workers import node_id
+from tlt.runtime.worker_state import node_id
 
 log = logging.getLogger(__name__)
 

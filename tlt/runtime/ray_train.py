@@ -23,7 +23,8 @@ from tlt.runtime.display import LiveDisplay
 from tlt.runtime.checkpoint_recovery import cannot_resume
 from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
 from tlt.runtime.local import ResumeError
-from tlt.runtime.ray_coordinator import RayTrainer, RunFailed
+from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.runtime.run_checkpoint import RunFailed
 from tlt.runtime.report import PLOTS, write_report
 from tlt.tasks.warmstart import WarmstartConfig
 

@@ -32,9 +32,11 @@ from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
-from tlt.runtime import steps
+from tlt.runtime import rl_step
 from tlt.runtime.heap import freeze_actor_heap
-from tlt.runtime.ray_workers import GENERATING, IDLE, RolloutWorker
+from tlt.runtime.ray_workers import RolloutWorker
+from tlt.runtime.worker_drafter import NO_AGREEMENT
+from tlt.runtime.worker_state import GENERATING, IDLE
 from tlt.tasks.problem import Problem
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
@@ -55,11 +57,12 @@ class VllmRolloutWorker(RolloutWorker):
         self._scratch = tempfile.TemporaryDirectory(prefix=f"tlt-vllm-{self.name}-")
         eagle = None
         self.draft_tokens = 0
-        if self.drafter is not None and vllm_drafts(spec.speculative):
+        drafter = self.drafting.drafter
+        if drafter is not None and vllm_drafts(spec.speculative):
             # vLLM reads its drafter's shape from a folder at start; the weights come from the hub every step
             self.draft_tokens = eagle_draft_tokens(spec.speculative)
             scratch = Path(self._scratch.name)
-            save_drafter(self.drafter, scratch / "drafter")
+            save_drafter(drafter, scratch / "drafter")
             export_eagle(scratch / "drafter", model.config, scratch / "eagle")
             eagle = EagleSetup(str(scratch / "eagle"), self.draft_tokens)
         config = model.config
@@ -71,7 +74,7 @@ class VllmRolloutWorker(RolloutWorker):
                                max_batch_size=self.rows, eagle=eagle, seed=spec.algorithm.seed + index,
                                memory_fraction=0.1, kv_cache_bytes=2 * kv)
         self.warmup_seconds = time.time() - started
-        self._setup_trainer(hub)
+        self.drafting.setup_trainer(hub)
         self.heap = freeze_actor_heap(self.name)  # as `RolloutWorker`'s (`tlt.runtime.heap`)
 
     def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
@@ -79,31 +82,24 @@ class VllmRolloutWorker(RolloutWorker):
                 candidate: tuple[int, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
         """`RolloutWorker.rollout` on vLLM: the shard's completions (no hidden states), reward refs in
         completion order, an empty trace, and vLLM's draft counters for the accept length."""
-        if self.trainer is not None and self.trainer.active:
-            raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
-        if self.drafter is not None and self.trainer is None and self.sidecar is None:
-            raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
+        self.drafting.check_ready(step)
         self.agreement()  # the previous rollout's features are computed before the policy copy changes
-        self._set_state(GENERATING)
+        self.states.set(GENERATING)
         started = time.time()
         self.model.load_state_dict(weights)
         self.vllm.load_weights(weights)
-        if drafter is not None:
-            if self.trainer is not None:
-                self.trainer.load(*drafter)
-            elif self.drafter is not None:
-                self.drafter.load_state_dict(drafter[1])
-            if self.vllm.eagle is not None:
-                self.vllm.load_drafter(drafter[1])
-        requests = steps.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
+        self.drafting.load(drafter)
+        if drafter is not None and self.vllm.eagle is not None:
+            self.vllm.load_drafter(drafter[1])
+        requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         group = self.spec.algorithm.group_size
         drafts_before, (_, accepted_before) = self.vllm.speculative_drafts(), self.vllm.speculative_counts()
-        self.running = len(requests)
+        self.states.running = len(requests)
         generate_started = time.time()
         try:
             completions = self.vllm.generate(requests)
         finally:
-            self.running = 0
+            self.states.running = 0
         finished = time.time()
         # one draft per request and step that drafted: the row-steps of TLT's accept length
         row_steps = self.vllm.speculative_drafts() - drafts_before
@@ -117,7 +113,7 @@ class VllmRolloutWorker(RolloutWorker):
                                                  completion.request_id))
         self.vllm.release()
         self._leave_settle(completions, step, drafter, candidate)
-        self._set_state(IDLE)
+        self.states.set(IDLE)
         return {"worker": self.name, "completions": completions, "rewards": rewards, "streamed": 0,
                 "trace": [], "started_at": started, "finished_at": finished,
                 "generate_seconds": finished - generate_started, "first_response_at": finished,
@@ -127,8 +123,8 @@ class VllmRolloutWorker(RolloutWorker):
     def _agreement_and_buffer(self, completions: list[Any], step: int,
                               drafter: tuple[int, dict[str, torch.Tensor]] | None,
                               candidate: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
-        if self.drafter is None:
-            return {"agree": 0, "agree_total": 0}
+        if self.drafting.drafter is None:
+            return dict(NO_AGREEMENT)
         return super()._agreement_and_buffer([with_features(self.model, c) for c in completions], step, drafter,
                                              candidate)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from tlt.adaptive.stepper import merge_arm_rates
-from tlt.rollout.step_split import merge_tables
-from tlt.runtime import steps
+from tlt.adaptive.adaptive_stepper import merge_arm_rates
+from tlt.rollout.step_timing import merge_tables
+from tlt.runtime import rl_step
 
 
 def pool_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str, list[int]]:
@@ -35,15 +35,15 @@ def accept_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[st
 
 def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
                           started: float, rollout_end: float, prepare: dict[str, float] | None = None) -> dict[str, Any]:
-    """steps.rollout_metrics over all shards; the tail is the slowest worker's (the critical path).
+    """rl_step.rollout_metrics over all shards; the tail is the slowest worker's (the critical path).
 
     completions: every shard's, in order; rewards [P, G]; results: each worker's `RolloutWorker.rollout`
     result (finished_at, generate_seconds, trace, sd_* counts and arm rates, streamed); started /
     rollout_end: the step's start and the arrival of the last shard (wall seconds); prepare: the seconds
     the coordinator spent, part by part, between the start and dispatching the shards (its sum)."""
     slowest = max(results, key=lambda r: r["finished_at"])
-    trace = steps.RolloutTrace(steps=list(slowest["trace"]))
-    out = steps.rollout_metrics(completions, rewards, trace, rollout_end - started)
+    trace = rl_step.RolloutTrace(steps=list(slowest["trace"]))
+    out = rl_step.rollout_metrics(completions, rewards, trace, rollout_end - started)
     out["idle_seconds"] = sum(rollout_end - r["finished_at"] for r in results)
     # The engines' own time (the slowest worker's generate call) and what the step added around it:
     # dispatch, weight and drafter loading, the stepper's set-up, and the work before results return.
@@ -68,7 +68,7 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     out["draft_vocab_coverage"] = sum(i for i, _ in covered) / total if total else None
     totals = {"seconds_by_running": Counter(), "steps_by_running": Counter(), "tokens_by_running": Counter()}
     for r in results:  # every worker's engine, not only the slowest
-        trace = steps.RolloutTrace(steps=list(r["trace"]))
+        trace = rl_step.RolloutTrace(steps=list(r["trace"]))
         totals["seconds_by_running"].update(trace.decode_seconds_by_running())
         totals["steps_by_running"].update(trace.decode_steps_by_running())
         totals["tokens_by_running"].update(trace.decode_tokens_by_running())

@@ -4,7 +4,7 @@ the bench's warm-started policy at a fixed number of cached tokens) plus the pol
 per token from a `tlt train` run.
 
 Between measured batches the plain-step time is linear; past the largest it grows along the last
-segment's slope. Width ratios come from `tlt.adaptive.costs.cost_ratio`, the function the adaptive
+segment's slope. Width ratios come from `tlt.bench.cost_timing.cost_ratio`, the function the adaptive
 engine's calibration uses; widths past the largest measured one (a prefill) scale linearly from it.
 
 Context: a file with a `contexts` section ({context: {verify, drafter}}, `python -m tlt.sim.measure`)
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tlt.adaptive.costs import CostPoint, cost_ratio
+from tlt.bench.cost_timing import CostPoint, cost_ratio
 
 
 def _linear(x: float, xs: list[int], ys: list[float]) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from tlt.sim.cost import CostModel
+from tlt.sim.cost_model import CostModel
 from tlt.sim.measured import MeasuredCost
 from tlt.sim.roofline import GpuSpec, ModelShape, RooflineCost
 

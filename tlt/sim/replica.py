@@ -6,7 +6,7 @@ in chunks of at most `decision_tokens` tokens per row instead of round by round 
 costs thousands of events, not millions of rounds). Before each chunk the engine's own decision runs:
 `tlt.rollout.draft_switch.sd_bucket` (threshold and buckets) says plain or SD, the replica's
 `BucketedBandit` chooses the arm, and the chunk's tokens per row over its seconds are the reward, as in
-`tlt.adaptive.stepper`. A chunk of N tokens takes N / accept_length rounds of the arm's cost (the
+`tlt.adaptive.adaptive_stepper`. A chunk of N tokens takes N / accept_length rounds of the arm's cost (the
 target verifying `verify_width` tokens per row plus its drafter steps).
 """
 
@@ -19,7 +19,7 @@ from tlt.adaptive.bandit import BucketedBandit
 from tlt.rollout.draft_switch import sd_bucket
 from tlt.spec.run import ArmSpec
 from tlt.sim.accept import accept_length, drafter_steps
-from tlt.sim.cost import CostModel
+from tlt.sim.cost_model import CostModel
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 drafter's training carried from step to step (the drafter trained in step s serves step s + 1).
 
 The variants' arms come from `tlt.adaptive.arms.arm_indices` under mode static / tlt and their bandits
-from `tlt.adaptive.stepper.new_bandit`: the engine's own choice of arms and bandit settings.
+from `tlt.adaptive.adaptive_stepper.new_bandit`: the engine's own choice of arms and bandit settings.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from statistics import mean
 from typing import Any
 
 from tlt.adaptive.arms import arm_indices
-from tlt.adaptive.stepper import new_bandit
+from tlt.adaptive.adaptive_stepper import new_bandit
 from tlt.spec.run import SpeculativeSpec
 from tlt.sim.accept import AcceptCurve
-from tlt.sim.cost import CostModel
+from tlt.sim.cost_model import CostModel
 from tlt.sim.replica import Drafting
 from tlt.sim.step import ClusterConfig, StepResult, Variant, simulate_step
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tlt.spec.run import ArmSpec, RunSpec
 from tlt.rl.packing import LAYOUTS, micro_batches
-from tlt.sim.cost import CostModel
+from tlt.sim.cost_model import CostModel
 from tlt.sim.replica import Drafting, ReplicaRollout, Segment, decode_shard
 
 

@@ -1,6 +1,6 @@
 """Prompt formatting: the one place a record becomes the text and token ids the policy sees.
 
-Two pure steps, used by the rollout (`tlt.runtime.steps.make_requests`), evaluation, the drafter's
+Two pure steps, used by the rollout (`tlt.runtime.rl_step.make_requests`), evaluation, the drafter's
 evaluation, `tlt validate --show-prompt` and the KFP prepare step, so every one of them gives the model
 exactly the same ids:
 - `render_prompt(template, record, where)`: the template (Python format syntax over the record's

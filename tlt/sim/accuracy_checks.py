@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tlt.adaptive.costs import amdahl
+from tlt.bench.cost_timing import amdahl
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept
-from tlt.sim.cost import CostModel
+from tlt.sim.cost_model import CostModel
 from tlt.sim.profiles import load_cost_model
 from tlt.sim.replica import round_seconds
 from tlt.sim.simulator import build_variants, simulate

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tlt.adaptive.costs import _clock_for, cost_ratio, drafter_ratio
-from tlt.bench.costs import SHAPES, CostsConfig, break_even, costs_table, model_config, run_costs
+from tlt.bench.cost_timing import _clock_for, cost_ratio, drafter_ratio
+from tlt.bench.cost_terms import SHAPES, CostsConfig, break_even, costs_table, model_config, run_costs
 from tlt.cli import main
 from tlt.models.tiny import tiny_config
 
@@ -62,7 +62,7 @@ def test_run_costs_on_a_tiny_config(tiny_config_file):
     result = run_costs(cfg)
     assert result["layers"] == 2 and result["device_name"] is None and result["clock"] == "cpu"
     assert {(p["batch"], p["width"]) for p in result["verify"]} == {(b, w) for b in (1, 2) for w in (1, 2, 4)}
-    from tlt.adaptive.costs import CostPoint, DrafterCost
+    from tlt.bench.cost_timing import CostPoint, DrafterCost
 
     verify = [CostPoint(**p) for p in result["verify"]]
     drafter = [DrafterCost(**d) for d in result["drafter"]]

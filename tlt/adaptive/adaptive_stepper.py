@@ -37,7 +37,7 @@ from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
-from tlt.rollout.stepper import PlainStepper
+from tlt.rollout.decode_step import PlainStepper
 
 Clock = Callable[[], float]
 
@@ -151,7 +151,7 @@ def arm_rates(log: list[StepRecord], buckets: list[int]) -> dict[str, dict[str, 
 
 
 def merge_arm_rates(tables: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Sum `tlt.adaptive.stepper.arm_rates` tables (per bucket, per arm: steps, seconds, tokens)."""
+    """Sum `tlt.adaptive.adaptive_stepper.arm_rates` tables (per bucket, per arm: steps, seconds, tokens)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for table in tables:
         for bucket, arms in table.items():
@@ -196,3 +196,25 @@ def build_adaptive_stepper(
                       history=history, block=block)
     bandit = bandit if bandit is not None else new_bandit(spec, len(arms), seed)
     return AdaptiveStepper(runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets)
+
+
+def rollout_stepper(
+    spec: SpeculativeSpec,
+    runner: ModelRunner,
+    drafter: EagleDrafter | None,
+    *,
+    rows: int,
+    context: int,
+    bandit: BucketedBandit | None,
+    seed: int,
+    history: HistoryStore | None = None,
+) -> PlainStepper | AdaptiveStepper:
+    """The stepper of one rollout for `spec.mode` (build a fresh one per rollout; pass the previous one's bandit).
+
+    off: plain decoding. ngram / static / tlt: the adaptive stepper, whose n-gram arms cover the time before
+    the learned drafter is useful; the learned arms draft with `drafter`, the rollout worker's copy its spot
+    trainer trains. A worker keeps its bandit across rollouts, so what it learned carries over."""
+    if spec.mode == "off":
+        return PlainStepper(runner)
+    return build_adaptive_stepper(spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed,
+                                  history=history)

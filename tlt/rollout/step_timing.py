@@ -117,21 +117,21 @@ class StepSplit:
         self._undo.append(lambda: setattr(owner, attr, original))
 
     def __enter__(self) -> StepSplit:
-        from tlt.rollout import batch, drafting, eagle_tree, history, mixed, runner, speculative, stepper
+        from tlt.rollout import batch, decode_step, drafting, eagle_tree, history, mixed, runner, speculative
 
         try:
-            self._patch(stepper.PlainStepper, "step", self._step)
+            self._patch(decode_step.PlainStepper, "step", self._step)
             self._patch(speculative.SpeculativeStepper, "step", self._step)
             for attr, part in (("forward", "target_forward"), ("logits", "lm_head"), ("compact", "compact")):
                 self._patch(runner.ModelRunner, attr, functools.partial(self._part, part))
             self._patch(batch.RunningBatch, "commit", functools.partial(self._part, "commit"))
             self._patch(speculative, "_target_tokens", functools.partial(self._part, "sample"))
-            self._patch(stepper, "sample_tokens", functools.partial(self._part, "sample"))
+            self._patch(decode_step, "sample_tokens", functools.partial(self._part, "sample"))
             for attr in ("verify_chain_tokens", "verify_tree_tokens"):
                 self._patch(speculative, attr, functools.partial(self._part, "verify"))
             for attr in ("chain_attention_mask", "tree_attention_mask"):
                 self._patch(speculative, attr, functools.partial(self._part, "mask"))
-            self._patch(stepper, "causal_mask", functools.partial(self._part, "mask"))
+            self._patch(decode_step, "causal_mask", functools.partial(self._part, "mask"))
             self._patch(drafting.EagleCache, "_catch_up_inputs", functools.partial(self._part, "draft_inputs"))
             self._patch(drafting.EagleCache, "_chain_step", self._timed_chain_step)
             for cls in (drafting.NgramDrafter, drafting.EagleChainDrafter, eagle_tree.EagleTreeDrafter,

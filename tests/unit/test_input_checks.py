@@ -18,7 +18,7 @@ from tlt.spec.run import RunSpec
 from tlt.models.loading import model_folder_problems, save_policy, weights_problem
 from tlt.models.tiny import tiny_model
 from tlt.runtime.local import local_speculative
-from tlt.runtime.preflight import input_problems, metrics_port_problem
+from tlt.runtime.input_checks import input_problems, metrics_port_problem
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 RECORDS = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(5)]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tlt.adaptive.costs import CostPoint, cost_ratio, ideal_speedup, measure_costs, pick_threshold
+from tlt.bench.cost_timing import CostPoint, cost_ratio, ideal_speedup, measure_costs, pick_threshold
 from tlt.models.tiny import tiny_model
 
 # ratio grows with batch and width: 1 + 0.02 * batch * (width - 1)
@@ -51,7 +51,7 @@ def test_ideal_speedup_charges_the_drafter_steps():
 
 
 def test_drafter_costs_are_measured_per_batch_and_interpolated():
-    from tlt.adaptive.costs import DrafterCost, drafter_ratio, measure_drafter_costs
+    from tlt.bench.cost_timing import DrafterCost, drafter_ratio, measure_drafter_costs
 
     model = tiny_model("qwen2", vocab_size=32, seed=0).eval()
     costs = measure_drafter_costs(model, batches=[1, 4], context=8, repeats=2)
@@ -62,7 +62,7 @@ def test_drafter_costs_are_measured_per_batch_and_interpolated():
 
 
 def test_drafter_costs_with_a_reduced_draft_vocabulary_come_side_by_side():
-    from tlt.adaptive.costs import DrafterCost, drafter_ratio, measure_drafter_costs
+    from tlt.bench.cost_timing import DrafterCost, drafter_ratio, measure_drafter_costs
 
     model = tiny_model("qwen2", vocab_size=32, seed=0).eval()
     costs = measure_drafter_costs(model, batches=[1, 2], context=8, repeats=2, draft_vocabs=(0, 8))
@@ -76,7 +76,7 @@ def test_drafter_costs_with_a_reduced_draft_vocabulary_come_side_by_side():
 
 def test_timed_rounds_run_each_batch_in_rounds_of_its_own():
     """A call right after a larger batch's reads slow: every timed call follows a call of its own batch."""
-    from tlt.adaptive.costs import _timed_rounds
+    from tlt.bench.cost_timing import _timed_rounds
 
     calls = []
     fns = {(b, w): (lambda b=b, w=w: calls.append((b, w))) for b in (1, 4) for w in (1, 2)}

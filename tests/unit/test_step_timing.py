@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.rollout.step_split import StepSplit, merge_tables, range_of, seconds_by_range
+from tlt.rollout.step_timing import StepSplit, merge_tables, range_of, seconds_by_range
 from tlt.models.tiny import tiny_model
 from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import SpeculativeStepper
-from tlt.rollout.stepper import PlainStepper
+from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.types import Request, SamplingParams
 
 

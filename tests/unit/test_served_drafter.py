@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.runtime import step_drafters
-from tlt.runtime.step_drafters import StepDrafters
+from tlt.runtime import served_drafter
+from tlt.runtime.served_drafter import StepDrafters
 
 
 class _Ref:
@@ -32,8 +32,8 @@ class _Hub:
 
 @pytest.fixture(autouse=True)
 def _fake_ray(monkeypatch):
-    monkeypatch.setattr(step_drafters.ray, "get", lambda ref: ref.value)
-    monkeypatch.setattr(step_drafters.ray, "put", lambda value: _Ref(value))
+    monkeypatch.setattr(served_drafter.ray, "get", lambda ref: ref.value)
+    monkeypatch.setattr(served_drafter.ray, "put", lambda value: _Ref(value))
 
 
 def test_a_prefetched_pull_is_used_once_and_handed_on_as_it_is():
@@ -76,7 +76,7 @@ def test_no_hub_no_drafters():
 
 def test_a_drafter_that_stays_served_keeps_its_object(monkeypatch):
     puts = []
-    monkeypatch.setattr(step_drafters.ray, "put", lambda value: puts.append(value) or _Ref(value))
+    monkeypatch.setattr(served_drafter.ray, "put", lambda value: puts.append(value) or _Ref(value))
     hub = _Hub((1, "p1"))
     drafters = StepDrafters("validated", served=(0, "p0"))  # e.g. resumed from a checkpoint
     first, _ = drafters.refs(hub)

@@ -9,7 +9,7 @@ times a shape with random weights: a real model's shape (`--shape`, or `--config
 on the device it would decode on, with no download. The accept lengths themselves are the workload's
 (`tlt bench run` measures them); this bench says what they must reach.
 
-Timing is `tlt.adaptive.costs`: every (batch, width) interleaved within a repeat, the fastest repeat
+Timing is `tlt.bench.cost_timing`: every (batch, width) interleaved within a repeat, the fastest repeat
 kept; the CPU clock of this process on a CPU (one thread: set `--threads`), the wall clock with the
 device synchronised on CUDA.
 
@@ -28,7 +28,7 @@ import torch
 from rich.table import Table
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from tlt.adaptive.costs import CostPoint, DrafterCost, cost_ratio, drafter_ratio, measure_costs, measure_drafter_costs
+from tlt.bench.cost_timing import CostPoint, DrafterCost, cost_ratio, drafter_ratio, measure_costs, measure_drafter_costs
 from tlt.models.loading import resolve_dtype
 from tlt.models.tiny import tiny_config
 

@@ -32,7 +32,7 @@ from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 from tlt.rollout.draft_switch import sd_bucket
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.engine import Engine
-from tlt.rollout.stepper import Stepper
+from tlt.rollout.decode_step import Stepper
 from tlt.rollout.types import Completion, Request, SamplingParams, StepMetrics
 from tlt.tasks.evaluate import length_stats
 from tlt.tasks.problem import Problem

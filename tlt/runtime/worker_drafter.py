@@ -1,0 +1,148 @@
+"""A rollout worker's drafter: the copy it drafts with, and what trains it.
+
+In modes static / tlt the worker holds an EAGLE drafter bound to its policy copy (the policy's frozen
+embedding and head), optionally over a reduced draft vocabulary re-picked every rollout. Each rollout
+loads the step's served drafter into it. What trains it depends on `drafter.placement`:
+- `in-container`: an online buffer and a spot trainer, a thread in the worker's process that shares the
+  device once the engine has released its KV cache, syncing its parameter change with the hub;
+- `sidecar`: the buffer and the trainer live in the pod's sidecar container (`tlt.runtime.ray_sidecar`);
+  the worker hands each step's rollouts (hidden states included, straight to the sidecar, never through
+  the coordinator) and forwards the coordinator's start / stop, so it stays the one reporter of its state.
+Modes off and ngram keep no drafter: every method here is then a no-op or says what is missing.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.intake import buffer_and_agreement, policy_head
+from tlt.drafter.trainer import SpotTrainer
+from tlt.models.draft_vocab import DraftVocabTracker
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.runtime.devices import to_cpu, tree_to_cpu
+from tlt.runtime.optional_ray import ray
+from tlt.runtime.ray_services import hub_push, no_hub
+from tlt.spec.run import RunSpec
+
+DRAFTER_MODES = ("static", "tlt")
+Drafter = tuple[int, dict[str, torch.Tensor]]  # (version, parameters)
+NO_AGREEMENT = {"agree": 0, "agree_total": 0}
+
+
+class WorkerDrafter:
+    """The drafter of worker `name` for `model` (its policy copy), its trainer or sidecar, its draft vocabulary."""
+
+    def __init__(self, name: str, spec: RunSpec, model: Any) -> None:
+        self.name = name
+        self.spec = spec
+        self.drafter: EagleDrafter | None = None
+        self.buffer: OnlineBuffer | None = None
+        self.trainer: SpotTrainer | None = None
+        self.sidecar: Any | None = None
+        if spec.speculative.mode in DRAFTER_MODES:
+            self.drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, torch.float32).eval()
+            self.drafter.bind_policy(model)
+        # the reduced draft vocabulary (before the drafter's graphs compile), re-picked every rollout
+        size = spec.speculative.draft_vocab if self.drafter is not None else 0
+        self.draft_vocab = (DraftVocabTracker(self.drafter.set_draft_vocab(size), model.get_output_embeddings())
+                            if size else None)
+
+    def setup_trainer(self, hub: Any | None) -> None:
+        """The co-located spot trainer and its buffer (`drafter.placement: in-container`)."""
+        if self.drafter is not None and self.spec.drafter.placement == "in-container":
+            self.buffer = OnlineBuffer(self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens,
+                                       seed=self.spec.algorithm.seed)
+            push = hub_push(hub) if hub is not None else no_hub
+            self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push,
+                                       learning_rate=self.spec.drafter.learning_rate)
+
+    def attach_sidecar(self, sidecar: Any) -> None:
+        """Train with `sidecar` (a `SidecarTrainer` actor; `drafter.placement: sidecar`)."""
+        if self.drafter is None or self.trainer is not None:
+            raise RuntimeError(f"{self.name}: a sidecar trainer needs speculative.mode static or tlt and "
+                               "drafter.placement 'sidecar'")
+        self.sidecar = sidecar
+
+    def check_ready(self, step: int) -> None:
+        """Raise unless a rollout of `step` may start: no trainer still running, a sidecar where one belongs."""
+        if self.trainer is not None and self.trainer.active:
+            raise RuntimeError(f"{self.name}: rollout of step {step} asked while its trainer still runs")
+        if self.drafter is not None and self.trainer is None and self.sidecar is None:
+            raise RuntimeError(f"{self.name}: drafter.placement is 'sidecar' but no sidecar trainer is attached")
+
+    def load(self, drafter: Drafter | None) -> None:
+        """Draft with `drafter` (the step's served one); the trainer continues from it."""
+        if drafter is not None and self.trainer is not None:
+            self.trainer.load(*drafter)
+        elif drafter is not None and self.drafter is not None:
+            self.drafter.load_state_dict(drafter[1])
+
+    def iterations(self, training: bool) -> int:
+        """The running trainer's iterations this step (`training`: the worker reports TRAINING)."""
+        if self.sidecar is not None:
+            return ray.get(self.sidecar.iterations.remote()) if training else 0
+        run = self.trainer.current if self.trainer is not None else None
+        return run.iterations if run is not None else 0
+
+    def take_rollouts(self, model: Any, completions: list[Any], step: int, drafter: Drafter | None,
+                      candidate: Drafter | None) -> dict[str, Any]:
+        """Buffer `step`'s completions (with hidden states) and score the drafter (and a `candidate`, which the
+        trainer then holds) on them: the top-1 agreement ("agree", "agree_total", "candidate_*"). `model`: the
+        policy copy, whose head a sidecar needs."""
+        if self.sidecar is not None:
+            head = to_cpu(policy_head(model))
+            return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter, candidate))
+        if self.trainer is None or self.buffer is None:
+            return dict(NO_AGREEMENT)
+        return buffer_and_agreement(self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens,
+                                    candidate)
+
+    def state(self) -> dict[str, Any] | None:
+        """The trainer's buffer and shuffle epoch (`SpotTrainer.state_dict`), in the container or the sidecar,
+        and the draft vocabulary's counts; None without a learned drafter."""
+        if self.sidecar is not None:
+            state = ray.get(self.sidecar.trainer_state.remote())
+        else:
+            state = tree_to_cpu(self.trainer.state_dict()) if self.trainer is not None else None
+        if state is not None and self.draft_vocab is not None:  # the draft vocabulary's token counts too
+            state["draft_vocab_counts"] = self.draft_vocab.counts.clone()
+        return state
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Resume the trainer's buffer (and the draft vocabulary's counts) from a checkpoint."""
+        if state is None:
+            return
+        state = dict(state)
+        counts = state.pop("draft_vocab_counts", None)
+        if counts is not None and self.draft_vocab is not None:
+            self.draft_vocab.load_counts(counts)
+        if self.sidecar is not None:
+            ray.get(self.sidecar.load_trainer_state.remote(state))
+        elif self.trainer is not None:
+            self.trainer.load_state_dict(state)
+        else:
+            raise RuntimeError(f"{self.name}: the checkpoint holds a drafter buffer but speculative.mode "
+                               f"{self.spec.speculative.mode!r} keeps none")
+
+    def start(self, step: int, after: Future | None) -> float:
+        """Start training for `step` once `after` (the rollout's samples entering the buffer) is done."""
+        if self.sidecar is not None:
+            return ray.get(self.sidecar.start_training.remote(step))
+        if self.trainer is not None:
+            return self.trainer.start(step, after=after)
+        raise RuntimeError(f"{self.name}: speculative.mode {self.spec.speculative.mode!r} has no drafter to train")
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the trainer (if running); the acknowledgement with the trainer process's timestamps and
+        "was_training" (whether a trainer was stopped)."""
+        if self.sidecar is not None:
+            return dict(ray.get(self.sidecar.stop_training.remote()))
+        if self.trainer is None or not self.trainer.active:
+            now = time.time()
+            return {"was_training": False, "stop_received_at": now, "stopped_at": now}
+        return {"was_training": True, **self.trainer.stop()}
