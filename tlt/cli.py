@@ -16,18 +16,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("tlt.commands.crd", "write the TLTTrainingRun CRD YAML generated from the run spec"),
     "train": ("tlt.commands.train", "run a TLTTrainingRun on this machine (resumes from its checkpoints)"),
     "worker": ("tlt.commands.worker", "run one pod of a TLTTrainingRun on a cluster (the operator's pod entry point)"),
-    "drafter-trainer": ("tlt.commands.drafter_trainer", "run a rollout pod's drafter-trainer sidecar (drafter.placement: sidecar)"),
+    "drafter-trainer": (
+        "tlt.commands.drafter_trainer",
+        "run a rollout pod's drafter-trainer sidecar (drafter.placement: sidecar)",
+    ),
     "demo": ("tlt.commands.demo", "train examples/run.yaml on a local Ray cluster, with live display and report"),
-    "export-drafter": ("tlt.commands.export_drafter", "write a drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable)"),
+    "export-drafter": (
+        "tlt.commands.export_drafter",
+        "write a drafter checkpoint as a Hugging Face EAGLE folder (vLLM-loadable)",
+    ),
     "generate": ("tlt.commands.generate", "complete prompts from a file with the rollout engine"),
     "bench": ("tlt.commands.bench", "side-by-side benchmarks (tlt bench engine)"),
-    "simulate": ("tlt.commands.simulate", "predict vanilla / static / TLT step times on a GPU cluster from a length trace"),
+    "simulate": (
+        "tlt.commands.simulate",
+        "predict vanilla / static / TLT step times on a GPU cluster from a length trace",
+    ),
 }
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported to declare its arguments."""
-    parser = argparse.ArgumentParser(prog="tlt", description="TLT: lossless speculative rollouts with an online drafter for RL training.")
+    parser = argparse.ArgumentParser(
+        prog="tlt", description="TLT: lossless speculative rollouts with an online drafter for RL training."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():

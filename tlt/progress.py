@@ -52,8 +52,9 @@ def progress_line(name: str, done: int, total: int, elapsed: float, unit: str, d
 class _Lines:
     """The piped form: a line at the start, then at most every `every` seconds, and at the end."""
 
-    def __init__(self, name: str, total: int, unit: str, stream: TextIO, every: float,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, name: str, total: int, unit: str, stream: TextIO, every: float, clock: Callable[[], float]
+    ) -> None:
         self.name, self.total, self.unit, self.stream, self.every, self.clock = name, total, unit, stream, every, clock
         self.started = self.last = clock()
         self.done, self.detail = 0, ""
@@ -71,20 +72,37 @@ class _Lines:
 
     def finish(self) -> None:
         elapsed = self.clock() - self.started
-        self._write(f"[{self.name}] done: {self.done}/{self.total} {self.unit} in {elapsed:.0f} s"
-                    + (f", {self.detail}" if self.detail else ""))
+        self._write(
+            f"[{self.name}] done: {self.done}/{self.total} {self.unit} in {elapsed:.0f} s"
+            + (f", {self.detail}" if self.detail else "")
+        )
 
 
 @contextlib.contextmanager
-def phase(name: str, total: int, unit: str = "steps", *, stream: TextIO | None = None, every: float = 5.0,
-          terminal: bool | None = None, clock: Callable[[], float] = time.monotonic) -> Iterator[Update]:
+def phase(
+    name: str,
+    total: int,
+    unit: str = "steps",
+    *,
+    stream: TextIO | None = None,
+    every: float = 5.0,
+    terminal: bool | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[Update]:
     """Show the progress of phase `name` (`total` `unit`s); yields `update(done, detail="")`.
     terminal: force the bar (True) or the plain lines (False); default: whether `stream` is a terminal."""
     stream = stream or sys.stderr
     console = Console(file=stream)
     if terminal if terminal is not None else console.is_terminal:
-        columns = (TextColumn(f"[bold]{name}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                   TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"))
+        columns = (
+            TextColumn(f"[bold]{name}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(unit),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[detail]}"),
+        )
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task(name, total=total, detail="")
             yield lambda done, detail="": bar.update(task, completed=done, detail=detail)

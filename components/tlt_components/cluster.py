@@ -100,16 +100,24 @@ def follow_run(
             if exc.status not in TRANSIENT_STATUSES or errors >= MAX_TRANSIENT_ERRORS:
                 raise
             errors += 1
-            log.warning("reading TLTTrainingRun %s/%s failed (%s %s); retrying",
-                        namespace, name, exc.status, exc.reason)
+            log.warning(
+                "reading TLTTrainingRun %s/%s failed (%s %s); retrying", namespace, name, exc.status, exc.reason
+            )
             sleep(poll_seconds)
             continue
         status = obj.get("status") or {}
         progress = _progress(status)
         if progress != last:
             phase, current, total, accept = progress
-            log.info("TLTTrainingRun %s/%s: phase %s, step %s/%s, accept length %s",
-                     namespace, name, phase, current, total, accept)
+            log.info(
+                "TLTTrainingRun %s/%s: phase %s, step %s/%s, accept length %s",
+                namespace,
+                name,
+                phase,
+                current,
+                total,
+                accept,
+            )
             last = progress
         if status.get("phase") == "Succeeded":
             return status
@@ -167,8 +175,9 @@ def train_on_cluster(
         actual = created["metadata"]["name"]
         log.info("created TLTTrainingRun %s/%s", namespace, actual)
         try:
-            return actual, follow_run(api, namespace, actual, poll_seconds=poll_seconds,
-                                      timeout_seconds=timeout_seconds, sleep=sleep)
+            return actual, follow_run(
+                api, namespace, actual, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep
+            )
         except (RunCancelled, KeyboardInterrupt, TimeoutError):
             delete_run(api, namespace, actual)
             raise

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from tlt.spec.run import Name, RoleSpec, TLTTrainingRun
 from tlt.spec.manifest_io import parse_run
+from tlt.spec.run import Name, RoleSpec, TLTTrainingRun
 
 # The worker image carries tlt, tlt_components and kfp (the `pipelines` extra): nothing is
 # pip-installed when a component starts.

@@ -47,9 +47,20 @@ def train(
     from tlt_components.train import run_train
 
     setup_logging()
-    result = run_train(run_spec, data.path, mode=mode, local_runtime=local_runtime, policy_dir=policy.path,
-                       drafter_dir=drafter.path, namespace=namespace, run_name=run_name, poll_seconds=poll_seconds,
-                       timeout_seconds=timeout_seconds, work_dir=work_dir, checkpoint_claim=checkpoint_claim)
+    result = run_train(
+        run_spec,
+        data.path,
+        mode=mode,
+        local_runtime=local_runtime,
+        policy_dir=policy.path,
+        drafter_dir=drafter.path,
+        namespace=namespace,
+        run_name=run_name,
+        poll_seconds=poll_seconds,
+        timeout_seconds=timeout_seconds,
+        work_dir=work_dir,
+        checkpoint_claim=checkpoint_claim,
+    )
     for name, value in result.metrics.items():
         metrics.log_metric(name, value)
     Path(report.path).write_text(result.report)
@@ -66,8 +77,9 @@ def export_drafter(drafter: Input[Model], policy: Input[Model], eagle: Output[Mo
 
     setup_logging()
     result = export_trained_drafter(drafter.path, drafter.metadata, policy.path, eagle.path, dtype=dtype)
-    eagle.metadata.update({"format": "eagle", "tensors": result.tensors, "parameters": result.parameters,
-                           "dtype": result.dtype})
+    eagle.metadata.update(
+        {"format": "eagle", "tensors": result.tensors, "parameters": result.parameters, "dtype": result.dtype}
+    )
 
 
 @dsl.component(**COMPONENT_OPTIONS)
@@ -93,9 +105,18 @@ def evaluate_drafter(
     from tlt_components.report import metrics_report
 
     setup_logging()
-    values = evaluate_export(eagle.path, policy.path, data.path, num_prompts=num_prompts, draft_tokens=draft_tokens,
-                             max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
-                             dtype=dtype, policy_metadata=policy.metadata)
+    values = evaluate_export(
+        eagle.path,
+        policy.path,
+        data.path,
+        num_prompts=num_prompts,
+        draft_tokens=draft_tokens,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        temperature=temperature,
+        dtype=dtype,
+        policy_metadata=policy.metadata,
+    )
     for name, value in values.items():
         metrics.log_metric(name, value)
     Path(report.path).write_text(metrics_report("Drafter evaluation", values, HEADLINE_KEYS))

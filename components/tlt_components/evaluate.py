@@ -21,8 +21,15 @@ from tlt_components.volume import CHECKPOINT_MOUNT, final_checkpoint, read_locat
 
 DTYPES = ("float32", "bfloat16", "float64")
 # first rows of the evaluation's report (`tlt_components.report.metrics_report`)
-HEADLINE_KEYS = ("accept_length", "speedup", "outputs_equal", "speculative_tokens_per_second",
-                 "plain_tokens_per_second", "prompts", "draft_tokens")
+HEADLINE_KEYS = (
+    "accept_length",
+    "speedup",
+    "outputs_equal",
+    "speculative_tokens_per_second",
+    "plain_tokens_per_second",
+    "prompts",
+    "draft_tokens",
+)
 
 
 def evaluate_export(
@@ -41,21 +48,35 @@ def evaluate_export(
     mount: str | Path = CHECKPOINT_MOUNT,
 ) -> dict[str, float]:
     """Metrics of the exported drafter against its policy (see tlt.drafter.evaluate)."""
-    for name, value in (("num_prompts", num_prompts), ("draft_tokens", draft_tokens),
-                        ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
+    for name, value in (
+        ("num_prompts", num_prompts),
+        ("draft_tokens", draft_tokens),
+        ("max_new_tokens", max_new_tokens),
+        ("batch_size", batch_size),
+    ):
         at_least(name, value, 1)
     at_least("temperature", temperature, 0.0)
     choice("dtype", dtype, DTYPES)
     problems = read_problems(data_dir, "eval")[:num_prompts]
     if not problems:
-        raise ValueError("the prepared dataset has no held-out problems (dataset.evalFraction 0 and no dataset.evalPath); "
-                         "set one of them to evaluate the drafter on records it was not trained on")
+        raise ValueError(
+            "the prepared dataset has no held-out problems (dataset.evalFraction 0 and no dataset.evalPath); "
+            "set one of them to evaluate the drafter on records it was not trained on"
+        )
     if (policy_metadata or {}).get("location") == "cluster":
         policy, tokenizer = trained_policy(final_checkpoint(read_location(policy_dir), mount), dtype)
     else:
         policy, tokenizer = load_policy(policy_dir, dtype)
     drafter = load_eagle(eagle_dir, policy)
-    result = evaluate_drafter(policy, tokenizer, drafter, problems, draft_tokens=draft_tokens,
-                              max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
-                              seed=seed)
+    result = evaluate_drafter(
+        policy,
+        tokenizer,
+        drafter,
+        problems,
+        draft_tokens=draft_tokens,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        temperature=temperature,
+        seed=seed,
+    )
     return result.as_metrics()

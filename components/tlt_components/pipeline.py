@@ -29,16 +29,25 @@ from pathlib import Path
 
 from kfp import compiler, dsl, kubernetes
 
-from tlt_components.components import evaluate_drafter, export_drafter, prepare_data, train
 from tlt_components.common import CHECKPOINT_MOUNT
+from tlt_components.components import evaluate_drafter, export_drafter, prepare_data, train
 
 COMPONENTS_DIR = Path(__file__).resolve().parents[1]
 LOCAL_FILE = "tlt_local_pipeline.yaml"
 CLUSTER_FILE = "tlt_cluster_pipeline.yaml"
 
 
-def _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_tokens, eval_max_new_tokens,
-                         eval_batch_size, eval_temperature, eval_dtype) -> tuple:
+def _export_and_evaluate(
+    trained,
+    data,
+    export_dtype,
+    eval_prompts,
+    eval_draft_tokens,
+    eval_max_new_tokens,
+    eval_batch_size,
+    eval_temperature,
+    eval_dtype,
+) -> tuple:
     """The steps after `train`, alike in both pipelines: export the drafter, then measure it. Returns both tasks."""
     exported = export_drafter(
         drafter=trained.outputs["drafter"], policy=trained.outputs["policy"], dtype=export_dtype
@@ -57,8 +66,10 @@ def _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_t
     return exported, evaluated
 
 
-@dsl.pipeline(name="tlt-local", description="TLT on the pipeline's own pod: RL training with an online drafter; "
-              "export and measure the drafter.")
+@dsl.pipeline(
+    name="tlt-local",
+    description="TLT on the pipeline's own pod: RL training with an online drafter; export and measure the drafter.",
+)
 def tlt_local_pipeline(
     run_spec: dict,
     local_runtime: str = "ray",
@@ -72,14 +83,27 @@ def tlt_local_pipeline(
     eval_dtype: str = "float32",
 ):
     data = prepare_data(run_spec=run_spec).set_display_name("prepare data")
-    trained = train(run_spec=run_spec, data=data.outputs["data"], mode="local", local_runtime=local_runtime,
-                    work_dir=work_dir).set_display_name("train")
-    _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_tokens, eval_max_new_tokens,
-                         eval_batch_size, eval_temperature, eval_dtype)
+    trained = train(
+        run_spec=run_spec, data=data.outputs["data"], mode="local", local_runtime=local_runtime, work_dir=work_dir
+    ).set_display_name("train")
+    _export_and_evaluate(
+        trained,
+        data,
+        export_dtype,
+        eval_prompts,
+        eval_draft_tokens,
+        eval_max_new_tokens,
+        eval_batch_size,
+        eval_temperature,
+        eval_dtype,
+    )
 
 
-@dsl.pipeline(name="tlt-cluster", description="TLT on a cluster: a TLTTrainingRun with an online drafter; export "
-              "and measure the drafter from the run's checkpoint volume.")
+@dsl.pipeline(
+    name="tlt-cluster",
+    description="TLT on a cluster: a TLTTrainingRun with an online drafter; export "
+    "and measure the drafter from the run's checkpoint volume.",
+)
 def tlt_cluster_pipeline(
     run_spec: dict,
     checkpoint_claim: str,
@@ -96,11 +120,27 @@ def tlt_cluster_pipeline(
     eval_dtype: str = "float32",
 ):
     data = prepare_data(run_spec=run_spec).set_display_name("prepare data")
-    trained = train(run_spec=run_spec, data=data.outputs["data"], mode="cluster", namespace=namespace,
-                    run_name=run_name, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds,
-                    checkpoint_claim=checkpoint_claim).set_display_name("train")
-    for task in _export_and_evaluate(trained, data, export_dtype, eval_prompts, eval_draft_tokens,
-                                     eval_max_new_tokens, eval_batch_size, eval_temperature, eval_dtype):
+    trained = train(
+        run_spec=run_spec,
+        data=data.outputs["data"],
+        mode="cluster",
+        namespace=namespace,
+        run_name=run_name,
+        poll_seconds=poll_seconds,
+        timeout_seconds=timeout_seconds,
+        checkpoint_claim=checkpoint_claim,
+    ).set_display_name("train")
+    for task in _export_and_evaluate(
+        trained,
+        data,
+        export_dtype,
+        eval_prompts,
+        eval_draft_tokens,
+        eval_max_new_tokens,
+        eval_batch_size,
+        eval_temperature,
+        eval_dtype,
+    ):
         kubernetes.mount_pvc(task, pvc_name=checkpoint_claim, mount_path=CHECKPOINT_MOUNT)
 
 
@@ -120,8 +160,13 @@ def compile_pipelines(folder: str | Path = COMPONENTS_DIR) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tlt_components.pipeline", description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, default=COMPONENTS_DIR,
-                        help=f"folder to write {LOCAL_FILE} and {CLUSTER_FILE} into (default {COMPONENTS_DIR})")
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        type=Path,
+        default=COMPONENTS_DIR,
+        help=f"folder to write {LOCAL_FILE} and {CLUSTER_FILE} into (default {COMPONENTS_DIR})",
+    )
     args = parser.parse_args(argv)
     for path in compile_pipelines(args.folder):
         print(f"wrote {path}")

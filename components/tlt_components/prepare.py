@@ -1,7 +1,8 @@
 """Data preparation (the `prepare_data` component): the run's prompts and answers, validated, as a Dataset.
 
 The source is the run spec's `dataset` section: the built-in task, or a JSONL / Parquet file read
-with its `prompt` template or `promptKey`, and its `answerKey`. A missing file, a record without one of the keys, an empty
+with its `prompt` template or `promptKey`, and its `answerKey`. A missing file, a record without one of the keys, an
+empty
 prompt or answer, or no records at all fails the component with the file, record and field named.
 The artifact is a folder:
 

@@ -43,8 +43,7 @@ def _format(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:.4g}"
 
 
-def metrics_report(title: str, metrics: Mapping[str, float], headline: Sequence[str] = (),
-                   note: str = "") -> str:
+def metrics_report(title: str, metrics: Mapping[str, float], headline: Sequence[str] = (), note: str = "") -> str:
     """A Markdown table of `metrics`: the `headline` keys first (those present, in that order), then
     the rest sorted by name; `note` is a paragraph under the title."""
     first = [k for k in headline if k in metrics]

@@ -30,23 +30,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.export import SERVED_DIR, SERVED_INFO, ExportResult, export_eagle, resolve_checkpoint, target_config
+from tlt.spec.run import TLTTrainingRun
 from tlt_components.common import at_least, choice, object_name, parse_run_spec
 from tlt_components.prepare import read_info
 from tlt_components.report import metrics_report, run_report
-from tlt_components.volume import (CHECKPOINT_MOUNT, base_policy_folder, checkpoint_run, claim_of,
-                                   cluster_location, final_checkpoint, read_location, write_drafter, write_location)
+from tlt_components.volume import (
+    CHECKPOINT_MOUNT,
+    base_policy_folder,
+    checkpoint_run,
+    claim_of,
+    cluster_location,
+    final_checkpoint,
+    read_location,
+    write_drafter,
+    write_location,
+)
 
 log = logging.getLogger(__name__)
 
 MODES = ("cluster", "local")
 LOCAL_RUNTIMES = ("ray", "single-process")
 DRAFTER_DIR = "drafter"  # where the runtimes write drafter snapshots under their output folder
-SERIES_KEYS = ("reward_mean", "response_length_mean", "tokens_per_second", "step_seconds", "accept_length",
-               "drafter_loss")
-HEADLINE_KEYS = ("steps", "restarts", "reward_mean", "accept_length", "tokens_per_second", "step_seconds",
-                 "drafter_loss")
+SERIES_KEYS = (
+    "reward_mean",
+    "response_length_mean",
+    "tokens_per_second",
+    "step_seconds",
+    "accept_length",
+    "drafter_loss",
+)
+HEADLINE_KEYS = (
+    "steps",
+    "restarts",
+    "reward_mean",
+    "accept_length",
+    "tokens_per_second",
+    "step_seconds",
+    "drafter_loss",
+)
 
 
 @dataclass
@@ -117,8 +139,9 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
     else:
         trainer = LocalTrainer(run, work_dir)
     with stop_on_signals() as stop:  # SIGTERM (pod eviction, a cancelled run): the step under way, a checkpoint
-        history = trainer.train(on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]),
-                                stop=stop)
+        history = trainer.train(
+            on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]), stop=stop
+        )
     trainer.loggers.close()
     if stop.requested and trainer.step < run.spec.algorithm.steps:  # the task fails (143); a retry resumes
         checkpoint = str(trainer.stopped) if trainer.stopped else None
@@ -137,26 +160,43 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
         _copy_folder(source, drafter_dir)
         log.info("drafter artifact: the hub's newest snapshot %s (the run wrote no %s/)", source, SERVED_DIR)
     else:
-        log.info("the run trained no drafter (speculative.mode %s, runtime %s): the drafter artifact is empty",
-                 run.spec.speculative.mode, runtime)
+        log.info(
+            "the run trained no drafter (speculative.mode %s, runtime %s): the drafter artifact is empty",
+            run.spec.speculative.mode,
+            runtime,
+        )
     return TrainResult(
         metrics=history_metrics(history),
         policy_metadata={"location": "artifact", "steps": len(history)},
-        drafter_metadata={"location": "artifact", "trained": drafter_trained, "runtime": runtime,
-                          "speculative_mode": run.spec.speculative.mode,
-                          **({"served_version": served_version} if served_version is not None else {})},
+        drafter_metadata={
+            "location": "artifact",
+            "trained": drafter_trained,
+            "runtime": runtime,
+            "speculative_mode": run.spec.speculative.mode,
+            **({"served_version": served_version} if served_version is not None else {}),
+        },
         history=history,
         report=run_report(work_dir, title=f"TLT run {run.metadata.name}"),
     )
 
 
-def train_cluster(run: TLTTrainingRun, *, namespace: str, name: str, poll_seconds: float, timeout_seconds: float,
-                  policy_dir: Path, drafter_dir: Path, api: Any = None) -> TrainResult:
+def train_cluster(
+    run: TLTTrainingRun,
+    *,
+    namespace: str,
+    name: str,
+    poll_seconds: float,
+    timeout_seconds: float,
+    policy_dir: Path,
+    drafter_dir: Path,
+    api: Any = None,
+) -> TrainResult:
     """Create and follow a TLTTrainingRun; the artifacts record where its outputs are."""
     from tlt_components.cluster import train_on_cluster
 
-    actual, status = train_on_cluster(run, namespace=namespace, name=name, poll_seconds=poll_seconds,
-                                      timeout_seconds=timeout_seconds, api=api)
+    actual, status = train_on_cluster(
+        run, namespace=namespace, name=name, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, api=api
+    )
     location = cluster_location(run, namespace=namespace, name=actual)
     for folder in (policy_dir, drafter_dir):
         write_location(folder, location)
@@ -164,10 +204,16 @@ def train_cluster(run: TLTTrainingRun, *, namespace: str, name: str, poll_second
     metrics = {"steps": float(step.get("current") or 0), "restarts": float(status.get("restarts") or 0)}
     if _is_number(drafter.get("acceptLength")):
         metrics["accept_length"] = float(drafter["acceptLength"])
-    note = (f"TLTTrainingRun {namespace}/{actual}, phase {status.get('phase')}; its metrics.jsonl and report "
-            "stay with its checkpoints on the claim.")
-    return TrainResult(metrics=metrics, policy_metadata=location, drafter_metadata=location,
-                       report=metrics_report(f"TLT run {actual}", metrics, HEADLINE_KEYS, note))
+    note = (
+        f"TLTTrainingRun {namespace}/{actual}, phase {status.get('phase')}; its metrics.jsonl and report "
+        "stay with its checkpoints on the claim."
+    )
+    return TrainResult(
+        metrics=metrics,
+        policy_metadata=location,
+        drafter_metadata=location,
+        report=metrics_report(f"TLT run {actual}", metrics, HEADLINE_KEYS, note),
+    )
 
 
 def run_train(
@@ -198,15 +244,29 @@ def run_train(
         if run_name:
             object_name("run_name", run_name)
         check_claim(run, checkpoint_claim)
-        return train_cluster(run, namespace=namespace, name=run_name, poll_seconds=poll_seconds,
-                             timeout_seconds=timeout_seconds, policy_dir=Path(policy_dir),
-                             drafter_dir=Path(drafter_dir), api=api)
+        return train_cluster(
+            run,
+            namespace=namespace,
+            name=run_name,
+            poll_seconds=poll_seconds,
+            timeout_seconds=timeout_seconds,
+            policy_dir=Path(policy_dir),
+            drafter_dir=Path(drafter_dir),
+            api=api,
+        )
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tlt-train-"))
     return train_local(run, local_runtime, work, Path(policy_dir), Path(drafter_dir))
 
 
-def export_trained_drafter(drafter_dir: str | Path, metadata: dict[str, Any], policy_dir: str | Path,
-                           out_dir: str | Path, *, dtype: str, mount: str | Path = CHECKPOINT_MOUNT) -> ExportResult:
+def export_trained_drafter(
+    drafter_dir: str | Path,
+    metadata: dict[str, Any],
+    policy_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: str,
+    mount: str | Path = CHECKPOINT_MOUNT,
+) -> ExportResult:
     """Export the drafter artifact of `train` as an EAGLE folder; a clear error when it holds none.
     A cluster run's drafter is read from its final checkpoint on the claim mounted at `mount`."""
     if metadata.get("location") == "cluster":

@@ -29,10 +29,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import load_policy
 from tlt.runtime.checkpoint import LATEST, MANIFEST, file_sha256
+from tlt.spec.run import TLTTrainingRun
 from tlt_components.common import CHECKPOINT_MOUNT, parse_run_spec
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,15 @@ def claim_of(run: TLTTrainingRun) -> str:
 
 def cluster_location(run: TLTTrainingRun, *, namespace: str, name: str) -> dict[str, Any]:
     """What `train` (mode cluster) records about where run `namespace/name` keeps its outputs."""
-    return {"location": "cluster", "namespace": namespace, "run": name, "claimName": claim_of(run),
-            "checkpointPath": run.spec.checkpoint.path, "pathInClaim": PATH_IN_CLAIM,
-            "step": run.spec.algorithm.steps}
+    return {
+        "location": "cluster",
+        "namespace": namespace,
+        "run": name,
+        "claimName": claim_of(run),
+        "checkpointPath": run.spec.checkpoint.path,
+        "pathInClaim": PATH_IN_CLAIM,
+        "step": run.spec.algorithm.steps,
+    }
 
 
 def write_location(artifact_dir: Path, location: dict[str, Any]) -> None:
@@ -75,8 +81,9 @@ def read_location(artifact_dir: str | Path) -> dict[str, Any]:
     """The location a cluster-mode Model artifact records; VolumeError naming the artifact when it has none."""
     path = Path(artifact_dir) / LOCATION_FILE
     if not path.is_file():
-        raise VolumeError(f"the Model artifact {str(artifact_dir)!r} has no {LOCATION_FILE}: not written by train "
-                          "in cluster mode")
+        raise VolumeError(
+            f"the Model artifact {str(artifact_dir)!r} has no {LOCATION_FILE}: not written by train in cluster mode"
+        )
     return json.loads(path.read_text())
 
 
@@ -172,13 +179,19 @@ def write_drafter(folder: Path, target: PretrainedConfig, out: Path) -> Path:
             "speculative.mode static or tlt"
         )
     manifest = json.loads((folder / MANIFEST).read_text())
-    served = (SERVED_DRAFTER_FILE in manifest.get("files", {})
-              and checkpoint_run(folder).spec.drafter.publish == "validated")
+    served = (
+        SERVED_DRAFTER_FILE in manifest.get("files", {}) and checkpoint_run(folder).spec.drafter.publish == "validated"
+    )
     name = SERVED_DRAFTER_FILE if served else DRAFTER_FILE
     state = manifest.get("state", {})
     version = state.get("served_drafter_version" if served else "drafter_version")
-    log.info("drafter from checkpoint %s: %s (%s, version %s)", folder, name,
-             "the served drafter" if served else "the hub's newest", version)
+    log.info(
+        "drafter from checkpoint %s: %s (%s, version %s)",
+        folder,
+        name,
+        "the served drafter" if served else "the hub's newest",
+        version,
+    )
     drafter = EagleDrafter(drafter_config_from_target(target))
     drafter.load_state_dict(read_tensors(folder, name), strict=True)
     save_drafter(drafter, out)

@@ -47,7 +47,7 @@ class PrometheusError(RuntimeError):
 
 def counterpart(label: str) -> str:
     """`exported_pod` <-> `pod`: the name the same label has on the other side of a scrape rename."""
-    return label[len(_EXPORTED):] if label.startswith(_EXPORTED) else _EXPORTED + label
+    return label[len(_EXPORTED) :] if label.startswith(_EXPORTED) else _EXPORTED + label
 
 
 def _quote(value: str) -> str:
@@ -71,9 +71,7 @@ class GpuMetricsQuery:
 
     def __post_init__(self) -> None:
         if not _METRIC_NAME.match(self.metric):
-            raise ValueError(
-                f"monitoring.gpuUtilMetric must be a Prometheus metric name, got {self.metric!r}"
-            )
+            raise ValueError(f"monitoring.gpuUtilMetric must be a Prometheus metric name, got {self.metric!r}")
         for what, label in (("podLabel", self.pod_label), ("namespaceLabel", self.namespace_label)):
             if not _LABEL_NAME.match(label):
                 raise ValueError(f"monitoring.{what} must be a Prometheus label name, got {label!r}")
@@ -143,9 +141,7 @@ class PrometheusClient:
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"monitoring.prometheusUrl must start with http:// or https://, got {self.base_url!r}"
-            )
+            raise ValueError(f"monitoring.prometheusUrl must start with http:// or https://, got {self.base_url!r}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.max_bytes < 1:

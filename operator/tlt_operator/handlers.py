@@ -57,8 +57,9 @@ async def _wait_for_crd(kube: Kube, timeout: float) -> None:
             if exc.code not in (404, 503):
                 raise
         if asyncio.get_running_loop().time() > deadline:
-            raise kopf.PermanentError(f"{PLURAL}.{API_GROUP}/{API_VERSION} is not served after {timeout:.0f}s: "
-                                      "install the CRD (crds/) first")
+            raise kopf.PermanentError(
+                f"{PLURAL}.{API_GROUP}/{API_VERSION} is not served after {timeout:.0f}s: install the CRD (crds/) first"
+            )
         await asyncio.sleep(2)
 
 

@@ -68,8 +68,12 @@ def parse_worker_state(pod: str, raw: str | None) -> tuple[WorkerState, float] |
         state = WorkerState(report["state"])
         since = datetime.datetime.fromisoformat(report["since"])
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        log.warning("pod %s: unreadable worker state %r (want {\"state\": GENERATING|IDLE|TRAINING, "
-                    "\"since\": RFC 3339}): %s", pod, raw[:200], exc)
+        log.warning(
+            'pod %s: unreadable worker state %r (want {"state": GENERATING|IDLE|TRAINING, "since": RFC 3339}): %s',
+            pod,
+            raw[:200],
+            exc,
+        )
         return None
     if since.tzinfo is None:
         since = since.replace(tzinfo=datetime.UTC)
@@ -95,8 +99,14 @@ def due(memory: RunSlots, spec: RunSpec, now: float) -> bool:
     return memory.last_poll is None or now - memory.last_poll >= spec.monitoring.poll_seconds
 
 
-def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, str | None], reading: Mapping[str, float] | None,
-         old: DrafterStatus, now: float) -> tuple[RunSlots, SlotOutcome]:
+def step(
+    memory: RunSlots,
+    spec: RunSpec,
+    pods: Mapping[str, str | None],
+    reading: Mapping[str, float] | None,
+    old: DrafterStatus,
+    now: float,
+) -> tuple[RunSlots, SlotOutcome]:
     """One poll, pure: `pods` maps each running rollout pod to its reported state (None: none), `reading` is this
     poll's Prometheus answer ({pod: utilisation}; None without Prometheus or when it failed), `old`
     the drafter status so far, `now` epoch seconds."""
@@ -105,8 +115,7 @@ def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, str | None], readin
     ours = {p: u for p, u in (reading or {}).items() if p in pods}
     history = record_utilization({p: s for p, s in memory.history.items() if p in pods}, ours, now, horizon)
     reports = {p: parse_worker_state(p, raw) for p, raw in pods.items()}
-    observed = [PodObservation(p, *(reports[p] or (None, None)), utilization=history.get(p, ()))
-                for p in sorted(pods)]
+    observed = [PodObservation(p, *(reports[p] or (None, None)), utilization=history.get(p, ())) for p in sorted(pods)]
     previous = memory.state
     if previous is None:
         enabled = frozenset(old.enabled_slots or ()) & set(pods)
@@ -127,10 +136,14 @@ def step(memory: RunSlots, spec: RunSpec, pods: Mapping[str, str | None], readin
         update["harvested_gpu_seconds"] = round((old.harvested_gpu_seconds or 0.0) + harvested, 3)
     if any(reports.values()):
         update["active_trainers"] = len(training)
-    events = [("Normal", "TrainerSlotEnabled", f"trainer slot of {p} enabled: {decision.pods[p].reason}")
-              for p in sorted(decision.turned_on)]
-    events += [("Normal", "TrainerSlotDisabled", f"trainer slot of {p} disabled: {decision.pods[p].reason}")
-               for p in sorted(decision.turned_off)]
+    events = [
+        ("Normal", "TrainerSlotEnabled", f"trainer slot of {p} enabled: {decision.pods[p].reason}")
+        for p in sorted(decision.turned_on)
+    ]
+    events += [
+        ("Normal", "TrainerSlotDisabled", f"trainer slot of {p} disabled: {decision.pods[p].reason}")
+        for p in sorted(decision.turned_off)
+    ]
     outcome = SlotOutcome(old.model_copy(update=update), events, decision, idle, harvested)
     return RunSlots(history, decision.state, now), outcome
 
@@ -144,8 +157,13 @@ class SlotTracker:
     default executor the API calls use), and is abandoned after `deadline` seconds: a slow or
     hostile server costs its own run's utilisation reading, nothing else."""
 
-    def __init__(self, read: Reader = read_prometheus, clock: Callable[[], float] = time.time,
-                 allowlist: frozenset[str] = frozenset(), deadline: float = 2 * PROMETHEUS_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        read: Reader = read_prometheus,
+        clock: Callable[[], float] = time.time,
+        allowlist: frozenset[str] = frozenset(),
+        deadline: float = 2 * PROMETHEUS_TIMEOUT_S,
+    ) -> None:
         self._read = read
         self._clock = clock
         self._allowlist = allowlist
@@ -158,8 +176,9 @@ class SlotTracker:
         self._runs.pop((namespace, name), None)
         metrics.forget_slots(namespace, name)
 
-    async def poll(self, namespace: str, name: str, spec: RunSpec, pods: Mapping[str, str | None],
-                   old: DrafterStatus) -> SlotOutcome | None:
+    async def poll(
+        self, namespace: str, name: str, spec: RunSpec, pods: Mapping[str, str | None], old: DrafterStatus
+    ) -> SlotOutcome | None:
         """This run's slots after one more poll; None while no poll is due (`monitoring.pollSeconds`)."""
         key, now = (namespace, name), self._clock()
         memory = self._runs.get(key, RunSlots())
@@ -176,18 +195,25 @@ class SlotTracker:
             return None
         if monitoring.prometheus_url.rstrip("/") not in self._allowlist:
             metrics.GPU_QUERIES.labels(result="refused").inc()
-            log.warning("monitoring.prometheusUrl %r of a run in %s is not in the operator's allowlist "
-                        "(TLT_OPERATOR_PROMETHEUS_URLS): reported worker states only", monitoring.prometheus_url,
-                        namespace)
+            log.warning(
+                "monitoring.prometheusUrl %r of a run in %s is not in the operator's allowlist "
+                "(TLT_OPERATOR_PROMETHEUS_URLS): reported worker states only",
+                monitoring.prometheus_url,
+                namespace,
+            )
             return None
         loop = asyncio.get_running_loop()
         try:
-            reading = await asyncio.wait_for(loop.run_in_executor(self._pool, self._read, monitoring, namespace),
-                                             self._deadline)
+            reading = await asyncio.wait_for(
+                loop.run_in_executor(self._pool, self._read, monitoring, namespace), self._deadline
+            )
         except (PrometheusError, TimeoutError, ValueError) as exc:  # ValueError: metric/label names (see gpu_metrics)
             metrics.GPU_QUERIES.labels(result="error").inc()
-            log.warning("no GPU utilisation for %s this poll (reported worker states only): %s", namespace,
-                        exc or f"no answer within {self._deadline:g}s")
+            log.warning(
+                "no GPU utilisation for %s this poll (reported worker states only): %s",
+                namespace,
+                exc or f"no answer within {self._deadline:g}s",
+            )
             return None
         metrics.GPU_QUERIES.labels(result="ok").inc()
         return reading

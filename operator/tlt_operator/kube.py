@@ -19,11 +19,20 @@ import urllib3
 
 log = logging.getLogger(__name__)
 
-_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "PodGroup": "podgroups",
-            "TLTTrainingRun": "tltrainingruns", "Event": "events",
-            "ResourceClaimTemplate": "resourceclaimtemplates", "Secret": "secrets",
-            "NetworkPolicy": "networkpolicies", "ServiceAccount": "serviceaccounts", "Role": "roles",
-            "RoleBinding": "rolebindings"}
+_PLURALS = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "PodGroup": "podgroups",
+    "TLTTrainingRun": "tltrainingruns",
+    "Event": "events",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    "Secret": "secrets",
+    "NetworkPolicy": "networkpolicies",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+}
 
 
 class KubeError(Exception):
@@ -38,8 +47,7 @@ class KubeError(Exception):
         return self.code in (0, 409, 429) or self.code >= 500
 
 
-def path_of(api_version: str, kind: str, namespace: str | None, name: str | None = None,
-            sub: str | None = None) -> str:
+def path_of(api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
     """REST path of a collection or object; `namespace` None: across all namespaces."""
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{_PLURALS[kind]}" if namespace else f"{base}/{_PLURALS[kind]}"
@@ -50,8 +58,10 @@ class ChildConflict(Exception):
     """An object holds a child's name but is not controlled by this run: it is never patched, used or deleted."""
 
     def __init__(self, kind: str, name: str, holder: str) -> None:
-        super().__init__(f"{kind} {name} exists and is not this run's (its controller: {holder}); nothing of it was "
-                         "changed: delete or rename it, or give this run another name")
+        super().__init__(
+            f"{kind} {name} exists and is not this run's (its controller: {holder}); nothing of it was "
+            "changed: delete or rename it, or give this run another name"
+        )
         self.kind = kind
         self.name = name
 
@@ -95,10 +105,16 @@ class Kube:
     def _call(self, method: str, path: str, body: Any, query: list[tuple[str, str]], content_type: str) -> Any:
         try:
             response = self._client.call_api(
-                path, method, query_params=query, body=body, auth_settings=["BearerToken"],
+                path,
+                method,
+                query_params=query,
+                body=body,
+                auth_settings=["BearerToken"],
                 header_params={"Accept": "application/json", "Content-Type": content_type},
-                _preload_content=False, _request_timeout=(self._timeout_s, self._timeout_s),
-                _return_http_data_only=True)
+                _preload_content=False,
+                _request_timeout=(self._timeout_s, self._timeout_s),
+                _return_http_data_only=True,
+            )
         except kubernetes.client.ApiException as exc:
             try:
                 message = json.loads(exc.body or "{}").get("message", exc.reason)
@@ -109,8 +125,14 @@ class Kube:
             raise KubeError(0, f"{method} {path}: {exc}") from exc
         return json.loads(response.data or b"{}")
 
-    async def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
-                      content_type: str = "application/json") -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
         return await asyncio.to_thread(self._call, method, path, body, list((query or {}).items()), content_type)
 
     async def get(self, path: str) -> dict[str, Any]:

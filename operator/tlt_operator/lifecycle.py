@@ -37,8 +37,13 @@ from . import names
 
 log = logging.getLogger(__name__)
 FINAL = ("Succeeded", "Failed")
-CONDITION_OF_PHASE = {"Running": "Running", "Suspended": "Suspended", "Succeeded": "Succeeded",
-                      "Failed": "Failed", "Restarting": "Restarting"}
+CONDITION_OF_PHASE = {
+    "Running": "Running",
+    "Suspended": "Suspended",
+    "Succeeded": "Succeeded",
+    "Failed": "Failed",
+    "Restarting": "Restarting",
+}
 
 
 @dataclass(frozen=True)
@@ -72,25 +77,34 @@ def view_pod(pod: dict[str, Any], run_uid: str) -> PodView:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     rank = labels.get(names.RANK_LABEL, "")
     return PodView(
-        name=meta["name"], uid=meta["uid"], role=labels.get(names.ROLE_LABEL, ""),
-        rank=int(rank) if rank.isdigit() else -1, phase=status.get("phase", "Pending"), ready=ready,
+        name=meta["name"],
+        uid=meta["uid"],
+        role=labels.get(names.ROLE_LABEL, ""),
+        rank=int(rank) if rank.isdigit() else -1,
+        phase=status.get("phase", "Pending"),
+        ready=ready,
         owned=any(ref.get("uid") == run_uid for ref in meta.get("ownerReferences") or []),
         spec_hash=annotations.get(names.SPEC_HASH_ANNOTATION, ""),
-        disrupted=status.get("reason") == "Evicted" or any(
-            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []),
+        disrupted=status.get("reason") == "Evicted"
+        or any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        ),
     )
 
 
 def desired_pods(spec: RunSpec) -> set[tuple[str, int]]:
-    return {(role, rank) for role in names.ROLES
-            for rank in range(getattr(spec, role).replicas)}
+    return {(role, rank) for role in names.ROLES for rank in range(getattr(spec, role).replicas)}
 
 
 def _role_counts(spec: RunSpec, pods: list[PodView]) -> dict[str, RoleStatus]:
-    return {role: RoleStatus(desired=getattr(spec, role).replicas,
-                             ready=sum(p.role == role and p.phase == "Running" and p.ready for p in pods),
-                             failed=sum(p.role == role and p.phase == "Failed" for p in pods))
-            for role in names.ROLES}
+    return {
+        role: RoleStatus(
+            desired=getattr(spec, role).replicas,
+            ready=sum(p.role == role and p.phase == "Running" and p.ready for p in pods),
+            failed=sum(p.role == role and p.phase == "Failed" for p in pods),
+        )
+        for role in names.ROLES
+    }
 
 
 def _progress(spec: RunSpec, report: Mapping[str, Any], old: RunStatus) -> tuple[StepStatus, DrafterStatus | None]:
@@ -112,28 +126,48 @@ def _progress(spec: RunSpec, report: Mapping[str, Any], old: RunStatus) -> tuple
 
     old_step = old.step or StepStatus()
     current = number("step", StepStatus, "current")
-    step = StepStatus(current=current if current is not None else (old_step.current or 0),
-                      total=spec.algorithm.steps,
-                      last_step_seconds=number("lastStepSeconds", StepStatus, "last_step_seconds")
-                      or old_step.last_step_seconds)
+    step = StepStatus(
+        current=current if current is not None else (old_step.current or 0),
+        total=spec.algorithm.steps,
+        last_step_seconds=number("lastStepSeconds", StepStatus, "last_step_seconds") or old_step.last_step_seconds,
+    )
     for key, name in (("evalAccuracy", "eval_accuracy"), ("evalReward", "eval_reward")):  # kept between evaluations
         value = number(key, StepStatus, name)
         setattr(step, name, value if value is not None else getattr(old_step, name))
-    drafter = (old.drafter or DrafterStatus()).model_copy(update={
-        k: v for k, v in {"version": number("drafterVersion", DrafterStatus, "version"),
-                          "accept_length": number("acceptLength", DrafterStatus, "accept_length"),
-                          "active_trainers": number("activeTrainers", DrafterStatus, "active_trainers")}.items()
-        if v is not None})
+    drafter = (old.drafter or DrafterStatus()).model_copy(
+        update={
+            k: v
+            for k, v in {
+                "version": number("drafterVersion", DrafterStatus, "version"),
+                "accept_length": number("acceptLength", DrafterStatus, "accept_length"),
+                "active_trainers": number("activeTrainers", DrafterStatus, "active_trainers"),
+            }.items()
+            if v is not None
+        }
+    )
     return step, drafter if drafter.model_dump(exclude_none=True) else None
 
 
 def _condition(kind: str, status: bool, reason: str, message: str, generation: int, now: datetime) -> Condition:
-    return Condition(type=kind, status="True" if status else "False", reason=reason, message=message,
-                     observed_generation=generation, last_transition_time=now)
+    return Condition(
+        type=kind,
+        status="True" if status else "False",
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=now,
+    )
 
 
-def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, now: datetime,
-           desired_hashes: dict[str, str], progress: Mapping[str, Any] | None = None) -> Decision:
+def decide(
+    spec: RunSpec,
+    old: RunStatus,
+    pods: list[PodView],
+    generation: int,
+    now: datetime,
+    desired_hashes: dict[str, str],
+    progress: Mapping[str, Any] | None = None,
+) -> Decision:
     """The next step for one run. `desired_hashes` maps each desired pod name to its spec hash;
     `progress` is the coordinator's last report (`reports.Reports.progress`)."""
     mine = [p for p in pods if p.owned]
@@ -167,8 +201,11 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
             decision.restart.extend(failed)
             restarts += counted
             live = [p for p in mine if p not in failed]
-            decision.remove.extend(p for p in live if (p.role, p.rank) not in wanted
-                                   or desired_hashes.get(p.name, p.spec_hash) != p.spec_hash)
+            decision.remove.extend(
+                p
+                for p in live
+                if (p.role, p.rank) not in wanted or desired_hashes.get(p.name, p.spec_hash) != p.spec_hash
+            )
             start_time = start_time or now
             running = {(p.role, p.rank) for p in live if p.phase == "Running"}
             if failed:
@@ -186,11 +223,13 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
             completion_time = now
     if phase in FINAL:
         clean = spec.run_policy.clean_pod_policy
-        decision.remove.extend(p for p in mine if clean == "All"
-                               or (clean == "Running" and p.phase not in ("Succeeded", "Failed")))
+        decision.remove.extend(
+            p for p in mine if clean == "All" or (clean == "Running" and p.phase not in ("Succeeded", "Failed"))
+        )
         ttl = spec.run_policy.ttl_seconds_after_finished
-        decision.delete_run = ttl is not None and completion_time is not None and \
-            now - completion_time >= timedelta(seconds=ttl)
+        decision.delete_run = (
+            ttl is not None and completion_time is not None and now - completion_time >= timedelta(seconds=ttl)
+        )
 
     conditions = list(old.conditions or [])
     if phase != old.phase:
@@ -204,11 +243,21 @@ def decide(spec: RunSpec, old: RunStatus, pods: list[PodView], generation: int, 
         decision.events.append((level, reason, message))
     counts = _role_counts(spec, mine)
     step, drafter = _progress(spec, progress or {}, old)
-    decision.status = old.model_copy(update=dict(
-        phase=phase, conditions=conditions, observed_generation=generation, policy=counts["policy"],
-        rollout=counts["rollout"], verifier=counts["verifier"],
-        replicas=sum(p.role == "rollout" for p in mine), step=step, drafter=drafter, restarts=restarts,
-        start_time=start_time, completion_time=completion_time,
-        message=message or old.message,
-    ))
+    decision.status = old.model_copy(
+        update=dict(
+            phase=phase,
+            conditions=conditions,
+            observed_generation=generation,
+            policy=counts["policy"],
+            rollout=counts["rollout"],
+            verifier=counts["verifier"],
+            replicas=sum(p.role == "rollout" for p in mine),
+            step=step,
+            drafter=drafter,
+            restarts=restarts,
+            start_time=start_time,
+            completion_time=completion_time,
+            message=message or old.message,
+        )
+    )
     return decision

@@ -31,13 +31,15 @@ def observe_phase(namespace: str, name: str, phase: str | None) -> None:
     for label in ("Pending", "Running", "Suspended", "Restarting", "Succeeded", "Failed"):
         RUNS.labels(phase=label).set(counts.get(label, 0))
 
-SLOTS_ENABLED = Gauge("tlt_operator_trainer_slots_enabled", "Rollout pods whose drafter-trainer slot is enabled.",
-                      ["namespace", "run"])
+
+SLOTS_ENABLED = Gauge(
+    "tlt_operator_trainer_slots_enabled", "Rollout pods whose drafter-trainer slot is enabled.", ["namespace", "run"]
+)
 TRAINERS_ACTIVE = Gauge("tlt_operator_trainers_active", "Rollout pods reporting TRAINING.", ["namespace", "run"])
-IDLE_GPU_SECONDS = Counter("tlt_operator_idle_gpu_seconds", "Rollout GPU-seconds observed idle.",
-                           ["namespace", "run"])
-HARVESTED_GPU_SECONDS = Counter("tlt_operator_harvested_gpu_seconds",
-                                "Idle rollout GPU-seconds a drafter trainer used.", ["namespace", "run"])
+IDLE_GPU_SECONDS = Counter("tlt_operator_idle_gpu_seconds", "Rollout GPU-seconds observed idle.", ["namespace", "run"])
+HARVESTED_GPU_SECONDS = Counter(
+    "tlt_operator_harvested_gpu_seconds", "Idle rollout GPU-seconds a drafter trainer used.", ["namespace", "run"]
+)
 SLOT_CHANGES = Counter("tlt_operator_trainer_slot_changes", "Trainer slots turned on or off.", ["direction"])
 GPU_QUERIES = Counter("tlt_operator_gpu_queries", "Prometheus GPU-utilisation queries, by result.", ["result"])
 

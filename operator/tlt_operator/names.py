@@ -52,7 +52,7 @@ def claim_template_name(run: str) -> str:
 
 def _suffixed(run: str, suffix: str) -> str:
     """`<run><suffix>` within 253 characters (a longer run name is cut and given a digest)."""
-    return f"{run}{suffix}" if len(run) + len(suffix) <= 253 else f"{run[:242 - len(suffix)]}-{_digest(run)}{suffix}"
+    return f"{run}{suffix}" if len(run) + len(suffix) <= 253 else f"{run[: 242 - len(suffix)]}-{_digest(run)}{suffix}"
 
 
 def ray_token_secret_prefix(run: str) -> str:

@@ -23,13 +23,19 @@ RULES: list[Rule] = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
-     "verbs": ["get", "create", "patch"]},
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["get", "create", "patch"],
+    },
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"], "resources": ["podgroups"],
-     "verbs": ["get", "create", "patch"]},
+    {
+        "apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"],
+        "resources": ["podgroups"],
+        "verbs": ["get", "create", "patch"],
+    },
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
@@ -43,17 +49,29 @@ def namespaced_rules() -> list[Rule]:
     return [rule for rule in RULES if not CLUSTER_SCOPED & set(rule["resources"])]
 
 
-def namespaced_rbac(namespaces: list[str], operator_namespace: str = "tlt-system",
-                    service_account: str = NAME) -> list[dict[str, Any]]:
+def namespaced_rbac(
+    namespaces: list[str], operator_namespace: str = "tlt-system", service_account: str = NAME
+) -> list[dict[str, Any]]:
     """A Role `tlt-operator` and a RoleBinding to `operator_namespace`/`service_account` in each of
     `namespaces` (in order, duplicates once)."""
     docs: list[dict[str, Any]] = []
     for namespace in dict.fromkeys(namespaces):
         meta = {"name": NAME, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "tlt"}}
-        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-                     "rules": namespaced_rules()})
-        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
-                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
-                     "subjects": [{"kind": "ServiceAccount", "name": service_account,
-                                   "namespace": operator_namespace}]})
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": meta,
+                "rules": namespaced_rules(),
+            }
+        )
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": dict(meta),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+                "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": operator_namespace}],
+            }
+        )
     return docs

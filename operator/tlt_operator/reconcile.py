@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tlt.spec.run import API_GROUP, API_VERSION, KIND, RunSpec
 from tlt.spec.references import reference_problems
+from tlt.spec.run import API_GROUP, API_VERSION, KIND, RunSpec
 from tlt.spec.status import Condition, DrafterStatus, RunStatus, set_condition, status_patch
 
 from . import metrics, names, settings
@@ -66,8 +66,9 @@ REJECTED = (400, 403, 422)
 
 
 def _rejected(child: dict[str, Any], exc: KubeError) -> ChildRejected:
-    return ChildRejected(f"{child['kind']} {child['metadata']['name']} was rejected by the API ({exc.code}): "
-                         f"{exc.message}"[:1024])
+    return ChildRejected(
+        f"{child['kind']} {child['metadata']['name']} was rejected by the API ({exc.code}): {exc.message}"[:1024]
+    )
 
 
 def _spec_condition(run: dict[str, Any], error: str) -> RunStatus:
@@ -75,36 +76,73 @@ def _spec_condition(run: dict[str, Any], error: str) -> RunStatus:
     but the operator cannot read (a stored run older than a stricter schema) is visible, not silent."""
     old = RunStatus.model_validate(run.get("status") or {})
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    condition = Condition(type="ValidSpec", status="False", reason="InvalidSpec", message=error[:4096],
-                          observed_generation=int(run["metadata"].get("generation", 1)), last_transition_time=now)
-    return old.model_copy(update={"phase": old.phase or "Pending",
-                                  "conditions": set_condition(list(old.conditions or []), condition)})
+    condition = Condition(
+        type="ValidSpec",
+        status="False",
+        reason="InvalidSpec",
+        message=error[:4096],
+        observed_generation=int(run["metadata"].get("generation", 1)),
+        last_transition_time=now,
+    )
+    return old.model_copy(
+        update={"phase": old.phase or "Pending", "conditions": set_condition(list(old.conditions or []), condition)}
+    )
 
 
-def _problem(status: RunStatus, kind: str, error: str | None, bad: str, reasons: tuple[str, str], cleared: str,
-             generation: int, now: datetime.datetime) -> RunStatus:
+def _problem(
+    status: RunStatus,
+    kind: str,
+    error: str | None,
+    bad: str,
+    reasons: tuple[str, str],
+    cleared: str,
+    generation: int,
+    now: datetime.datetime,
+) -> RunStatus:
     """Condition `kind` set to `bad` with `error` (reason `reasons[0]`), or back from it (reason `reasons[1]`,
     message `cleared`) once the error is gone; none at all on a run that never had the problem (no noise)."""
     before = next((c for c in status.conditions or [] if c.type == kind), None)
     if error is None and (before is None or before.status != bad):
         return status
     good = "False" if bad == "True" else "True"
-    condition = Condition(type=kind, status=bad if error else good, reason=reasons[0] if error else reasons[1],
-                          message=error or cleared, observed_generation=generation, last_transition_time=now)
+    condition = Condition(
+        type=kind,
+        status=bad if error else good,
+        reason=reasons[0] if error else reasons[1],
+        message=error or cleared,
+        observed_generation=generation,
+        last_transition_time=now,
+    )
     return status.model_copy(update={"conditions": set_condition(list(status.conditions or []), condition)})
 
 
 def _created(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
     """Condition `Created` (as Trainer v2): False with the API's message when a child was rejected."""
-    return _problem(status, "Created", error, "False", ("ChildRejected", "ChildrenCreated"),
-                    "every child was created", generation, now)
+    return _problem(
+        status,
+        "Created",
+        error,
+        "False",
+        ("ChildRejected", "ChildrenCreated"),
+        "every child was created",
+        generation,
+        now,
+    )
 
 
 def _conflict(status: RunStatus, error: str | None, generation: int, now: datetime.datetime) -> RunStatus:
     """Condition `ChildConflict`: True naming the object while one holds a child's name (also the status
     message), False once it is gone."""
-    status = _problem(status, "ChildConflict", error, "True", ("ChildConflict", "NoConflict"),
-                      "no object holds a child's name", generation, now)
+    status = _problem(
+        status,
+        "ChildConflict",
+        error,
+        "True",
+        ("ChildConflict", "NoConflict"),
+        "no object holds a child's name",
+        generation,
+        now,
+    )
     return status.model_copy(update={"message": error[:1024]}) if error else status
 
 
@@ -140,12 +178,19 @@ async def _token_secret(kube: Kube, run: dict[str, Any], ref: RunRef, spec: RunS
     return name
 
 
-async def _create_children(kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]],
-                            live: set[str]) -> None:
+async def _create_children(
+    kube: Kube, ref: RunRef, spec: RunSpec, pods: dict[str, dict[str, Any]], live: set[str]
+) -> None:
     """Every child this pass lacks but the token Secret (ChildConflict before any pod when a name is held)."""
-    children = (build_configmap(ref, spec), build_reports_configmap(ref, spec), build_service(ref, spec),
-                build_network_policy(ref, spec, settings.operator_namespace()), *build_worker_identity(ref, spec),
-                build_podgroup(ref, spec), build_resource_claim_template(ref, spec))
+    children = (
+        build_configmap(ref, spec),
+        build_reports_configmap(ref, spec),
+        build_service(ref, spec),
+        build_network_policy(ref, spec, settings.operator_namespace()),
+        *build_worker_identity(ref, spec),
+        build_podgroup(ref, spec),
+        build_resource_claim_template(ref, spec),
+    )
     for child in children:
         if child is None:
             continue
@@ -210,21 +255,36 @@ def _training_slots(spec: RunSpec) -> bool:
     return spec.drafter.training and spec.speculative.mode == "tlt"
 
 
-async def _slots(slots: SlotTracker, namespace: str, name: str, spec: RunSpec, live: list[dict[str, Any]],
-                 views: list[PodView], reports: Reports,
-                 status: RunStatus) -> tuple[RunStatus, list[tuple[str, str, str]]]:
+async def _slots(
+    slots: SlotTracker,
+    namespace: str,
+    name: str,
+    spec: RunSpec,
+    live: list[dict[str, Any]],
+    views: list[PodView],
+    reports: Reports,
+    status: RunStatus,
+) -> tuple[RunStatus, list[tuple[str, str, str]]]:
     """The drafter status after one more trainer-slot poll (see `idleness`), and its events. Only
     Running rollout pods have slots; a suspended or finished run has none."""
     drafter = status.drafter or DrafterStatus()
     if status.phase in (*FINAL, "Suspended") or not _training_slots(spec):
         slots.forget(namespace, name)
         if drafter.enabled_slots:
-            status = status.model_copy(update={"drafter": drafter.model_copy(
-                update={"enabled_slots": [], "enabled_trainers": 0, "active_trainers": 0})})
+            status = status.model_copy(
+                update={
+                    "drafter": drafter.model_copy(
+                        update={"enabled_slots": [], "enabled_trainers": 0, "active_trainers": 0}
+                    )
+                }
+            )
         return status, []
     leaving = {p["metadata"]["name"] for p in live if p["metadata"].get("deletionTimestamp")}
-    pods = {v.name: state_of_pod(reports, v.rank, v.uid) for v in views
-            if v.owned and v.role == "rollout" and v.phase == "Running" and v.name not in leaving}
+    pods = {
+        v.name: state_of_pod(reports, v.rank, v.uid)
+        for v in views
+        if v.owned and v.role == "rollout" and v.phase == "Running" and v.name not in leaving
+    }
     outcome = await slots.poll(namespace, name, spec, pods, drafter)
     if outcome is None:
         return status, []
@@ -298,14 +358,22 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     await _remove(kube, namespace, decision.remove, "unwanted")
     # The restart counts once, and only when this pass removed the failed pods (another pass may have).
     restarted = (decision.status.restarts or 0) - (old.restarts or 0) if removed else 0
-    status = decision.status.model_copy(update={
-        "restarts": (old.restarts or 0) + restarted,
-        "selector": f"{names.run_selector(name)},{names.ROLE_LABEL}=rollout",
-        "ray_token_secret": old.ray_token_secret,
-    })
+    status = decision.status.model_copy(
+        update={
+            "restarts": (old.restarts or 0) + restarted,
+            "selector": f"{names.run_selector(name)},{names.ROLE_LABEL}=rollout",
+            "ray_token_secret": old.ray_token_secret,
+        }
+    )
     if any(c.type == "ValidSpec" and c.status == "False" for c in status.conditions or []):
-        valid = Condition(type="ValidSpec", status="True", reason="SpecValid", message="the spec is valid",
-                          observed_generation=int(meta.get("generation", 1)), last_transition_time=now)
+        valid = Condition(
+            type="ValidSpec",
+            status="True",
+            reason="SpecValid",
+            message="the spec is valid",
+            observed_generation=int(meta.get("generation", 1)),
+            last_transition_time=now,
+        )
         status = status.model_copy(update={"conditions": set_condition(list(status.conditions or []), valid)})
     if decision.create_missing:
         gone = {p.name for p in decision.restart + decision.remove}
@@ -330,6 +398,10 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     for level, reason, message in decision.events + slot_events:
         await _post_event(kube, build_event(run, level, reason, message, now))
     if decision.delete_run:
-        log.info("%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)", namespace, name,
-                 spec.run_policy.ttl_seconds_after_finished)
+        log.info(
+            "%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)",
+            namespace,
+            name,
+            spec.run_policy.ttl_seconds_after_finished,
+        )
         await kube.delete(path_of(RUN_API, KIND, namespace, name), ref.uid)

@@ -44,8 +44,11 @@ def parse_reports(configmap: dict[str, Any] | None, run_uid: str) -> Reports:
         return Reports()
     data = configmap.get("data") or {}
     progress = _json_object(data[names.PROGRESS_KEY], "progress") if names.PROGRESS_KEY in data else {}
-    states = {key.removeprefix(names.STATE_KEY_PREFIX): value for key, value in data.items()
-              if key.startswith(names.STATE_KEY_PREFIX) and isinstance(value, str)}
+    states = {
+        key.removeprefix(names.STATE_KEY_PREFIX): value
+        for key, value in data.items()
+        if key.startswith(names.STATE_KEY_PREFIX) and isinstance(value, str)
+    }
     return Reports(progress, states)
 
 

@@ -74,7 +74,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # `status.kopf`, and handler return values are never stored (handlers return None).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tlt.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="tlt.dev", key="last-handled-configuration")
+        prefix="tlt.dev", key="last-handled-configuration"
+    )
     # One replica with `strategy: Recreate`: no peering CRD to install, no leader election.
     settings.peering.standalone = True
     settings.peering.mandatory = False

@@ -210,9 +210,7 @@ def _window_rule(verdict: Verdict, held: float, enabled: bool, spec: DrafterSpec
     return enabled, f"{verdict.lower()} {_fmt(held)} < {window}, kept"
 
 
-def decide_slots(
-    pods: Iterable[PodObservation], previous: SlotState, now: float, spec: DrafterSpec
-) -> SlotDecision:
+def decide_slots(pods: Iterable[PodObservation], previous: SlotState, now: float, spec: DrafterSpec) -> SlotDecision:
     """Enabled trainer slots for this poll; pure and deterministic (ties break by pod name).
 
     pods: the run's rollout pods now. previous: the last decision's state (`SlotState()` at first).

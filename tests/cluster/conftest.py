@@ -31,10 +31,20 @@ EXEC_TAINT = {"key": "tlt.test/local-processes", "value": "true", "effect": "NoS
 EXEC_LABEL = {"tlt.test/local-processes": "true"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 NODES = [
-    FakeNode("gpu-0", "hold", {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
-             {"nvidia.com/gpu.present": "true"}, [GPU_TAINT]),
-    FakeNode("gpu-1", "hold", {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
-             {"nvidia.com/gpu.present": "true"}, [GPU_TAINT]),
+    FakeNode(
+        "gpu-0",
+        "hold",
+        {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
+        {"nvidia.com/gpu.present": "true"},
+        [GPU_TAINT],
+    ),
+    FakeNode(
+        "gpu-1",
+        "hold",
+        {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
+        {"nvidia.com/gpu.present": "true"},
+        [GPU_TAINT],
+    ),
     FakeNode("cpu-0", "hold", {"cpu": "16", "memory": "64Gi", "pods": "110"}),
     FakeNode("local-0", "execute", {"cpu": "64", "memory": "256Gi", "pods": "110"}, EXEC_LABEL, [EXEC_TAINT]),
 ]
@@ -81,8 +91,7 @@ def installed(control_plane: ControlPlane) -> ControlPlane:
     """`kubectl apply -k manifests/base`, as the README says, then the CRD Established. The operator's
     Deployment is scaled to zero: its image is not here; the same operator runs as a process below."""
     control_plane.kubectl("apply", "-k", str(ROOT / "manifests" / "base"))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                          "crd/tltrainingruns.tlt.dev")
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/tltrainingruns.tlt.dev")
     control_plane.kubectl("scale", "deployment/tlt-operator", "-n", OPERATOR_NAMESPACE, "--replicas=0")
     return control_plane
 
@@ -113,8 +122,9 @@ def nodes(api: kubernetes.client.ApiClient, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
-def operator_process(installed: ControlPlane, nodes: NodeAgent,
-                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def operator_process(
+    installed: ControlPlane, nodes: NodeAgent, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(installed, tmp_path_factory.mktemp("operator")).start()
     _RUNNING.append(proc)
     yield proc

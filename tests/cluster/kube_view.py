@@ -10,12 +10,25 @@ from typing import Any
 
 from controlplane import ControlPlane
 
-CHILD_KINDS = ("pods", "configmaps", "services", "secrets", "serviceaccounts", "roles.rbac.authorization.k8s.io",
-               "rolebindings.rbac.authorization.k8s.io", "networkpolicies.networking.k8s.io")
+CHILD_KINDS = (
+    "pods",
+    "configmaps",
+    "services",
+    "secrets",
+    "serviceaccounts",
+    "roles.rbac.authorization.k8s.io",
+    "rolebindings.rbac.authorization.k8s.io",
+    "networkpolicies.networking.k8s.io",
+)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, poll: float = 0.5,
-             describe: Callable[[], Any] | None = None) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float = 60.0,
+    poll: float = 0.5,
+    describe: Callable[[], Any] | None = None,
+) -> Any:
     """Poll `check` until it returns something truthy; fail naming `what` and the last value (or what
     `describe` says then)."""
     deadline = time.monotonic() + timeout
@@ -77,5 +90,6 @@ class KubeView:
         return out
 
     def wait_phase(self, name: str, phase: str, timeout: float = 90.0) -> dict[str, Any]:
-        return wait_for(f"{name} in phase {phase}",
-                        lambda: (s := self.status(name)).get("phase") == phase and s, timeout)
+        return wait_for(
+            f"{name} in phase {phase}", lambda: (s := self.status(name)).get("phase") == phase and s, timeout
+        )

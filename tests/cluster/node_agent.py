@@ -55,7 +55,7 @@ def why_pods_cannot_run() -> str | None:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -98,8 +98,10 @@ class NodeAgent:
     # -- life ------------------------------------------------------------------------------------
     def start(self) -> NodeAgent:
         for node in self.nodes.values():
-            body = {"metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name, **node.labels}},
-                    "spec": {"taints": node.taints} if node.taints else {}}
+            body = {
+                "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name, **node.labels}},
+                "spec": {"taints": node.taints} if node.taints else {},
+            }
             self.core.create_node(body)
         self._heartbeat()
         self._thread.start()
@@ -128,23 +130,44 @@ class NodeAgent:
     def _heartbeat(self) -> None:
         now = _now()
         for node in self.nodes.values():
-            status = {"capacity": node.capacity, "allocatable": node.capacity,
-                      "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                                    {"type": "Hostname", "address": node.name}],
-                      "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                      "message": "test node agent", "lastHeartbeatTime": now,
-                                      "lastTransitionTime": now}],
-                      "nodeInfo": {"kubeletVersion": "v1.36.0-test", "architecture": "amd64",
-                                   "operatingSystem": "linux", "containerRuntimeVersion": "local-process://",
-                                   "kernelVersion": "", "osImage": "", "kubeProxyVersion": "", "machineID": "",
-                                   "systemUUID": "", "bootID": ""}}
+            status = {
+                "capacity": node.capacity,
+                "allocatable": node.capacity,
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": node.name},
+                ],
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "test node agent",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": "v1.36.0-test",
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "containerRuntimeVersion": "local-process://",
+                    "kernelVersion": "",
+                    "osImage": "",
+                    "kubeProxyVersion": "",
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                },
+            }
             self.core.patch_node_status(node.name, {"status": status})
         self._last_beat = time.monotonic()
 
     # -- pods ------------------------------------------------------------------------------------
     def _sync(self) -> None:
-        live = {p.metadata.uid: p for p in self.core.list_pod_for_all_namespaces().items
-                if p.spec.node_name in self.nodes}
+        live = {
+            p.metadata.uid: p for p in self.core.list_pod_for_all_namespaces().items if p.spec.node_name in self.nodes
+        }
         for uid, pod in list(self.pods.items()):
             if uid not in live:  # gone from the API (force-deleted): nothing may keep running
                 self._kill(pod, grace=0)
@@ -162,8 +185,9 @@ class NodeAgent:
             if pod is not None:
                 self._kill(pod, grace=obj.metadata.deletion_grace_period_seconds or 0)
             # The kubelet's final delete; with a body, the apiserver reads the options from it alone.
-            self.core.delete_namespaced_pod(obj.metadata.name, obj.metadata.namespace,
-                                            body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+            self.core.delete_namespaced_pod(
+                obj.metadata.name, obj.metadata.namespace, body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+            )
             self.pods.pop(uid, None)
             return
         if pod is None and obj.status.phase == "Pending":
@@ -194,26 +218,57 @@ class NodeAgent:
     def _report_running(self, obj: Any, ip: str) -> None:
         now = _now()
         container = obj.spec.containers[0]
-        status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                  "hostIPs": [{"ip": "127.0.0.1"}], "startTime": now,
-                  "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                                 for t in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")],
-                  "containerStatuses": [{"name": container.name, "image": container.image, "imageID": "",
-                                         "ready": True, "started": True, "restartCount": 0,
-                                         "state": {"running": {"startedAt": now}}}]}
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": container.name,
+                    "image": container.image,
+                    "imageID": "",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now}},
+                }
+            ],
+        }
         self.core.patch_namespaced_pod_status(obj.metadata.name, obj.metadata.namespace, {"status": status})
 
     def _report_exit(self, obj: Any, code: int) -> None:
         now = _now()
         container = obj.spec.containers[0]
-        status = {"phase": "Succeeded" if code == 0 else "Failed",
-                  "conditions": [{"type": t, "status": "False", "lastTransitionTime": now}
-                                 for t in ("ContainersReady", "Ready")],
-                  "containerStatuses": [{"name": container.name, "image": container.image, "imageID": "",
-                                         "ready": False, "started": False, "restartCount": 0,
-                                         "state": {"terminated": {"exitCode": code,
-                                                                  "reason": "Completed" if code == 0 else "Error",
-                                                                  "finishedAt": now}}}]}
+        status = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [
+                {"type": t, "status": "False", "lastTransitionTime": now} for t in ("ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": container.name,
+                    "image": container.image,
+                    "imageID": "",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {
+                            "exitCode": code,
+                            "reason": "Completed" if code == 0 else "Error",
+                            "finishedAt": now,
+                        }
+                    },
+                }
+            ],
+        }
         self.core.patch_namespaced_pod_status(obj.metadata.name, obj.metadata.namespace, {"status": status})
 
     def _report_failure(self, obj: Any, why: str) -> None:
@@ -246,29 +301,52 @@ class NodeAgent:
         mounts = []
         for mount in container.get("volumeMounts", []):
             source, kind = volumes[mount["name"]]
-            mounts.append({"source": str(source), "target": mount["mountPath"], "kind": kind,
-                           "readOnly": bool(mount.get("readOnly"))})
+            mounts.append(
+                {
+                    "source": str(source),
+                    "target": mount["mountPath"],
+                    "kind": kind,
+                    "readOnly": bool(mount.get("readOnly")),
+                }
+            )
         hosts = pod_dir / "hosts"
         self._write_hosts(pod.namespace, hosts, pod.name, pod.ip)
         mounts.append({"source": str(hosts), "target": "/etc/hosts", "kind": "file", "readOnly": True})
         for m in mounts:  # top-level mount points must exist on the host; nested ones are made inside
             target = Path(m["target"])
-            if m["kind"] != "file" and not any(target.is_relative_to(o["target"]) and o["target"] != m["target"]
-                                               for o in mounts):
+            if m["kind"] != "file" and not any(
+                target.is_relative_to(o["target"]) and o["target"] != m["target"] for o in mounts
+            ):
                 self._ensure_dir(target)
         env = self._env(pod, raw, container)
         argv = [*container.get("command", []), *container.get("args", [])]
         targets = [Path(m["target"]) for m in mounts]
         needed = {Path(sys.prefix).absolute(), Path(__file__).resolve().parents[2]}  # virtualenv, source tree
         keep = sorted(str(p) for p in needed if any(p.is_relative_to(t) for t in targets))
-        plan = {"mounts": mounts, "cwd": container.get("workingDir", "/"), "argv": argv, "env": env,
-                "keep": keep, "aside": str(pod_dir / "aside")}
+        plan = {
+            "mounts": mounts,
+            "cwd": container.get("workingDir", "/"),
+            "argv": argv,
+            "env": env,
+            "keep": keep,
+            "aside": str(pod_dir / "aside"),
+        }
         (pod_dir / "plan.json").write_text(json.dumps(plan))
         pod.log_path = pod_dir / "log"
         pod.process = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", str(Path(sys.executable).absolute()), str(POD_EXEC),
-             str(pod_dir / "plan.json")],
-            stdout=pod.log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                str(Path(sys.executable).absolute()),
+                str(POD_EXEC),
+                str(pod_dir / "plan.json"),
+            ],
+            stdout=pod.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def _ensure_dir(self, path: Path) -> None:
         missing = []
@@ -306,20 +384,25 @@ class NodeAgent:
             claim = self.root / "claims" / pod.namespace / volume["persistentVolumeClaim"]["claimName"]
             claim.mkdir(parents=True, exist_ok=True)
             return claim, "dir"
-        raise ValueError(f"volume {volume['name']}: the test node agent supports configMap, secret, emptyDir and "
-                         "persistentVolumeClaim volumes")
+        raise ValueError(
+            f"volume {volume['name']}: the test node agent supports configMap, secret, emptyDir and "
+            "persistentVolumeClaim volumes"
+        )
 
     def _project(self, pod: _Pod, source: dict[str, Any], path: Path) -> None:
         """One source of a projected volume (what the ServiceAccount admission plugin adds for the API token)."""
         if "serviceAccountToken" in source:
             sat = source["serviceAccountToken"]
             raw = self.core.read_namespaced_pod(pod.name, pod.namespace)
-            spec = {"expirationSeconds": sat.get("expirationSeconds", 3600),
-                    "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.name, "uid": pod.uid}}
+            spec = {
+                "expirationSeconds": sat.get("expirationSeconds", 3600),
+                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.name, "uid": pod.uid},
+            }
             if sat.get("audience"):
                 spec["audiences"] = [sat["audience"]]
             token = self.core.create_namespaced_service_account_token(
-                raw.spec.service_account_name, pod.namespace, {"spec": spec})
+                raw.spec.service_account_name, pod.namespace, {"spec": spec}
+            )
             (path / sat["path"]).write_text(token.status.token)
         elif "configMap" in source:
             data = self.core.read_namespaced_config_map(source["configMap"]["name"], pod.namespace).data or {}
@@ -356,8 +439,12 @@ class NodeAgent:
         # The kubelet's `kubernetes` Service variables, pointing at the real API server (no Service network here).
         # This interpreter's bin folder first (where `tlt` is), absolute: the pod runs in its own working directory.
         path = os.pathsep.join([str(Path(sys.executable).absolute().parent), os.environ.get("PATH", "/usr/bin:/bin")])
-        env = {"PATH": path, "HOSTNAME": raw["spec"].get("hostname", pod.name),
-               "KUBERNETES_SERVICE_HOST": self.api_host, "KUBERNETES_SERVICE_PORT": self.api_port}
+        env = {
+            "PATH": path,
+            "HOSTNAME": raw["spec"].get("hostname", pod.name),
+            "KUBERNETES_SERVICE_HOST": self.api_host,
+            "KUBERNETES_SERVICE_PORT": self.api_port,
+        }
         for var in container.get("env", []):
             if "value" in var:
                 env[var["name"]] = var["value"]
@@ -379,10 +466,16 @@ class NodeAgent:
     def _field(raw: dict[str, Any], path: str, ip: str) -> str:
         meta = raw["metadata"]
         if path.startswith("metadata.labels['"):
-            return str(meta.get("labels", {}).get(path[len("metadata.labels['"):-2], ""))
-        values = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"], "metadata.uid": meta["uid"],
-                  "status.podIP": ip, "status.hostIP": "127.0.0.1", "spec.nodeName": raw["spec"]["nodeName"],
-                  "spec.serviceAccountName": raw["spec"].get("serviceAccountName", "")}
+            return str(meta.get("labels", {}).get(path[len("metadata.labels['") : -2], ""))
+        values = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta["uid"],
+            "status.podIP": ip,
+            "status.hostIP": "127.0.0.1",
+            "spec.nodeName": raw["spec"]["nodeName"],
+            "spec.serviceAccountName": raw["spec"].get("serviceAccountName", ""),
+        }
         if path not in values:
             raise ValueError(f"fieldRef {path}: not supported by the test node agent")
         return str(values[path])

@@ -23,9 +23,20 @@ class RealCluster(Cluster):
         self.crds = kubernetes.client.ApiextensionsV1Api(api)
 
     def _finish(self, name: str, namespace: str, phase: str, code: int) -> None:
-        status = {"phase": phase, "conditions": [{"type": "Ready", "status": "False"}],
-                  "containerStatuses": [{"name": "worker", "ready": False, "restartCount": 0, "image": "x",
-                                         "imageID": "", "state": {"terminated": {"exitCode": code}}}]}
+        status = {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": code}},
+                }
+            ],
+        }
         self.core.patch_namespaced_pod_status(name, namespace, {"status": status})
 
     def fail_pod(self, name: str, namespace: str = NAMESPACE) -> None:
@@ -41,8 +52,9 @@ class RealCluster(Cluster):
     def clean(self, timeout: float = 120.0) -> None:
         """Delete every run and pod of the test namespace and wait until nothing of them is left."""
         for run in self.runs():
-            self.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, NAMESPACE, PLURAL,
-                                                        run["metadata"]["name"])
+            self.custom.delete_namespaced_custom_object(
+                API_GROUP, API_VERSION, NAMESPACE, PLURAL, run["metadata"]["name"]
+            )
         self.core.delete_collection_namespaced_pod(NAMESPACE)
         deadline = time.monotonic() + timeout
         while self.runs() or self.core.list_namespaced_pod(NAMESPACE).items or self._labelled():
@@ -52,5 +64,7 @@ class RealCluster(Cluster):
 
     def _labelled(self) -> list[Any]:
         selector = "tlt.dev/run"
-        return [*self.core.list_namespaced_config_map(NAMESPACE, label_selector=selector).items,
-                *self.core.list_namespaced_service(NAMESPACE, label_selector=selector).items]
+        return [
+            *self.core.list_namespaced_config_map(NAMESPACE, label_selector=selector).items,
+            *self.core.list_namespaced_service(NAMESPACE, label_selector=selector).items,
+        ]

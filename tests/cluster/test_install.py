@@ -21,8 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "schema"))
 from invalid_runs import INVALID, manifest  # noqa: E402
 
-MANIFESTS = [ROOT / "examples" / "run.yaml", ROOT / "examples" / "demo.yaml",
-             ROOT / "manifests" / "samples" / "run.yaml", ROOT / "manifests" / "samples" / "gang-kueue.yaml"]
+MANIFESTS = [
+    ROOT / "examples" / "run.yaml",
+    ROOT / "examples" / "demo.yaml",
+    ROOT / "manifests" / "samples" / "run.yaml",
+    ROOT / "manifests" / "samples" / "gang-kueue.yaml",
+]
 
 
 @pytest.fixture
@@ -46,8 +50,11 @@ def test_base_installs_with_kubectl_apply_k(installed):
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(ROOT)))
 @pytest.mark.parametrize("how", ["client-side", "server-side", "strict-dry-run"])
 def test_every_example_and_sample_is_accepted(installed, namespace, path, how):
-    args = {"client-side": ["apply", "-f"], "server-side": ["apply", "--server-side", "-f"],
-            "strict-dry-run": ["create", "--dry-run=server", "--validate=strict", "-f"]}[how]
+    args = {
+        "client-side": ["apply", "-f"],
+        "server-side": ["apply", "--server-side", "-f"],
+        "strict-dry-run": ["create", "--dry-run=server", "--validate=strict", "-f"],
+    }[how]
     out = installed.kubectl(*args, str(path), "-n", namespace)
     assert ".tlt.dev/" in out and ("created" in out or "serverside-applied" in out), out
 
@@ -75,14 +82,24 @@ def test_server_refuses_a_bad_run_name_as_the_fake_does(installed, namespace, na
         assert message in server, f"the fake says {message!r}; the server said:\n{server}"
 
 
-@pytest.mark.parametrize(("case", "old", "new", "message"), [
-    ("model", {}, {"model": {"maxContext": 2048}}, f'spec.model: Invalid value: {MSG_MODEL}'),
-    ("managedBy", {"managedBy": "tlt.dev/operator"}, {"managedBy": "kueue.x-k8s.io/multikueue"},
-     f'spec.managedBy: Invalid value: "kueue.x-k8s.io/multikueue": {MSG_MANAGED_BY}'),
-    ("queued replicas", {"schedulingPolicy": {"queue": "team-a"}},
-     {"schedulingPolicy": {"queue": "team-a"}, "rollout": {"replicas": 4}},
-     f'spec: Invalid value: {MSG_QUEUED_REPLICAS}'),
-])
+@pytest.mark.parametrize(
+    ("case", "old", "new", "message"),
+    [
+        ("model", {}, {"model": {"maxContext": 2048}}, f"spec.model: Invalid value: {MSG_MODEL}"),
+        (
+            "managedBy",
+            {"managedBy": "tlt.dev/operator"},
+            {"managedBy": "kueue.x-k8s.io/multikueue"},
+            f'spec.managedBy: Invalid value: "kueue.x-k8s.io/multikueue": {MSG_MANAGED_BY}',
+        ),
+        (
+            "queued replicas",
+            {"schedulingPolicy": {"queue": "team-a"}},
+            {"schedulingPolicy": {"queue": "team-a"}, "rollout": {"replicas": 4}},
+            f"spec: Invalid value: {MSG_QUEUED_REPLICAS}",
+        ),
+    ],
+)
 def test_transition_rules_refuse_the_update_on_the_server(installed, namespace, case, old, new, message):
     name = f"r-{uuid.uuid4().hex[:6]}"
     installed.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest(old, name=name)))

@@ -13,14 +13,18 @@ from typing import Any
 import kubernetes
 import pytest
 from _operator_harness import NAMESPACE, Cluster, wait_for
+
 from tlt_operator import names
 
 SMALL = {"policy": {"replicas": 1}, "rollout": {"replicas": 1}, "verifier": {"replicas": 0}}
 
 
 def _apis(cluster: Cluster) -> tuple[Any, Any, Any]:
-    return (cluster.core, kubernetes.client.RbacAuthorizationV1Api(cluster.client),
-            kubernetes.client.NetworkingV1Api(cluster.client))
+    return (
+        cluster.core,
+        kubernetes.client.RbacAuthorizationV1Api(cluster.client),
+        kubernetes.client.NetworkingV1Api(cluster.client),
+    )
 
 
 def _planted(kind: str, name: str) -> dict[str, Any]:
@@ -29,9 +33,11 @@ def _planted(kind: str, name: str) -> dict[str, Any]:
     return {
         "ServiceAccount": {"metadata": meta},
         "Role": {"metadata": meta, "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]},
-        "RoleBinding": {"metadata": meta, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                      "name": "someone-elses"},
-                        "subjects": [{"kind": "User", "name": "alice"}]},
+        "RoleBinding": {
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "someone-elses"},
+            "subjects": [{"kind": "User", "name": "alice"}],
+        },
         "ConfigMap": {"metadata": meta, "data": {"run.yaml": "not the run's"}},
         "NetworkPolicy": {"metadata": meta, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}},
         "Service": {"metadata": meta, "spec": {"selector": {"app": "db"}, "ports": [{"port": 5432}]}},
@@ -42,19 +48,31 @@ def _planted(kind: str, name: str) -> dict[str, Any]:
 def _calls(cluster: Cluster, kind: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """create, read and delete of one kind in the test namespace."""
     core, rbac, net = _apis(cluster)
-    api, suffix = {"ServiceAccount": (core, "service_account"), "Role": (rbac, "role"),
-                   "RoleBinding": (rbac, "role_binding"), "ConfigMap": (core, "config_map"),
-                   "NetworkPolicy": (net, "network_policy"), "Service": (core, "service"),
-                   "Secret": (core, "secret")}[kind]
-    return (lambda body: getattr(api, f"create_namespaced_{suffix}")(NAMESPACE, body),
-            lambda name: getattr(api, f"read_namespaced_{suffix}")(name, NAMESPACE),
-            lambda name: getattr(api, f"delete_namespaced_{suffix}")(name, NAMESPACE))
+    api, suffix = {
+        "ServiceAccount": (core, "service_account"),
+        "Role": (rbac, "role"),
+        "RoleBinding": (rbac, "role_binding"),
+        "ConfigMap": (core, "config_map"),
+        "NetworkPolicy": (net, "network_policy"),
+        "Service": (core, "service"),
+        "Secret": (core, "secret"),
+    }[kind]
+    return (
+        lambda body: getattr(api, f"create_namespaced_{suffix}")(NAMESPACE, body),
+        lambda name: getattr(api, f"read_namespaced_{suffix}")(name, NAMESPACE),
+        lambda name: getattr(api, f"delete_namespaced_{suffix}")(name, NAMESPACE),
+    )
 
 
-CHILDREN = [("ServiceAccount", names.worker_account_name), ("Role", names.worker_account_name),
-            ("RoleBinding", names.worker_account_name), ("ConfigMap", names.configmap_name),
-            ("ConfigMap", names.reports_name),
-            ("NetworkPolicy", names.network_policy_name), ("Service", names.service_name)]
+CHILDREN = [
+    ("ServiceAccount", names.worker_account_name),
+    ("Role", names.worker_account_name),
+    ("RoleBinding", names.worker_account_name),
+    ("ConfigMap", names.configmap_name),
+    ("ConfigMap", names.reports_name),
+    ("NetworkPolicy", names.network_policy_name),
+    ("Service", names.service_name),
+]
 
 
 def _condition(cluster: Cluster, run: str, kind: str) -> dict[str, Any] | None:
@@ -69,8 +87,9 @@ def test_a_name_held_by_another_object_is_a_conflict_never_an_adoption(cluster: 
     create(_planted(kind, name))
     before = cluster.client.sanitize_for_serialization(read(name))
     cluster.create_run("r1", SMALL)
-    conflict = wait_for("ChildConflict", lambda: (c := _condition(cluster, "r1", "ChildConflict"))
-                        and c["status"] == "True" and c)
+    conflict = wait_for(
+        "ChildConflict", lambda: (c := _condition(cluster, "r1", "ChildConflict")) and c["status"] == "True" and c
+    )
     assert f"{kind} {name} exists and is not this run's" in conflict["message"], conflict
     assert not cluster.pod_names("r1"), "no pod while a child's name is held by another object"
     after = cluster.client.sanitize_for_serialization(read(name))
@@ -79,8 +98,9 @@ def test_a_name_held_by_another_object_is_a_conflict_never_an_adoption(cluster: 
     wait_for("a ChildConflict event", lambda: any(e.reason == "ChildConflict" for e in cluster.events()))
 
     delete(name)
-    wait_for("the run goes on once the object is gone",
-             lambda: cluster.pod_names("r1") == {"r1-policy-0", "r1-rollout-0"})
+    wait_for(
+        "the run goes on once the object is gone", lambda: cluster.pod_names("r1") == {"r1-policy-0", "r1-rollout-0"}
+    )
     wait_for("ChildConflict False", lambda: _condition(cluster, "r1", "ChildConflict")["status"] == "False")
     cluster.delete_run("r1")
     wait_for("children gone", lambda: not cluster.children("r1"), timeout=90)
@@ -117,16 +137,21 @@ def test_a_planted_token_secret_is_never_used(cluster: Cluster):
         delete(name)
 
 
-@pytest.mark.parametrize("template", [
-    {"env": [{"name": "T", "secretKeyRef": {"name": "victim-ray-token-ab12c", "key": "token"}}]},
-    {"serviceAccountName": "namespace-admin"},
-], ids=["another-runs-secret", "borrowed-identity"])
+@pytest.mark.parametrize(
+    "template",
+    [
+        {"env": [{"name": "T", "secretKeyRef": {"name": "victim-ray-token-ab12c", "key": "token"}}]},
+        {"serviceAccountName": "namespace-admin"},
+    ],
+    ids=["another-runs-secret", "borrowed-identity"],
+)
 def test_a_reference_the_run_may_not_make_creates_nothing(cluster: Cluster, template):
     """The API server cannot know the admin's lists, so it accepts the run: the operator refuses it, with
     the field path in `ValidSpec=False`, and creates no child at all."""
     cluster.create_run("r4", {**SMALL, "rollout": {"replicas": 1, "podTemplate": template}})
-    condition = wait_for("ValidSpec=False", lambda: (c := _condition(cluster, "r4", "ValidSpec"))
-                         and c["status"] == "False" and c)
+    condition = wait_for(
+        "ValidSpec=False", lambda: (c := _condition(cluster, "r4", "ValidSpec")) and c["status"] == "False" and c
+    )
     assert "spec.rollout.podTemplate." in condition["message"], condition
     time.sleep(2.0)  # two more passes of the operator
     assert not cluster.pod_names("r4") and not cluster.children("r4")

@@ -14,13 +14,18 @@ PODS = {"r1-policy-0", "r1-rollout-0", "r1-rollout-1", "r1-verifier-0"}
 def test_create_makes_owned_children_and_reaches_running(cluster: Cluster) -> None:
     run = cluster.create_run("r1", SMALL)
     wait_for("4 pods", lambda: cluster.pod_names("r1") == PODS)
-    assert cluster.children("r1") == {f"Pod/{p}" for p in PODS} | {"ConfigMap/r1-spec", "ConfigMap/r1-reports",
-                                                                           "Service/r1"}
+    assert cluster.children("r1") == {f"Pod/{p}" for p in PODS} | {
+        "ConfigMap/r1-spec",
+        "ConfigMap/r1-reports",
+        "Service/r1",
+    }
     for pod in cluster.pods("r1").values():
         (ref,) = pod.metadata.owner_references
         assert (ref.kind, ref.name, ref.uid, ref.controller) == ("TLTTrainingRun", "r1", run["metadata"]["uid"], True)
-    status = wait_for("phase Running", lambda: cluster.run("r1").get("status", {}).get("phase") == "Running"
-                      and cluster.run("r1")["status"])
+    status = wait_for(
+        "phase Running",
+        lambda: cluster.run("r1").get("status", {}).get("phase") == "Running" and cluster.run("r1")["status"],
+    )
     assert status["observedGeneration"] == 1
     assert status["rollout"] == {"desired": 2, "ready": 2, "failed": 0}
     assert status["replicas"] == 2 and status["step"]["total"] == 20
@@ -45,10 +50,13 @@ def test_scale_converges_both_ways(cluster: Cluster) -> None:
     after = cluster.pods("r1")
     assert all(after[n].metadata.uid == before[n].metadata.uid for n in PODS), "scaling replaces no pod"
     cluster.custom.patch_namespaced_custom_object_scale(
-        "tlt.dev", "v1alpha1", NAMESPACE, "tltrainingruns", "r1", {"spec": {"replicas": 1}})
+        "tlt.dev", "v1alpha1", NAMESPACE, "tltrainingruns", "r1", {"spec": {"replicas": 1}}
+    )
     wait_for("rollout scaled to 1", lambda: cluster.pod_names("r1") == {"r1-policy-0", "r1-rollout-0", "r1-verifier-0"})
-    status = wait_for("status follows the scale", lambda: (s := cluster.run("r1")["status"])["replicas"] == 1
-                      and s["observedGeneration"] == 3 and s)
+    status = wait_for(
+        "status follows the scale",
+        lambda: (s := cluster.run("r1")["status"])["replicas"] == 1 and s["observedGeneration"] == 3 and s,
+    )
     assert status["rollout"]["desired"] == 1
 
 
@@ -56,13 +64,24 @@ def test_drift_is_repaired(cluster: Cluster) -> None:
     cluster.create_run("r1", SMALL)
     pods = wait_for("4 pods", lambda: (p := cluster.pods("r1")).keys() == PODS and p)
     cluster.core.delete_namespaced_pod("r1-rollout-1", NAMESPACE)
-    cluster.core.create_namespaced_pod(NAMESPACE, {
-        "metadata": {"name": "r1-rollout-9", "labels": {"tlt.dev/run": "r1", "tlt.dev/role": "rollout"}},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
-    wait_for("deleted pod back", lambda: cluster.pod_names("r1") == PODS | {"r1-rollout-9"}
-             and cluster.pods("r1")["r1-rollout-1"].metadata.uid != pods["r1-rollout-1"].metadata.uid)
-    wait_for("Running: a pod the run does not own is neither touched nor counted",
-             lambda: cluster.phase("r1") == "Running" and "r1-rollout-9" in cluster.pod_names("r1"))
+    cluster.core.create_namespaced_pod(
+        NAMESPACE,
+        {
+            "metadata": {"name": "r1-rollout-9", "labels": {"tlt.dev/run": "r1", "tlt.dev/role": "rollout"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        },
+    )
+    wait_for(
+        "deleted pod back",
+        lambda: (
+            cluster.pod_names("r1") == PODS | {"r1-rollout-9"}
+            and cluster.pods("r1")["r1-rollout-1"].metadata.uid != pods["r1-rollout-1"].metadata.uid
+        ),
+    )
+    wait_for(
+        "Running: a pod the run does not own is neither touched nor counted",
+        lambda: cluster.phase("r1") == "Running" and "r1-rollout-9" in cluster.pod_names("r1"),
+    )
     cluster.core.delete_namespaced_config_map("r1-spec", NAMESPACE)
     wait_for("ConfigMap back", lambda: "ConfigMap/r1-spec" in cluster.children("r1"))
 
@@ -85,9 +104,14 @@ def test_pod_template_change_replaces_pods(cluster: Cluster) -> None:
     cluster.create_run("r1", SMALL)
     wait_for("4 pods", lambda: cluster.pod_names("r1") == PODS)
     cluster.patch_spec("r1", {"rollout": {"image": "registry.example/tlt-worker:0.2.0"}})
-    wait_for("rollout pods on the new image", lambda: {
-        p.spec.containers[0].image for n, p in cluster.pods("r1").items() if "rollout" in n
-    } == {"registry.example/tlt-worker:0.2.0"} and cluster.pod_names("r1") == PODS)
+    wait_for(
+        "rollout pods on the new image",
+        lambda: (
+            {p.spec.containers[0].image for n, p in cluster.pods("r1").items() if "rollout" in n}
+            == {"registry.example/tlt-worker:0.2.0"}
+            and cluster.pod_names("r1") == PODS
+        ),
+    )
     policy_image = cluster.pods("r1")["r1-policy-0"].spec.containers[0].image
     assert policy_image == "ghcr.io/tlt-dev/tlt-worker:0.1.0", "only the changed role's pods are replaced"
 
@@ -117,11 +141,15 @@ def test_another_manager_is_left_alone(cluster: Cluster) -> None:
     cluster.create_run("other", {**SMALL, "managedBy": "kueue.x-k8s.io/multikueue"})
     cluster.create_run("mine", SMALL)
     wait_for("own run Running", lambda: cluster.phase("mine") == "Running")
-    wait_for("kopf done with the own run (created after the other)", lambda: "tlt.dev/last-handled-configuration"
-             in cluster.run("mine")["metadata"]["annotations"])
+    wait_for(
+        "kopf done with the own run (created after the other)",
+        lambda: "tlt.dev/last-handled-configuration" in cluster.run("mine")["metadata"]["annotations"],
+    )
     if cluster.fake is not None:
-        wait_for("a periodic resync pass", lambda: cluster.fake.api.requests.count(
-            ("GET", "/apis/tlt.dev/v1alpha1/tltrainingruns")) >= 3)
+        wait_for(
+            "a periodic resync pass",
+            lambda: cluster.fake.api.requests.count(("GET", "/apis/tlt.dev/v1alpha1/tltrainingruns")) >= 3,
+        )
     else:
         time.sleep(3.0)  # three resync periods of the operator process (TLT_OPERATOR_RECONCILE_SECONDS=1)
     assert not cluster.children("other")

@@ -15,6 +15,7 @@ from kube_view import KubeView, wait_for
 from node_agent import NodeAgent
 from operator_process import OPERATOR_NAMESPACE, OperatorProcess
 from test_worker_identity import small_run
+
 from tlt_operator.rbac import namespaced_rbac
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,14 +36,21 @@ def test_the_overlay_holds_no_cluster_wide_rbac_and_the_server_accepts_it(instal
 
 
 @pytest.fixture
-def scoped_operator(installed: ControlPlane, operator_process: OperatorProcess, nodes: NodeAgent,
-                    tmp_path: Path) -> Iterator[tuple[KubeView, OperatorProcess]]:
+def scoped_operator(
+    installed: ControlPlane, operator_process: OperatorProcess, nodes: NodeAgent, tmp_path: Path
+) -> Iterator[tuple[KubeView, OperatorProcess]]:
     """The cluster-wide operator stopped; one with only the namespaced Role of a fresh namespace running."""
     view = KubeView(installed).create_namespace()
     view.agent = nodes
     installed.kubectl("create", "serviceaccount", SCOPED, "-n", OPERATOR_NAMESPACE)
-    installed.kubectl("apply", "-f", "-", stdin=json.dumps(
-        {"apiVersion": "v1", "kind": "List", "items": namespaced_rbac([view.namespace], OPERATOR_NAMESPACE, SCOPED)}))
+    installed.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": namespaced_rbac([view.namespace], OPERATOR_NAMESPACE, SCOPED)}
+        ),
+    )
     operator_process.stop()
     scoped = OperatorProcess(installed, tmp_path, SCOPED, view.namespace).start()
     try:
@@ -54,22 +62,33 @@ def scoped_operator(installed: ControlPlane, operator_process: OperatorProcess, 
         view.delete_namespace()
 
 
-def test_an_operator_with_only_a_role_runs_a_run(scoped_operator: tuple[KubeView, OperatorProcess],
-                                                  installed: ControlPlane) -> None:
+def test_an_operator_with_only_a_role_runs_a_run(
+    scoped_operator: tuple[KubeView, OperatorProcess], installed: ControlPlane
+) -> None:
     view, scoped = scoped_operator
     view.apply(small_run("scoped"))
     view.wait_phase("scoped", "Running", timeout=120)
     uid = view.run("scoped")["metadata"]["uid"]
     children = view.children(uid)
-    assert {"pods", "configmaps", "services", "secrets", "serviceaccounts", "roles.rbac.authorization.k8s.io",
-            "rolebindings.rbac.authorization.k8s.io", "networkpolicies.networking.k8s.io"} <= set(children)
-    view.kubectl("patch", "configmap", "scoped-reports", "--type=merge", "-p",
-                 json.dumps({"data": {"progress": '{"step": 2}'}}))
+    assert {
+        "pods",
+        "configmaps",
+        "services",
+        "secrets",
+        "serviceaccounts",
+        "roles.rbac.authorization.k8s.io",
+        "rolebindings.rbac.authorization.k8s.io",
+        "networkpolicies.networking.k8s.io",
+    } <= set(children)
+    view.kubectl(
+        "patch", "configmap", "scoped-reports", "--type=merge", "-p", json.dumps({"data": {"progress": '{"step": 2}'}})
+    )
     wait_for("the reported step in status", lambda: view.status("scoped").get("step", {}).get("current") == 2)
     log = scoped.text()
     assert "forbidden" not in log.lower(), log[-4000:]
     token_config = scoped.root / "kubeconfig"  # written by OperatorProcess.start with the scoped token
     for namespace, expected in ((view.namespace, "yes"), ("default", "no"), (OPERATOR_NAMESPACE, "no")):
-        answer = installed.kubectl_result("auth", "can-i", "create", "pods", "-n", namespace,
-                                          kubeconfig_file=token_config)
+        answer = installed.kubectl_result(
+            "auth", "can-i", "create", "pods", "-n", namespace, kubeconfig_file=token_config
+        )
         assert answer.stdout.strip() == expected, (namespace, answer.stdout, answer.stderr)

@@ -15,15 +15,23 @@ GPU_NODES = {"gpu-0", "gpu-1"}
 def gpu_run(name: str) -> dict[str, Any]:
     """A run whose policy and rollout pods each ask for a GPU and whose verifier asks for none."""
     gpu = {"cpu": "1", "memory": "1Gi", "gpus": 1}
-    return {"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": name},
-            "spec": {"policy": {"replicas": 1, "resources": gpu}, "rollout": {"replicas": 2, "resources": gpu},
-                     "verifier": {"replicas": 1, "resources": {"cpu": "500m", "memory": "512Mi", "gpus": 0}}}}
+    return {
+        "apiVersion": "tlt.dev/v1alpha1",
+        "kind": "TLTTrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "policy": {"replicas": 1, "resources": gpu},
+            "rollout": {"replicas": 2, "resources": gpu},
+            "verifier": {"replicas": 1, "resources": {"cpu": "500m", "memory": "512Mi", "gpus": 0}},
+        },
+    }
 
 
 def _bound_and_running(view: KubeView, run: str, count: int) -> dict[str, dict[str, Any]] | None:
     pods = view.pods(run)
-    ok = len(pods) == count and all(p["spec"].get("nodeName") and p["status"].get("phase") == "Running"
-                                    for p in pods.values())
+    ok = len(pods) == count and all(
+        p["spec"].get("nodeName") and p["status"].get("phase") == "Running" for p in pods.values()
+    )
     return pods if ok else None
 
 
@@ -46,9 +54,16 @@ def test_run_reconciles_into_owned_children_that_the_scheduler_places_by_gpu(vie
             assert node in GPU_NODES, f"{name} asks for a GPU, got node {node}"
         assert pod["spec"]["serviceAccountName"] == "placed-worker"
     children = view.children(uid)
-    assert set(children) == {"pods", "configmaps", "services", "secrets", "serviceaccounts",
-                             "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io",
-                             "networkpolicies.networking.k8s.io"}, sorted(children)
+    assert set(children) == {
+        "pods",
+        "configmaps",
+        "services",
+        "secrets",
+        "serviceaccounts",
+        "roles.rbac.authorization.k8s.io",
+        "rolebindings.rbac.authorization.k8s.io",
+        "networkpolicies.networking.k8s.io",
+    }, sorted(children)
     for items in children.values():
         for item in items:
             (ref,) = item["metadata"]["ownerReferences"]
@@ -70,8 +85,9 @@ def test_kubectl_scale_suspend_resume_and_delete_with_garbage_collection(view):
     view.kubectl("patch", "tltrun/life", "--type=merge", "-p", json.dumps({"spec": {"suspend": True}}))
     status = view.wait_phase("life", "Suspended")
     assert {c["type"]: c["status"] for c in status["conditions"]}.get("Suspended") == "True"
-    wait_for("no pods while suspended", lambda: not view.pods("life"), timeout=60,
-             describe=lambda: _pods_state(view, "life"))
+    wait_for(
+        "no pods while suspended", lambda: not view.pods("life"), timeout=60, describe=lambda: _pods_state(view, "life")
+    )
 
     view.kubectl("patch", "tltrun/life", "--type=merge", "-p", json.dumps({"spec": {"suspend": False}}))
     wait_for("5 pods again after resume", lambda: _bound_and_running(view, "life", 5), timeout=90)
@@ -79,8 +95,12 @@ def test_kubectl_scale_suspend_resume_and_delete_with_garbage_collection(view):
 
     uid = view.run("life")["metadata"]["uid"]
     view.kubectl("delete", "tltrun/life", "--wait=true", "--timeout=60s")
-    wait_for("every child garbage-collected", lambda: not view.children(uid) and not view.labelled("life"),
-             timeout=120, poll=1.0)
+    wait_for(
+        "every child garbage-collected",
+        lambda: not view.children(uid) and not view.labelled("life"),
+        timeout=120,
+        poll=1.0,
+    )
 
 
 def test_the_operators_identity_reads_no_secret(operator_process, installed):
@@ -88,8 +108,11 @@ def test_the_operators_identity_reads_no_secret(operator_process, installed):
     token) but can read none, in any namespace (what a real server answers `kubectl auth can-i`)."""
     config = operator_process.root / "kubeconfig"
     for verb in ("get", "list", "watch"):
-        answer = installed.kubectl_result("auth", "can-i", verb, "secrets", "--all-namespaces",
-                                          kubeconfig_file=config)
+        answer = installed.kubectl_result("auth", "can-i", verb, "secrets", "--all-namespaces", kubeconfig_file=config)
         assert answer.stdout.strip() == "no", (verb, answer.stdout, answer.stderr)
-    assert installed.kubectl_result("auth", "can-i", "create", "secrets", "-n", "any",
-                                    kubeconfig_file=config).stdout.strip() == "yes"
+    assert (
+        installed.kubectl_result(
+            "auth", "can-i", "create", "secrets", "-n", "any", kubeconfig_file=config
+        ).stdout.strip()
+        == "yes"
+    )

@@ -18,26 +18,50 @@ from tlt.tasks.warmstart import reduced_config, warm_start
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 STEPS = 2
 # What a step learned (not how long it took): equal when recovery is exact.
-LEARNED = ("step", "reward_mean", "response_lengths", "generated_tokens", "loss", "policy_loss", "grad_norm", "kl",
-           "clip_fraction")
+LEARNED = (
+    "step",
+    "reward_mean",
+    "response_lengths",
+    "generated_tokens",
+    "loss",
+    "policy_loss",
+    "grad_norm",
+    "kl",
+    "clip_fraction",
+)
 
 
 def local_run(name: str, policy: str, steps: int = STEPS, prompts: int = 2, new_tokens: int = 16) -> dict:
     """A run sized for this CPU whose pods all tolerate and select the node that runs processes."""
-    template = {"nodeSelector": EXEC_LABEL,
-                "tolerations": [{"key": EXEC_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
-                "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
-                        {"name": "RAY_gcs_rpc_server_reconnect_timeout_s", "value": "10"}]}
+    template = {
+        "nodeSelector": EXEC_LABEL,
+        "tolerations": [{"key": EXEC_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
+        "env": [
+            {"name": "OMP_NUM_THREADS", "value": "1"},
+            {"name": "RAY_gcs_rpc_server_reconnect_timeout_s", "value": "10"},
+        ],
+    }
     cpu = {"cpu": "1", "memory": "2Gi", "gpus": 0}
-    return {"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": name}, "spec": {
-        "model": {"path": policy, "dtype": "float32", "maxContext": 256},
-        "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
-        "algorithm": {"steps": steps, "promptsPerStep": prompts, "groupSize": 2, "maxNewTokens": new_tokens,
-                      "microBatchSize": 4},
-        "policy": {"replicas": 1, "resources": cpu, "podTemplate": template},
-        "rollout": {"replicas": 1, "resources": cpu, "podTemplate": template},
-        "verifier": {"replicas": 0, "resources": cpu, "podTemplate": template},
-        "speculative": {"mode": "off"}}}
+    return {
+        "apiVersion": "tlt.dev/v1alpha1",
+        "kind": "TLTTrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": policy, "dtype": "float32", "maxContext": 256},
+            "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
+            "algorithm": {
+                "steps": steps,
+                "promptsPerStep": prompts,
+                "groupSize": 2,
+                "maxNewTokens": new_tokens,
+                "microBatchSize": 4,
+            },
+            "policy": {"replicas": 1, "resources": cpu, "podTemplate": template},
+            "rollout": {"replicas": 1, "resources": cpu, "podTemplate": template},
+            "verifier": {"replicas": 0, "resources": cpu, "podTemplate": template},
+            "speculative": {"mode": "off"},
+        },
+    }
 
 
 def test_kubectl_apply_trains_a_run_to_succeeded_and_delete_leaves_nothing(view):
@@ -47,11 +71,18 @@ def test_kubectl_apply_trains_a_run_to_succeeded_and_delete_leaves_nothing(view)
     view.apply(local_run("trained", policy))
 
     def logs() -> str:
-        return "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}"
-                         for name in view.pods("trained")) + f"\nagent errors: {view.agent.errors[-5:]}"
+        return (
+            "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}" for name in view.pods("trained"))
+            + f"\nagent errors: {view.agent.errors[-5:]}"
+        )
 
-    status = wait_for("the run Succeeded", lambda: (s := view.status("trained")).get("phase") in ("Succeeded", "Failed")
-                      and s, timeout=480, poll=2.0, describe=logs)
+    status = wait_for(
+        "the run Succeeded",
+        lambda: (s := view.status("trained")).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=480,
+        poll=2.0,
+        describe=logs,
+    )
     assert status["phase"] == "Succeeded", f"{status}\n{logs()}"
     assert status["step"]["current"] == STEPS, status
     head = view.pods("trained")["trained-policy-0"]
@@ -59,8 +90,12 @@ def test_kubectl_apply_trains_a_run_to_succeeded_and_delete_leaves_nothing(view)
 
     uid = view.run("trained")["metadata"]["uid"]
     view.kubectl("delete", "tltrun/trained", "--wait=true", "--timeout=60s")
-    wait_for("nothing of the run left", lambda: not view.children(uid) and not view.labelled("trained"),
-             timeout=120, poll=1.0)
+    wait_for(
+        "nothing of the run left",
+        lambda: not view.children(uid) and not view.labelled("trained"),
+        timeout=120,
+        poll=1.0,
+    )
 
 
 def _step_metrics(view, run: str) -> list[dict]:
@@ -70,8 +105,13 @@ def _step_metrics(view, run: str) -> list[dict]:
 
 
 def _finish(view, run: str, logs) -> dict:
-    status = wait_for(f"{run} finished", lambda: (s := view.status(run)).get("phase") in ("Succeeded", "Failed")
-                      and s, timeout=480, poll=2.0, describe=logs)
+    status = wait_for(
+        f"{run} finished",
+        lambda: (s := view.status(run)).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=480,
+        poll=2.0,
+        describe=logs,
+    )
     assert status["phase"] == "Succeeded", f"{status}\n{logs()}"
     return status
 
@@ -82,19 +122,30 @@ def test_a_rollout_pod_deleted_mid_run_is_replaced_and_the_run_ends_as_an_undist
     policy = str(warm_start(reduced_config()))
 
     def logs(run: str):
-        return lambda: "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}"
-                                  for name in view.pods(run)) + f"\nagent errors: {view.agent.errors[-5:]}"
+        return lambda: (
+            "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}" for name in view.pods(run))
+            + f"\nagent errors: {view.agent.errors[-5:]}"
+        )
 
     sized = {"steps": 40, "prompts": 4, "new_tokens": 32}  # ~10 s of steps: the deletion lands mid-run
     view.apply(local_run("calm", policy, **sized))
     _finish(view, "calm", logs("calm"))
     view.apply(local_run("shaken", policy, **sized))
-    wait_for("step 3 done", lambda: (view.status("shaken").get("step") or {}).get("current", 0) >= 3,
-             timeout=300, poll=1.0, describe=logs("shaken"))
+    wait_for(
+        "step 3 done",
+        lambda: (view.status("shaken").get("step") or {}).get("current", 0) >= 3,
+        timeout=300,
+        poll=1.0,
+        describe=logs("shaken"),
+    )
     old_uid = view.pods("shaken")["shaken-rollout-0"]["metadata"]["uid"]
     view.kubectl("delete", "pod", "shaken-rollout-0", "--wait=false")
-    wait_for("a new shaken-rollout-0", lambda: (p := view.pods("shaken").get("shaken-rollout-0"))
-             and p["metadata"]["uid"] != old_uid, timeout=60, describe=logs("shaken"))
+    wait_for(
+        "a new shaken-rollout-0",
+        lambda: (p := view.pods("shaken").get("shaken-rollout-0")) and p["metadata"]["uid"] != old_uid,
+        timeout=60,
+        describe=logs("shaken"),
+    )
     _finish(view, "shaken", logs("shaken"))
     work = view.agent.root / "pods" / view.namespace / "shaken-policy-0" / "volumes" / "work"
     events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]

@@ -72,8 +72,9 @@ def working_tree_files() -> list[Path]:
     """The repository's files as a reader sees them: tracked and untracked-not-ignored when git is there,
     else every file outside the skipped folders (a copy without .git)."""
     if (ROOT / ".git").exists():
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
         names = [n for n in out.decode().split("\0") if n]
         return [ROOT / n for n in names if not set(Path(n).parts) & SKIPPED_DIRS and (ROOT / n).is_file()]
     files = []
@@ -85,21 +86,29 @@ def working_tree_files() -> list[Path]:
 
 def history_lines(data: bytes) -> list[tuple[int, str]]:
     """(line number, text) of each line of a file's bytes that names a development session or issue by number."""
-    return [(number, line.decode(errors="replace").strip()[:120])
-            for number, line in enumerate(data.splitlines(), start=1) if HISTORY.search(line)]
+    return [
+        (number, line.decode(errors="replace").strip()[:120])
+        for number, line in enumerate(data.splitlines(), start=1)
+        if HISTORY.search(line)
+    ]
 
 
 def history_mentions(paths: list[Path]) -> list[str]:
     """`path:line: text` for every such line of the given repository files. Files over MAX_TEXT_BYTES are
     skipped: text that size is model weights or run output, not something a person wrote."""
-    return [f"{path.relative_to(ROOT)}:{number}: {text}" for path in paths
-            if not any(part.endswith(".egg-info") for part in path.parts) and path.stat().st_size <= MAX_TEXT_BYTES
-            for number, text in history_lines(path.read_bytes())]
+    return [
+        f"{path.relative_to(ROOT)}:{number}: {text}"
+        for path in paths
+        if not any(part.endswith(".egg-info") for part in path.parts) and path.stat().st_size <= MAX_TEXT_BYTES
+        for number, text in history_lines(path.read_bytes())
+    ]
 
 
 def test_github_slug_follows_githubs_anchor_rule():
-    assert github_slug("Host work under 15% of a forward (2026-11-26, a4b5899 + 931479a)") == \
-        "host-work-under-15-of-a-forward-2026-11-26-a4b5899--931479a"
+    assert (
+        github_slug("Host work under 15% of a forward (2026-11-26, a4b5899 + 931479a)")
+        == "host-work-under-15-of-a-forward-2026-11-26-a4b5899--931479a"
+    )
     assert github_slug("`tlt bench drafter` (9c5e9ff)") == "tlt-bench-drafter-9c5e9ff"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
 
@@ -120,8 +129,9 @@ def test_readme_is_under_8000_characters():
     assert size < README_LIMIT, f"README.md has {size} characters; keep it under {README_LIMIT} (move detail to docs/)"
 
 
-@pytest.mark.parametrize("doc", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "doc", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_every_relative_link_resolves(doc):
     assert broken_links(doc) == []
 

@@ -24,8 +24,14 @@ from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.tasks.tokenizer import build_task_tokenizer
 
-TIMING_KEYS = {"rollout_seconds", "tail_seconds", "tail_fraction", "tokens_per_second", "update_seconds",
-               "step_seconds"}
+TIMING_KEYS = {
+    "rollout_seconds",
+    "tail_seconds",
+    "tail_fraction",
+    "tokens_per_second",
+    "update_seconds",
+    "step_seconds",
+}
 
 
 def tiny_policy(root: Path) -> Path:
@@ -42,15 +48,29 @@ def write_run(root: Path, name: str, steps: int, **sections: Any) -> Path:
     spec = {
         "model": {"path": str(tiny_policy(root)), "dtype": "float32"},
         "dataset": {"builtin": {"numTrain": 64}},
-        "algorithm": {"steps": steps, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 16,
-                      "learningRate": 1e-2, "seed": 3},
+        "algorithm": {
+            "steps": steps,
+            "promptsPerStep": 4,
+            "groupSize": 4,
+            "maxNewTokens": 16,
+            "learningRate": 1e-2,
+            "seed": 3,
+        },
         "speculative": {"mode": "off"},
         "checkpoint": {"intervalSteps": 1, "keep": 2},
         **sections,
     }
     path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                                    "metadata": {"name": "resume-test"}, "spec": spec}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "resume-test"},
+                "spec": spec,
+            }
+        )
+    )
     return path
 
 
@@ -58,8 +78,9 @@ def env() -> dict[str, str]:
     """The subprocess environment: one thread per process, this checkout's `tlt` first on the path, then this
     folder (for the test plug-ins)."""
     out = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    out["PYTHONPATH"] = os.pathsep.join([str(Path(cli.__file__).parents[1]), str(Path(__file__).parent),
-                                         out.get("PYTHONPATH", "")])
+    out["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(cli.__file__).parents[1]), str(Path(__file__).parent), out.get("PYTHONPATH", "")]
+    )
     out.pop("RAY_ADDRESS", None)
     return out
 
@@ -69,14 +90,16 @@ def train_args(run_file: Path, out: Path, local: bool = True) -> list[str]:
 
 
 def tlt(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tlt.cli", *args], env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tlt.cli", *args], env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
     """`tlt ARGS` in the background, stdout and stderr to `log`."""
-    return subprocess.Popen([sys.executable, "-m", "tlt.cli", *args], env=env(), stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tlt.cli", *args], env=env(), stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def metrics(out: Path) -> list[dict]:

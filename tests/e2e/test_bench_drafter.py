@@ -21,7 +21,8 @@ def test_bench_drafter_quick_writes_a_curve_per_shape_and_rate(tmp_path, capsys)
     result = json.loads(path.read_text())["online_drafter"]
     cfg = OnlineDrafterBenchConfig.quick()
     assert [(r["shape"], r["learning_rate"]) for r in result["rows"]] == [
-        (shape, lr) for shape in cfg.shapes for lr in cfg.learning_rates]
+        (shape, lr) for shape in cfg.shapes for lr in cfg.learning_rates
+    ]
     assert result["heldout_positions"] > 0
     for row in result["rows"]:
         prompts, samples = cfg.shapes[row["shape"]]

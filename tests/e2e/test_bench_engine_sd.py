@@ -109,8 +109,10 @@ def test_history_summary_has_a_ratio_per_batch_at_the_sampling_temperature(repor
     t = max(cfg.temperatures)
     for b in cfg.batches:
         ratio = report["history_vs_ngram_accept"][str(b)]
-        assert ratio == pytest.approx(rows[f"history-{cfg.history[0]}", b, t]["accept_length"]
-                                      / rows[f"ngram-{cfg.ngram[0]}", b, t]["accept_length"])
+        assert ratio == pytest.approx(
+            rows[f"history-{cfg.history[0]}", b, t]["accept_length"]
+            / rows[f"ngram-{cfg.ngram[0]}", b, t]["accept_length"]
+        )
         assert report["mixed_vs_best_single"][str(b)] > 0
         mixed = rows[f"mixed-{cfg.history[0]}", b, t]
         assert sum(mixed["sources"][k] for k in ("history", "eagle", "none")) > 0
@@ -122,8 +124,10 @@ def test_block_drafts_have_a_ratio_per_batch_against_the_best_chain(report):
     t = max(cfg.temperatures)
     assert set(report["block_vs_best_chain"]) == {str(b) for b in cfg.batches}
     for b in cfg.batches:
-        best = {kind: max(rows[v, b, t]["tokens_per_s"] for v in cfg.variants() if v.startswith(kind))
-                for kind in ("block-", "chain-")}
+        best = {
+            kind: max(rows[v, b, t]["tokens_per_s"] for v in cfg.variants() if v.startswith(kind))
+            for kind in ("block-", "chain-")
+        }
         assert report["block_vs_best_chain"][str(b)] == pytest.approx(best["block-"] / best["chain-"])
     block = report["sd"]["block_drafter"]
     assert block["settings"]["block_size"] == max(cfg.block_depths)
@@ -151,8 +155,24 @@ def test_sd_part_on_a_workload_uses_its_policy_drafter_and_sampling(tmp_path):
     path = tmp_path / "sd.json"
     threads = torch.get_num_threads()
     try:
-        assert main(["bench", "engine", "--part", "sd", "--quick", "--workload", str(workload), "--threads", "1",
-                     "--json", str(path)]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    "engine",
+                    "--part",
+                    "sd",
+                    "--quick",
+                    "--workload",
+                    str(workload),
+                    "--threads",
+                    "1",
+                    "--json",
+                    str(path),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)  # the bench sets the process's threads
     sd = json.loads(path.read_text())["sd"]

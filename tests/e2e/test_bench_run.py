@@ -15,11 +15,31 @@ import pytest
 from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, repeat_order, variant_run
 from tlt.bench.run_summary import mean_ci95, summarize
 
-TOP_KEYS = ("rollout_speedup", "e2e_speedup", "amdahl_e2e_bound", "accept_length_ratio", "interference_fraction",
-            "interference_ci95", "reward_delta", "ideal_speedup", "workload_sha256")
-VARIANT_KEYS = ("rollout_seconds", "step_seconds", "update_seconds", "seconds_per_token", "heldout_accept_length",
-                "arms_chosen", "harvested_seconds", "response_length", "truncation_rate", "seconds_by_running",
-                "rollout_share", "rollout_accept_by_position")
+TOP_KEYS = (
+    "rollout_speedup",
+    "e2e_speedup",
+    "amdahl_e2e_bound",
+    "accept_length_ratio",
+    "interference_fraction",
+    "interference_ci95",
+    "reward_delta",
+    "ideal_speedup",
+    "workload_sha256",
+)
+VARIANT_KEYS = (
+    "rollout_seconds",
+    "step_seconds",
+    "update_seconds",
+    "seconds_per_token",
+    "heldout_accept_length",
+    "arms_chosen",
+    "harvested_seconds",
+    "response_length",
+    "truncation_rate",
+    "seconds_by_running",
+    "rollout_share",
+    "rollout_accept_by_position",
+)
 
 
 def check_consistent(report: dict, steps: int) -> None:
@@ -44,17 +64,22 @@ def check_consistent(report: dict, steps: int) -> None:
     assert all(a is not None and a >= 1.0 for a in v["tlt"]["heldout_accept_length"]), "bonus token included"
     speedup = v["vanilla"]["rollout_seconds"]["median"] / v["tlt"]["rollout_seconds"]["median"]
     assert math.isclose(report["rollout_speedup"], speedup)
-    assert math.isclose(report["e2e_speedup"],
-                        v["vanilla"]["step_seconds"]["median"] / v["tlt"]["step_seconds"]["median"])
+    assert math.isclose(
+        report["e2e_speedup"], v["vanilla"]["step_seconds"]["median"] / v["tlt"]["step_seconds"]["median"]
+    )
     share = v["vanilla"]["rollout_share"]["median"]
     assert 0 < share <= 1
     assert math.isclose(report["amdahl_e2e_bound"], 1 / ((1 - share) + share / speedup))
-    assert math.isclose(report["accept_length_ratio"],
-                        v["tlt"]["heldout_accept_length"][-1] / v["static"]["heldout_accept_length"][-1])
-    assert math.isclose(report["reward_delta"],
-                        v["tlt"]["final_reward"]["median"] - v["vanilla"]["final_reward"]["median"])
-    assert math.isclose(report["rollout_accept_length_ratio"],
-                        v["tlt"]["rollout_accept_length"][-1] / v["static"]["rollout_accept_length"][-1])
+    assert math.isclose(
+        report["accept_length_ratio"], v["tlt"]["heldout_accept_length"][-1] / v["static"]["heldout_accept_length"][-1]
+    )
+    assert math.isclose(
+        report["reward_delta"], v["tlt"]["final_reward"]["median"] - v["vanilla"]["final_reward"]["median"]
+    )
+    assert math.isclose(
+        report["rollout_accept_length_ratio"],
+        v["tlt"]["rollout_accept_length"][-1] / v["static"]["rollout_accept_length"][-1],
+    )
     lo, hi = report["interference_ci95"]
     assert lo <= report["interference_fraction"] <= hi
     assert report["ideal_speedup"] >= 1.0
@@ -69,8 +94,13 @@ def test_workload_file_is_pinned_and_every_variant_is_a_valid_run():
     algo = workload.spec["algorithm"]
     assert (algo["temperature"], algo["topP"]) == (1.0, 1.0)
     modes = {v: variant_run(workload, v, 0).spec.speculative for v in workload.variants}
-    assert {v: m.mode for v, m in modes.items()} == {"vanilla": "off", "ngram": "ngram", "static": "static",
-                                                    "tlt": "tlt", "tlt-shadow": "tlt"}
+    assert {v: m.mode for v, m in modes.items()} == {
+        "vanilla": "off",
+        "ngram": "ngram",
+        "static": "static",
+        "tlt": "tlt",
+        "tlt-shadow": "tlt",
+    }
     assert modes["tlt-shadow"].threshold == 0, "shadow training must never draft"
     quick = load_workload(quick=True)
     assert quick.sha256 == workload.sha256 and quick.repeats >= 2
@@ -95,21 +125,37 @@ def _synthetic_runs(workload) -> list[dict]:
     for repeat in range(3):
         for i, variant in enumerate(workload.variants):
             has_drafter = variant in ("static", "tlt", "tlt-shadow")
-            steps = [{"rollout_seconds": 4.0 + i + repeat, "step_seconds": 6.0 + i + 0.5 * repeat,
-                      "update_seconds": 1.0, "generated_tokens": 100 + s, "reward_mean": 0.1 * (s + i),
-                      "response_lengths": [3, 9, 40, 7],
-                      "truncation_rate": 0.25, "accept_length": 2.0 + 0.25 * i if has_drafter else None, "sd_row_steps": 5,
-                      "harvested_seconds": 0.5, "idle_seconds": 1.0,
-                      "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
-                      "steps_by_running": {"8": 100, "2": 50, "1": 70},
-                      "tokens_by_running": {"8": 800, "2": 100 * (1 + i), "1": 70 * (1 + i)},
-                      "rollout_overhead_parts": {"dispatch": 0.5 * repeat, "settle_wait": 0.25},
-                      "sd_arms": {"chain-d4": 3} if variant == "tlt" else None,
-                      # 10 row-steps early accepting 1 + i each, 4 late accepting i each
-                      "sd_by_position": {"0": [10, 10 * (1 + i)], "128": [4, 4 * i]} if has_drafter else {}}
-                     for s in range(2)]
-            runs.append({"variant": variant, "repeat": repeat, "steps": steps,
-                         "heldout_accept_length": [1.5 + i, 2.0 + i] if has_drafter else [None, None]})
+            steps = [
+                {
+                    "rollout_seconds": 4.0 + i + repeat,
+                    "step_seconds": 6.0 + i + 0.5 * repeat,
+                    "update_seconds": 1.0,
+                    "generated_tokens": 100 + s,
+                    "reward_mean": 0.1 * (s + i),
+                    "response_lengths": [3, 9, 40, 7],
+                    "truncation_rate": 0.25,
+                    "accept_length": 2.0 + 0.25 * i if has_drafter else None,
+                    "sd_row_steps": 5,
+                    "harvested_seconds": 0.5,
+                    "idle_seconds": 1.0,
+                    "seconds_by_running": {"8": 1.0, "2": 0.5, "1": 0.7},
+                    "steps_by_running": {"8": 100, "2": 50, "1": 70},
+                    "tokens_by_running": {"8": 800, "2": 100 * (1 + i), "1": 70 * (1 + i)},
+                    "rollout_overhead_parts": {"dispatch": 0.5 * repeat, "settle_wait": 0.25},
+                    "sd_arms": {"chain-d4": 3} if variant == "tlt" else None,
+                    # 10 row-steps early accepting 1 + i each, 4 late accepting i each
+                    "sd_by_position": {"0": [10, 10 * (1 + i)], "128": [4, 4 * i]} if has_drafter else {},
+                }
+                for s in range(2)
+            ]
+            runs.append(
+                {
+                    "variant": variant,
+                    "repeat": repeat,
+                    "steps": steps,
+                    "heldout_accept_length": [1.5 + i, 2.0 + i] if has_drafter else [None, None],
+                }
+            )
     return runs
 
 
@@ -117,11 +163,18 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     from tlt.bench.run import workload_info
 
     workload = load_workload()
-    costs = [{"batch": b, "width": w, "seconds": 0.01, "ratio": 1.0 + 0.05 * b * (w - 1), "ratio_min": 1.0,
-              "ratio_max": 2.0} for b in (1, 2, 8) for w in (1, 5)]
-    report = summarize(workload_info(workload), _synthetic_runs(workload), costs, {"before": [1.0]},
-                       drafter_costs=[{"batch": 1, "seconds": 0.002, "ratio": 0.2}, {"batch": 8, "seconds": 0.004,
-                                                                                      "ratio": 0.4}])
+    costs = [
+        {"batch": b, "width": w, "seconds": 0.01, "ratio": 1.0 + 0.05 * b * (w - 1), "ratio_min": 1.0, "ratio_max": 2.0}
+        for b in (1, 2, 8)
+        for w in (1, 5)
+    ]
+    report = summarize(
+        workload_info(workload),
+        _synthetic_runs(workload),
+        costs,
+        {"before": [1.0]},
+        drafter_costs=[{"batch": 1, "seconds": 0.002, "ratio": 0.2}, {"batch": 8, "seconds": 0.004, "ratio": 0.4}],
+    )
     check_consistent(report, steps=2)
     assert 1.0 <= report["ideal_speedup"] < report["ideal_speedup_free_drafter"], "drafter steps are not free"
     assert report["variants"]["tlt"]["arms_chosen"] == {"chain-d4": 18}
@@ -137,19 +190,26 @@ def test_summary_is_internally_consistent_on_synthetic_metrics():
     assert report["tlt_speedup_per_token_by_range"] == pytest.approx({"1": 1 + i, "2-4": 1 + i, "5-8": 1.0})
     # step parts: per run 2 steps of 6 + v + 0.5 r seconds (median 13 + 2v), rollout 8 + 2v + 2r (10 + 2v), update 2
     j = list(workload.variants).index("tlt-shadow")
-    assert report["step_parts"]["tlt-shadow"] == pytest.approx({"generate": 0.0, "rollout_overhead": 0.0,
-                                                                 "update": 2.0, "other": 1.0})
-    assert report["interference_by_part"] == pytest.approx({"generate": 0.0, "rollout_overhead": 0.0,
-                                                             "update": 0.0, "other": 0.0})
+    assert report["step_parts"]["tlt-shadow"] == pytest.approx(
+        {"generate": 0.0, "rollout_overhead": 0.0, "update": 2.0, "other": 1.0}
+    )
+    assert report["interference_by_part"] == pytest.approx(
+        {"generate": 0.0, "rollout_overhead": 0.0, "update": 0.0, "other": 0.0}
+    )
     # accept by position: every step and repeat pooled (60 early row-steps, 24 late), TLT's over static's
     k = list(workload.variants).index("static")
     assert report["variants"]["tlt"]["rollout_accept_by_position"] == {
-        "0": {"accept_length": 2.0 + i, "row_steps": 60}, "128": {"accept_length": 1.0 + i, "row_steps": 24}}
-    assert report["rollout_accept_ratio_by_position"] == pytest.approx({"0": (2 + i) / (2 + k), "128": (1 + i) / (1 + k)})
+        "0": {"accept_length": 2.0 + i, "row_steps": 60},
+        "128": {"accept_length": 1.0 + i, "row_steps": 24},
+    }
+    assert report["rollout_accept_ratio_by_position"] == pytest.approx(
+        {"0": (2 + i) / (2 + k), "128": (1 + i) / (1 + k)}
+    )
     assert report["variants"]["vanilla"]["rollout_accept_by_position"] == {}
     # shadow kept 1 + j times vanilla's tokens at 1 and 2-4 rows in the same seconds
     assert report["interference_per_token_by_range"] == pytest.approx(
-        {"1": 1 / (1 + j) - 1, "2-4": 1 / (1 + j) - 1, "5-8": 0.0})
+        {"1": 1 / (1 + j) - 1, "2-4": 1 / (1 + j) - 1, "5-8": 0.0}
+    )
 
 
 def test_each_repeat_rotates_the_variant_order():
@@ -187,8 +247,22 @@ def test_quick_bench_runs_every_variant_through_the_rl_loop(tmp_path, monkeypatc
         assert all(s["generate_seconds"] > 0 and s["generate_seconds"] <= s["rollout_seconds"] for s in run["steps"])
         for s in run["steps"]:  # the slowest worker's overhead, part by part, adds up to the step's rollout
             parts = s["rollout_overhead_parts"]
-            assert set(parts) == {"put_weights", "stop_trainers", "drafters", "dispatch", "settle_wait", "history_wait",
-                                  "load_weights", "load_drafter", "stepper", "return"} and min(parts.values()) >= 0
+            assert (
+                set(parts)
+                == {
+                    "put_weights",
+                    "stop_trainers",
+                    "drafters",
+                    "dispatch",
+                    "settle_wait",
+                    "history_wait",
+                    "load_weights",
+                    "load_drafter",
+                    "stepper",
+                    "return",
+                }
+                and min(parts.values()) >= 0
+            )
             assert sum(parts.values()) <= s["rollout_seconds"] + 1e-6
     assert report["frozen_accept_drop"] is not None
     for name, v in report["variants"].items():  # every worker's every decode step, split once
@@ -209,14 +283,22 @@ def test_interference_parts_say_which_part_of_the_step_grew():
     from tlt.bench.run_summary import part_deltas, step_parts
 
     def summary(generate, overhead, update, other):
-        return {k: {"median": v} for k, v in (("generate_seconds", generate), ("rollout_overhead_seconds", overhead),
-                                              ("update_seconds", update), ("other_seconds", other))}
+        return {
+            k: {"median": v}
+            for k, v in (
+                ("generate_seconds", generate),
+                ("rollout_overhead_seconds", overhead),
+                ("update_seconds", update),
+                ("other_seconds", other),
+            )
+        }
 
     vanilla = step_parts(summary(9.0, 1.0, 9.5, 0.5))
     shadow = step_parts(summary(9.6, 1.4, 10.0, 1.0))
     assert vanilla == pytest.approx({"generate": 9.0, "rollout_overhead": 1.0, "update": 9.5, "other": 0.5})
     assert part_deltas(vanilla, shadow, 20.0) == pytest.approx(
-        {"generate": 0.03, "rollout_overhead": 0.02, "update": 0.025, "other": 0.025})
+        {"generate": 0.03, "rollout_overhead": 0.02, "update": 0.025, "other": 0.025}
+    )
     assert part_deltas(vanilla, shadow, 0.0) == {}
 
 
@@ -226,9 +308,16 @@ def test_the_rest_of_the_step_is_a_median_of_per_run_rests_not_a_difference_of_m
     from tlt.bench.run_summary import step_parts, variant_summary
 
     def run(rollout, update):
-        step = {"rollout_seconds": rollout, "update_seconds": update, "step_seconds": rollout + update + 1.0,
-                "generated_tokens": 10, "response_lengths": [5], "truncation_rate": 0.0, "reward_mean": 0.5,
-                "accept_length": None}
+        step = {
+            "rollout_seconds": rollout,
+            "update_seconds": update,
+            "step_seconds": rollout + update + 1.0,
+            "generated_tokens": 10,
+            "response_lengths": [5],
+            "truncation_rate": 0.0,
+            "reward_mean": 0.5,
+            "accept_length": None,
+        }
         return {"steps": [step], "heldout_accept_length": [None]}
 
     runs = [run(10.0, 5.0), run(14.0, 5.0), run(9.0, 8.0)]  # steps 16 / 20 / 18: medians 18, rollout 10, update 5

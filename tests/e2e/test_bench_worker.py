@@ -34,8 +34,24 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
     workload.write_text(WORKLOAD)
     path = tmp_path / "worker.json"
     threads = torch.get_num_threads()
-    assert main(["bench", "worker", "--workload", str(workload), "--shards", "3", "--repeats", "2", "--split",
-                 "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "worker",
+                "--workload",
+                str(workload),
+                "--shards",
+                "3",
+                "--repeats",
+                "2",
+                "--split",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     assert torch.get_num_threads() == threads, "the bench gives the process its threads back"
     result = json.loads(path.read_text())
     assert result["config"] == {"shards": 3, "threads": 1, "rows": 4, "repeats": 2, "device": "cpu"}
@@ -54,7 +70,9 @@ def test_both_variants_take_the_same_shards_and_tlt_drafts(tmp_path):
         assert sum(v["decode_steps_by_running"].values()) == v["steps_total"] - 6, "one prefill per shard"
     # the same tokens, kept at other running sizes: per-token rates compare like with like
     assert sum(vanilla["decode_tokens_by_running"].values()) == sum(tlt["decode_tokens_by_running"].values()) > 0
-    assert result["speedup_per_token_by_running"] and all(x > 0 for x in result["speedup_per_token_by_running"].values())
+    assert result["speedup_per_token_by_running"] and all(
+        x > 0 for x in result["speedup_per_token_by_running"].values()
+    )
     split = result["step_split"]  # every decode step counted once, under its variant
     for name, v in (("vanilla", vanilla), ("tlt", tlt)):
         counted = sum(c["steps"] for stepper, r in split.items() if stepper.startswith(f"{name}/") for c in r.values())
@@ -85,12 +103,14 @@ def test_runs_where_ray_is_not_installed(tmp_path):
     workload = tmp_path / "workload.yaml"
     workload.write_text(WORKLOAD)
     path = tmp_path / "worker.json"
-    code = ("import sys; sys.modules['ray'] = None\n"  # `import ray` now raises ImportError
-            "from tlt.cli import main\n"
-            f"rc = main(['bench', 'worker', '--workload', {str(workload)!r}, '--shards', '1', '--repeats', '1', "
-            f"'--json', {str(path)!r}])\n"
-            "assert 'ray' not in sys.modules or sys.modules['ray'] is None\n"
-            "sys.exit(rc)\n")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # `import ray` now raises ImportError
+        "from tlt.cli import main\n"
+        f"rc = main(['bench', 'worker', '--workload', {str(workload)!r}, '--shards', '1', '--repeats', '1', "
+        f"'--json', {str(path)!r}])\n"
+        "assert 'ray' not in sys.modules or sys.modules['ray'] is None\n"
+        "sys.exit(rc)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(path.read_text())
@@ -103,8 +123,11 @@ def test_a_workload_that_asks_for_a_gpu_is_refused_without_one(tmp_path, capsys)
 
         pytest.skip("this machine has a CUDA device")
     workload = tmp_path / "workload.yaml"
-    workload.write_text(WORKLOAD.replace('rollout: {replicas: 2, compile: "off"}',
-                                         'rollout: {replicas: 2, compile: "off", resources: {gpus: 1}}'))
+    workload.write_text(
+        WORKLOAD.replace(
+            'rollout: {replicas: 2, compile: "off"}', 'rollout: {replicas: 2, compile: "off", resources: {gpus: 1}}'
+        )
+    )
     assert main(["bench", "worker", "--workload", str(workload), "--shards", "1", "--repeats", "1"]) == 2
     assert "rollout.resources.gpus" in capsys.readouterr().out
 

@@ -29,8 +29,7 @@ def _script(*args: str, carry: Path, out: Path | None = None) -> tuple[subproces
     if out is not None:
         env["OUT"] = str(out)
     started = time.perf_counter()
-    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     return done, time.perf_counter() - started
 
 

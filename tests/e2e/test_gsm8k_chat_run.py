@@ -20,14 +20,14 @@ sys.path.insert(0, str(FIXTURES))
 from chat_tokenizer import GSM8K, chat_tokenizer, gsm8k_records  # noqa: E402
 
 from tlt import cli  # noqa: E402
-from tlt.spec.manifest_io import load_run  # noqa: E402
 from tlt.models.loading import save_policy  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
+from tlt.spec.manifest_io import load_run  # noqa: E402
 from tlt.tasks.datasets import load_problems  # noqa: E402
 from tlt.tasks.prompt_format import encode_prompt  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not GSM8K.is_file(), reason=f"GSM8K test split not at {GSM8K}")
-TEMPLATE = "{question}\nLet's think step by step and output the final answer after \"####\"."
+TEMPLATE = '{question}\nLet\'s think step by step and output the final answer after "####".'
 GROUP = 4
 
 
@@ -38,16 +38,23 @@ def _write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def _run_file(root: Path) -> Path:
     tokenizer = chat_tokenizer()
-    save_policy(tiny_model("qwen2", vocab_size=len(tokenizer) + 16, seed=3, tie_word_embeddings=True), tokenizer,
-                root / "init")
+    save_policy(
+        tiny_model("qwen2", vocab_size=len(tokenizer) + 16, seed=3, tie_word_embeddings=True), tokenizer, root / "init"
+    )
     train = [{**r, "crash": i % 2 == 1} for i, r in enumerate(gsm8k_records(4))]
     spec = {
         "metadata": {"name": "gsm8k-chat"},
         "spec": {
             "model": {"path": str(root / "init"), "dtype": "float32"},
-            "dataset": {"source": "file", "path": str(_write_jsonl(root / "train.jsonl", train)),
-                        "evalPath": str(_write_jsonl(root / "eval.jsonl", gsm8k_records(2, start=100))),
-                        "answerFormat": "gsm8k", "prompt": TEMPLATE, "chat": True, "system": "Be brief."},
+            "dataset": {
+                "source": "file",
+                "path": str(_write_jsonl(root / "train.jsonl", train)),
+                "evalPath": str(_write_jsonl(root / "eval.jsonl", gsm8k_records(2, start=100))),
+                "answerFormat": "gsm8k",
+                "prompt": TEMPLATE,
+                "chat": True,
+                "system": "Be brief.",
+            },
             "verifier": {"reward": "reward_plugin:graded"},
             "algorithm": {"steps": 2, "promptsPerStep": 2, "groupSize": GROUP, "maxNewTokens": 12},
             "speculative": {"mode": "off"},
@@ -118,8 +125,8 @@ def test_ray_verifiers_score_with_the_plugin_and_return_its_failures(monkeypatch
 def test_ray_runtime_scores_with_the_plugin_and_records_its_failures(tmp_path: Path, monkeypatch):
     import ray
 
-    from tlt.spec.run import TLTTrainingRun
     from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.spec.run import TLTTrainingRun
 
     monkeypatch.syspath_prepend(str(FIXTURES))
     # no PYTHONPATH for the actors: the runtime passes the folder the driver imports the plug-in from

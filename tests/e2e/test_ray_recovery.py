@@ -14,9 +14,9 @@ import json
 import pytest
 import ray
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.runtime.checkpoint import load_checkpoint
 from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.warmstart import reduced_config
 
 pytestmark = pytest.mark.slow
@@ -47,8 +47,9 @@ def recovered_run(tmp_path_factory):
             holder["killed"] = True
 
     try:
-        trainer = RayTrainer(run, out, warmstart=reduced_config(), num_cpus=2, on_event=kill_in_step_2,
-                             stop_trainers_at="rollout")
+        trainer = RayTrainer(
+            run, out, warmstart=reduced_config(), num_cpus=2, on_event=kill_in_step_2, stop_trainers_at="rollout"
+        )
         holder["trainer"] = trainer
         prefetch, holder["prefetched_after"] = trainer.drafters.prefetch, []
 

@@ -13,8 +13,8 @@ import json
 import pytest
 import ray
 import torch
+from ray_run_spec import SPEC  # tests/e2e is no package: its folder is on sys.path
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.drafter.buffer import pack, sample_from_completion
 from tlt.drafter.evaluate import evaluate_drafter
 from tlt.drafter.export import resolve_checkpoint
@@ -26,10 +26,9 @@ from tlt.rollout.engine import Engine
 from tlt.runtime import rl_step
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.report import summarize, write_report
+from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import reduced_config
-
-from ray_run_spec import SPEC  # tests/e2e is no package: its folder is on sys.path
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +135,9 @@ def test_every_trainer_acknowledges_stop_before_the_policy_update(finished_run):
     for m, ack in acks:
         # coordinator request -> worker received -> worker stopped -> coordinator acknowledged -> update
         assert ack["requested_at"] <= ack["stop_received_at"] <= ack["stopped_at"] <= ack["acked_at"]
-        assert ack["acked_at"] <= m["update_started_at"], f"step {m['step']}: update began before {ack['worker']} stopped"
+        assert ack["acked_at"] <= m["update_started_at"], (
+            f"step {m['step']}: update began before {ack['worker']} stopped"
+        )
     latency = summarize(history)["stop_latency"]
     print(f"stop latency over {latency['count']} stops: p50 {latency['p50']:.4f}s p99 {latency['p99']:.4f}s")
 
@@ -149,7 +150,11 @@ def test_each_step_sees_the_hub_drafter_its_trainers_left(finished_run):
     assert any(m["hub_pushes"] for m in history[:-1]), "no trainer pushed before the last step"
     version, served = 0, 0
     for m in history:
-        newest = m["drafter_candidate_version"] if m["drafter_candidate_version"] is not None else m["drafter_served_version"]
+        newest = (
+            m["drafter_candidate_version"]
+            if m["drafter_candidate_version"] is not None
+            else m["drafter_served_version"]
+        )
         assert newest == version, f"step {m['step']} saw a stale hub drafter"
         assert m["drafter_served_version"] == served
         served = newest if m["drafter_promoted"] else served
@@ -165,17 +170,22 @@ def test_online_training_raises_accept_length_and_agreement_on_fresh_rollouts(fi
     initial = DrafterHub(drafter_config_from_target(policy.config), 1e-3, seed=run.spec.algorithm.seed).drafter
     initial.bind_policy(policy)
     trained = load_drafter(out / "drafter" / (out / "drafter" / "LATEST").read_text().strip(), policy).float()
-    accept = {name: evaluate_drafter(policy, tokenizer, d, problems, draft_tokens=4, max_new_tokens=96,
-                                     batch_size=4, temperature=1.0, seed=5).accept_length
-              for name, d in (("initial", initial), ("trained", trained))}
+    accept = {
+        name: evaluate_drafter(
+            policy, tokenizer, d, problems, draft_tokens=4, max_new_tokens=96, batch_size=4, temperature=1.0, seed=5
+        ).accept_length
+        for name, d in (("initial", initial), ("trained", trained))
+    }
     engine = Engine(policy, max_batch_size=32, max_context=256, return_hidden=True)
     requests = rl_step.make_requests(problems, list(range(len(problems))), tokenizer, run.spec.algorithm, step=10_000)
     rows = pack([s for c in engine.generate(requests) if (s := sample_from_completion(c, 1)) is not None], 256)
     with torch.no_grad():
         agree = {name: packed_agreement(d.eval(), rows) for name, d in (("initial", initial), ("trained", trained))}
-    print(f"accept length (T=1, 4 drafts): initial {accept['initial']:.3f}, trained {accept['trained']:.3f}; "
-          f"top-1 agreement on {agree['initial'][1]} positions: {agree['initial'][0] / agree['initial'][1]:.3f} -> "
-          f"{agree['trained'][0] / agree['trained'][1]:.3f}; in-run accept length per step "
-          f"{[round(m['accept_length'], 3) for m in history]}")
+    print(
+        f"accept length (T=1, 4 drafts): initial {accept['initial']:.3f}, trained {accept['trained']:.3f}; "
+        f"top-1 agreement on {agree['initial'][1]} positions: {agree['initial'][0] / agree['initial'][1]:.3f} -> "
+        f"{agree['trained'][0] / agree['trained'][1]:.3f}; in-run accept length per step "
+        f"{[round(m['accept_length'], 3) for m in history]}"
+    )
     assert accept["trained"] > accept["initial"]
     assert agree["trained"][0] > agree["initial"][0]

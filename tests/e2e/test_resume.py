@@ -52,8 +52,12 @@ def _kill_at_random_point(run_file: Path, out: Path, rng: random.Random) -> None
     fraction of a step, SIGKILL it."""
     before = len(metrics(out))
     wait_for = before + rng.randint(1, 3)
-    proc = subprocess.Popen([sys.executable, "-m", "tlt.cli", *train_args(run_file, out)], env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tlt.cli", *train_args(run_file, out)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 600
         while len(metrics(out)) < wait_for and proc.poll() is None and time.monotonic() < deadline:
@@ -67,8 +71,13 @@ def _kill_at_random_point(run_file: Path, out: Path, rng: random.Random) -> None
 
 def test_killed_runs_resume_to_bitwise_equal_weights(run_file: Path, reference: Path, tmp_path: Path):
     out = tmp_path / "killed"
-    in_save = subprocess.run([sys.executable, str(HOOK), str(KILL_IN_SAVE_STEP), *train_args(run_file, out)],
-                             env=env(), capture_output=True, text=True, timeout=600)
+    in_save = subprocess.run(
+        [sys.executable, str(HOOK), str(KILL_IN_SAVE_STEP), *train_args(run_file, out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert in_save.returncode == -signal.SIGKILL, in_save.stderr
     ckpts = out / "checkpoints"
     partial = list(ckpts.glob(f".tmp-step-{KILL_IN_SAVE_STEP:08d}-*"))
@@ -110,8 +119,10 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(run_file: Path, 
     _damage_newest(reference, out)
     done = tlt(train_args(run_file, out))
     assert done.returncode == 0, done.stderr
-    assert f"CHECKPOINT DAMAGED: {out / 'checkpoints' / f'step-{STEPS:08d}'}: policy.safetensors is corrupt" \
-        in done.stderr and f"resuming from the intact step-{STEPS - 1:08d}" in done.stderr
+    assert (
+        f"CHECKPOINT DAMAGED: {out / 'checkpoints' / f'step-{STEPS:08d}'}: policy.safetensors is corrupt" in done.stderr
+        and f"resuming from the intact step-{STEPS - 1:08d}" in done.stderr
+    )
     damaged = [e for e in events(out) if e["type"] == "checkpoint_damaged"]
     assert len(damaged) == 1 and damaged[0]["resumed_step"] == STEPS - 1
     assert damaged[0]["moved_to"] == f"corrupt-step-{STEPS:08d}"
@@ -120,8 +131,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(run_file: Path, 
     assert deterministic(metrics(out)) == deterministic(metrics(reference))
 
 
-def test_damaged_checkpoint_with_on_corrupt_fail_stops_with_one_line(run_file: Path, reference: Path,
-                                                                     tmp_path: Path, capsys):
+def test_damaged_checkpoint_with_on_corrupt_fail_stops_with_one_line(
+    run_file: Path, reference: Path, tmp_path: Path, capsys
+):
     out = tmp_path / "corrupt"
     weights = _damage_newest(reference, out)
     damaged = weights.read_bytes()
@@ -151,8 +163,9 @@ def test_checkpoint_of_another_run_is_refused(run_file: Path, reference: Path, t
     assert metrics(out) == metrics(reference)
 
 
-def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(run_file: Path, tmp_path: Path,
-                                                                                 monkeypatch, capsys):
+def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(
+    run_file: Path, tmp_path: Path, monkeypatch, capsys
+):
     """The third checkpoint's write hits ENOSPC (injected into the weights writer): exit 1, one line naming
     checkpoint.path and the bytes needed, no partial folder, step 2 still the resume point."""
     from tlt.runtime import checkpoint

@@ -18,8 +18,6 @@ import torch
 import yaml
 
 from tlt import cli
-from tlt.spec.run import AlgorithmSpec, DatasetSpec
-from tlt.spec.manifest_io import parse_run
 from tlt.models.loading import load_policy, save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rl.rewards import score
@@ -27,12 +25,13 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams, StepMetrics
 from tlt.runtime import rl_step
 from tlt.runtime.local import LocalTrainer
+from tlt.spec.manifest_io import parse_run
+from tlt.spec.run import AlgorithmSpec, DatasetSpec
 from tlt.tasks.countdown import generate
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.problem import Problem
 from tlt.tasks.tokenizer import build_task_tokenizer
 from tlt.tasks.warmstart import reduced_config, warm_start
-
 
 GRPO_LR = 3e-4
 
@@ -54,8 +53,9 @@ def test_prompt_selection_is_a_function_of_seed_and_step():
 
 def test_samples_do_not_depend_on_batch_company():
     tokenizer = build_task_tokenizer()
-    engine = Engine(tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=12, max_context=64,
-                    return_hidden=False)
+    engine = Engine(
+        tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=12, max_context=64, return_hidden=False
+    )
     algo = AlgorithmSpec(group_size=3, max_new_tokens=10)
     problems = _problems(3, seed=9)
     together = rl_step.rollout(engine, problems, tokenizer, algo, step=4, problem_ids=[7, 8, 9])
@@ -75,8 +75,9 @@ def test_tail_seconds_count_steps_below_the_full_wave():
 
 def test_group_advantages_are_prompt_major():
     tokenizer = build_task_tokenizer()
-    engine = Engine(tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=8, max_context=64,
-                    return_hidden=False)
+    engine = Engine(
+        tiny_model("qwen2", vocab_size=len(tokenizer), seed=2), max_batch_size=8, max_context=64, return_hidden=False
+    )
     algo = AlgorithmSpec(group_size=2, max_new_tokens=4)
     completions = rl_step.rollout(engine, _problems(2, seed=1), tokenizer, algo, step=1, problem_ids=[0, 1])
     batch = rl_step.build_batch(completions, torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
@@ -86,8 +87,9 @@ def test_group_advantages_are_prompt_major():
 
 def _tiny_run(root: Path, family: str = "qwen2", **algorithm) -> Path:
     tokenizer = build_task_tokenizer()
-    save_policy(tiny_model(family, vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer,
-                root / "init")
+    save_policy(
+        tiny_model(family, vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer, root / "init"
+    )
     spec = {
         "metadata": {"name": "loop-test"},
         "spec": {
@@ -138,8 +140,10 @@ def test_local_loop_runs_learned_drafter_modes_as_ngram_saying_so(tmp_path: Path
     run_file.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     assert cli.main(["train", str(run_file), "--out", str(out), "--local"]) == 0
-    assert (f"{run_file}: speculative.mode 'tlt' needs the learned drafter, which --local does not run: running "
-            "speculative.mode 'ngram' instead") in capsys.readouterr().err
+    assert (
+        f"{run_file}: speculative.mode 'tlt' needs the learned drafter, which --local does not run: running "
+        "speculative.mode 'ngram' instead"
+    ) in capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["sd_steps"] > 0, "the n-gram drafter drafted"
 
@@ -155,8 +159,8 @@ def test_local_loop_refuses_ngram_without_an_ngram_arm_before_loading(tmp_path: 
 
 
 def test_ngram_mode_reports_acceptance(tmp_path: Path):
-    from tlt.spec.manifest_io import load_run
     from tlt.runtime.local import LocalTrainer
+    from tlt.spec.manifest_io import load_run
 
     run = load_run(_tiny_run(tmp_path, temperature=0.0))
     run.spec.speculative.mode = "ngram"
@@ -167,9 +171,14 @@ def test_ngram_mode_reports_acceptance(tmp_path: Path):
 def _greedy_reward(trainer: LocalTrainer, problems: list[Problem], max_new_tokens: int) -> float:
     """Mean reward of the engine's greedy answers (the policy's, after the last sync)."""
     eos = (trainer.tokenizer.eos_token_id,)
-    requests = [Request(f"eval-{i}", trainer.tokenizer(p.prompt).input_ids,
-                        SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=eos))
-                for i, p in enumerate(problems)]
+    requests = [
+        Request(
+            f"eval-{i}",
+            trainer.tokenizer(p.prompt).input_ids,
+            SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=eos),
+        )
+        for i, p in enumerate(problems)
+    ]
     completions = trainer.engine.generate(requests)
     texts = [trainer.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
     return sum(score(t, p.answer, "number") for t, p in zip(texts, problems)) / len(problems)
@@ -185,17 +194,31 @@ def test_grpo_raises_reward_over_the_warm_start(tmp_path: Path):
     torch.set_num_threads(1)
     config = reduced_config()
     train_file = tmp_path / "task.jsonl"
-    train_file.write_text("".join(json.dumps({"question": p.prompt, "answer": p.answer}) + "\n"
-                                  for p in generate(2000, seed=77, task=config.task)))
-    run = parse_run({
-        "model": {"path": str(warm_start(config)), "dtype": "float32"},
-        # the held-out problems are this test's own (seed 4242): every file record trains, as measured
-        "dataset": {"source": "file", "path": str(train_file), "evalFraction": 0},
-        "algorithm": {"steps": 20, "promptsPerStep": 32, "groupSize": 8, "maxNewTokens": 64,
-                      "learningRate": GRPO_LR, "ppoEpochs": 2, "microBatchSize": 64, "temperature": 1.0},
-        "speculative": {"mode": "off"},
-        "checkpoint": {"intervalSteps": 20},
-    })
+    train_file.write_text(
+        "".join(
+            json.dumps({"question": p.prompt, "answer": p.answer}) + "\n"
+            for p in generate(2000, seed=77, task=config.task)
+        )
+    )
+    run = parse_run(
+        {
+            "model": {"path": str(warm_start(config)), "dtype": "float32"},
+            # the held-out problems are this test's own (seed 4242): every file record trains, as measured
+            "dataset": {"source": "file", "path": str(train_file), "evalFraction": 0},
+            "algorithm": {
+                "steps": 20,
+                "promptsPerStep": 32,
+                "groupSize": 8,
+                "maxNewTokens": 64,
+                "learningRate": GRPO_LR,
+                "ppoEpochs": 2,
+                "microBatchSize": 64,
+                "temperature": 1.0,
+            },
+            "speculative": {"mode": "off"},
+            "checkpoint": {"intervalSteps": 20},
+        }
+    )
     trainer = LocalTrainer(run, tmp_path / "out")
     held_out = generate(128, seed=4242, task=config.task)
     before = _greedy_reward(trainer, held_out, 64)
@@ -219,5 +242,6 @@ def test_held_out_evaluation_is_reported_apart_from_the_step(tmp_path: Path):
     again = tmp_path / "again"
     assert cli.main(["train", str(run_file), "--out", str(again), "--local"]) == 0
     first = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
-    assert [r["eval_reward_mean"] for r in first] == [r["eval_reward_mean"] for r in rows], \
+    assert [r["eval_reward_mean"] for r in first] == [r["eval_reward_mean"] for r in rows], (
         "greedy on the same problems: the same answers from the same policy"
+    )

@@ -28,26 +28,54 @@ SIDECAR = {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}
 
 
 def _write_spec(path: Path, policy: Path, steps: int) -> Path:
-    path.write_text(yaml.safe_dump({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                                    "metadata": {"name": "sc"}, "spec": {
-        "model": {"path": str(policy), "dtype": "float32", "maxContext": 256},
-        "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
-        "algorithm": {"steps": steps, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16, "microBatchSize": 4},
-        "rollout": {"replicas": 1, "resources": {"cpu": "1"}}, "verifier": {"replicas": 0},
-        "speculative": {"mode": "tlt"}, "drafter": {**SIDECAR, "batchTokens": 64}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "sc"},
+                "spec": {
+                    "model": {"path": str(policy), "dtype": "float32", "maxContext": 256},
+                    "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
+                    "algorithm": {
+                        "steps": steps,
+                        "promptsPerStep": 2,
+                        "groupSize": 2,
+                        "maxNewTokens": 16,
+                        "microBatchSize": 4,
+                    },
+                    "rollout": {"replicas": 1, "resources": {"cpu": "1"}},
+                    "verifier": {"replicas": 0},
+                    "speculative": {"mode": "tlt"},
+                    "drafter": {**SIDECAR, "batchTokens": 64},
+                },
+            }
+        )
+    )
     return path
 
 
 def _container(argv: list[str], role: str, ip: str, head: str, log: Path) -> subprocess.Popen[bytes]:
     pod = "sc-policy-0" if role == "policy" else "sc-rollout-0"
-    env = {**os.environ, "TLT_RUN_NAME": "sc", "TLT_ROLE": role, "TLT_RANK": "0", "TLT_POD_NAME": pod,
-           "TLT_NAMESPACE": "default", "TLT_POD_IP": ip, "TLT_HEAD_ADDRESS": head,
-           "RAY_gcs_rpc_server_reconnect_timeout_s": "10", "OMP_NUM_THREADS": "1",
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "e2e-local-token"}  # as the operator injects them
+    env = {
+        **os.environ,
+        "TLT_RUN_NAME": "sc",
+        "TLT_ROLE": role,
+        "TLT_RANK": "0",
+        "TLT_POD_NAME": pod,
+        "TLT_NAMESPACE": "default",
+        "TLT_POD_IP": ip,
+        "TLT_HEAD_ADDRESS": head,
+        "RAY_gcs_rpc_server_reconnect_timeout_s": "10",
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": "e2e-local-token",
+    }  # as the operator injects them
     for name in ("RAY_ADDRESS", "KUBERNETES_SERVICE_HOST"):
         env.pop(name, None)
-    return subprocess.Popen([sys.executable, "-m", "tlt.cli", *argv], env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tlt.cli", *argv], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 @pytest.mark.slow
@@ -58,12 +86,19 @@ def test_rollout_pod_with_drafter_trainer_sidecar_trains_the_drafter_on_the_side
     head_address = f"{ip}:{free_port()}"
     worker = ["worker", "--spec", str(spec), "--join-timeout", "180"]
     procs = {
-        "policy": _container([*worker, "--role", "policy", "--out", str(out)], "policy", ip, head_address,
-                             tmp_path / "policy.log"),
-        "rollout": _container([*worker, "--role", "rollout", "--out", str(tmp_path / "rw")], "rollout", ip,
-                              head_address, tmp_path / "rollout.log"),
-        "sidecar": _container(["drafter-trainer", "--spec", str(spec)], "rollout", ip, head_address,
-                              tmp_path / "sidecar.log"),
+        "policy": _container(
+            [*worker, "--role", "policy", "--out", str(out)], "policy", ip, head_address, tmp_path / "policy.log"
+        ),
+        "rollout": _container(
+            [*worker, "--role", "rollout", "--out", str(tmp_path / "rw")],
+            "rollout",
+            ip,
+            head_address,
+            tmp_path / "rollout.log",
+        ),
+        "sidecar": _container(
+            ["drafter-trainer", "--spec", str(spec)], "rollout", ip, head_address, tmp_path / "sidecar.log"
+        ),
     }
     try:
         head_code = procs["policy"].wait(timeout=480)
@@ -102,4 +137,3 @@ def test_sidecar_run_without_trainer_nodes_stops_naming_drafter_placement(tmp_pa
     err = " ".join(capsys.readouterr().err.split())
     assert "drafter.placement is 'sidecar'" in err and "use drafter.placement 'in-container'" in err, err
     assert not (tmp_path / "out" / "metrics.jsonl").read_text().strip(), "a step ran without a trainer node"
-

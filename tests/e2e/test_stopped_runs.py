@@ -29,9 +29,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 LOCAL_STEPS = 24  # ~0.15 s a step here: long enough that the run is still going when the signal lands
 RAY_STEPS = 6
 # Ray-mode metrics that are clocks or wall times (the rest must match an undisturbed run exactly)
-RAY_TIMING = {"generate_seconds", "idle_seconds", "rollout_dispatched_at", "rollout_overhead_parts",
-              "rollout_overhead_seconds", "rollout_seconds", "seconds_by_running", "step_seconds", "tail_fraction",
-              "tail_seconds", "tokens_per_second", "update_seconds", "update_started_at", "worker_states"}
+RAY_TIMING = {
+    "generate_seconds",
+    "idle_seconds",
+    "rollout_dispatched_at",
+    "rollout_overhead_parts",
+    "rollout_overhead_seconds",
+    "rollout_seconds",
+    "seconds_by_running",
+    "step_seconds",
+    "tail_fraction",
+    "tail_seconds",
+    "tokens_per_second",
+    "update_seconds",
+    "update_started_at",
+    "worker_states",
+}
 
 
 def _stop_with_sigterm(args: list[str], out, log, after_steps: int, timeout: float = 600) -> int:
@@ -107,8 +120,7 @@ def test_sigterm_stops_a_ray_run_with_a_checkpoint_and_resume_matches(tmp_path):
     checkpoint); the trainer actors stop, the checkpoint is written, Ray is shut down, exit 0."""
     run = write_run(tmp_path, "ray", RAY_STEPS, rollout={"replicas": 1}, verifier={"replicas": 1})
     out, log = tmp_path / "stopped", tmp_path / "stopped.log"
-    step = _assert_stopped_with_checkpoint(out, log, _stop_with_sigterm(train_args(run, out, local=False), out,
-                                                                        log, 2))
+    step = _assert_stopped_with_checkpoint(out, log, _stop_with_sigterm(train_args(run, out, local=False), out, log, 2))
     assert step < RAY_STEPS
     done = tlt(train_args(run, out, local=False))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -46,12 +46,17 @@ def _jsonl(path: Path, records: list[dict]) -> str:
 def test_the_walkthrough_runs_as_written(tmp_path: Path):
     manifest, commands = _walkthrough()
     tokenizer = chat_tokenizer()
-    save_policy(tiny_model("qwen2", vocab_size=len(tokenizer) + 16, seed=3, tie_word_embeddings=True), tokenizer,
-                tmp_path / "model")
-    written = (manifest.replace("/models/my-chat-model", str(tmp_path / "model"))
-               .replace("/data/gsm8k/train.jsonl", _jsonl(tmp_path / "train.jsonl", gsm8k_records(4)))
-               .replace("/data/gsm8k/test.jsonl", _jsonl(tmp_path / "test.jsonl", gsm8k_records(2, start=100)))
-               .replace("my_rewards:gsm8k_reward", "reward_plugin:graded"))
+    save_policy(
+        tiny_model("qwen2", vocab_size=len(tokenizer) + 16, seed=3, tie_word_embeddings=True),
+        tokenizer,
+        tmp_path / "model",
+    )
+    written = (
+        manifest.replace("/models/my-chat-model", str(tmp_path / "model"))
+        .replace("/data/gsm8k/train.jsonl", _jsonl(tmp_path / "train.jsonl", gsm8k_records(4)))
+        .replace("/data/gsm8k/test.jsonl", _jsonl(tmp_path / "test.jsonl", gsm8k_records(2, start=100)))
+        .replace("my_rewards:gsm8k_reward", "reward_plugin:graded")
+    )
     run = yaml.safe_load(written)
     run["spec"]["algorithm"].update(steps=2, promptsPerStep=2, groupSize=2, maxNewTokens=8, evalSamples=2)
     run["spec"]["algorithm"]["evalEvery"] = 1

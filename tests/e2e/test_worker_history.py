@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.models.loading import load_policy
 from tlt.runtime.ray_workers import RolloutWorker
+from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import reduced_config, warm_start
 
@@ -16,8 +16,7 @@ SPEC = {
     "dataset": {"builtin": {"numTrain": 16, "numEval": 8}},
     "algorithm": {"steps": 2, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16},
     "rollout": {"replicas": 1, "compile": "off"},
-    "speculative": {"mode": "tlt", "threshold": 4,
-                    "arms": [{"kind": "plain"}, {"kind": "history", "depth": 4}]},
+    "speculative": {"mode": "tlt", "threshold": 4, "arms": [{"kind": "plain"}, {"kind": "history", "depth": 4}]},
 }
 
 

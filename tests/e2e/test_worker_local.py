@@ -30,26 +30,65 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _pod(role: str, spec: Path, ip: str, head: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TLT_RUN_NAME": "wl", "TLT_ROLE": role, "TLT_RANK": "0", "TLT_POD_NAME": f"wl-{role}-0",
-           "TLT_NAMESPACE": "default", "TLT_POD_IP": ip, "TLT_HEAD_ADDRESS": head,
-           "RAY_gcs_rpc_server_reconnect_timeout_s": "10", "OMP_NUM_THREADS": "1",
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "e2e-local-token"}  # as the operator injects them
+    env = {
+        **os.environ,
+        "TLT_RUN_NAME": "wl",
+        "TLT_ROLE": role,
+        "TLT_RANK": "0",
+        "TLT_POD_NAME": f"wl-{role}-0",
+        "TLT_NAMESPACE": "default",
+        "TLT_POD_IP": ip,
+        "TLT_HEAD_ADDRESS": head,
+        "RAY_gcs_rpc_server_reconnect_timeout_s": "10",
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": "e2e-local-token",
+    }  # as the operator injects them
     for name in ("RAY_ADDRESS", "KUBERNETES_SERVICE_HOST"):
         env.pop(name, None)
-    argv = [sys.executable, "-m", "tlt.cli", "worker", "--role", role, "--spec", str(spec), "--out", str(out),
-            "--join-timeout", "180"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tlt.cli",
+        "worker",
+        "--role",
+        role,
+        "--spec",
+        str(spec),
+        "--out",
+        str(out),
+        "--join-timeout",
+        "180",
+    ]
     return subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 def _spec(tmp_path: Path, steps: int) -> Path:
     policy = warm_start(reduced_config())
     spec = tmp_path / "run.yaml"
-    spec.write_text(yaml.safe_dump({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                                    "metadata": {"name": "wl"}, "spec": {
-        "model": {"path": str(policy), "dtype": "float32", "maxContext": 256},
-        "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
-        "algorithm": {"steps": steps, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 16, "microBatchSize": 4},
-        "rollout": {"replicas": 1}, "verifier": {"replicas": 0}, "speculative": {"mode": "off"}}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "wl"},
+                "spec": {
+                    "model": {"path": str(policy), "dtype": "float32", "maxContext": 256},
+                    "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
+                    "algorithm": {
+                        "steps": steps,
+                        "promptsPerStep": 2,
+                        "groupSize": 2,
+                        "maxNewTokens": 16,
+                        "microBatchSize": 4,
+                    },
+                    "rollout": {"replicas": 1},
+                    "verifier": {"replicas": 0},
+                    "speculative": {"mode": "off"},
+                },
+            }
+        )
+    )
     return spec
 
 
@@ -59,8 +98,10 @@ def _head_and_rollout_pod(tmp_path: Path, spec: Path) -> Iterator[tuple[subproce
     still runs at the end is terminated."""
     ip = node_ip()
     head_address = f"{ip}:{free_port()}"
-    pods = (_pod("policy", spec, ip, head_address, tmp_path / "work", tmp_path / "policy.log"),
-            _pod("rollout", spec, ip, head_address, tmp_path / "rollout-work", tmp_path / "rollout.log"))
+    pods = (
+        _pod("policy", spec, ip, head_address, tmp_path / "work", tmp_path / "policy.log"),
+        _pod("rollout", spec, ip, head_address, tmp_path / "rollout-work", tmp_path / "rollout.log"),
+    )
     try:
         yield pods
     finally:

@@ -31,7 +31,6 @@ import test_sd_engine as greedy_tier  # noqa: E402
 import test_sd_engine_sampling as sampling_tier  # noqa: E402
 
 from tlt.adaptive.adaptive_stepper import build_adaptive_stepper  # noqa: E402
-from tlt.spec.run import ArmSpec, SpeculativeSpec  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.rollout.compiled import CompiledStep  # noqa: E402
 from tlt.rollout.drafting import EagleChainDrafter  # noqa: E402
@@ -41,6 +40,7 @@ from tlt.rollout.mixed import MixedDrafter  # noqa: E402
 from tlt.rollout.runner import causal_mask, decoder_forward  # noqa: E402
 from tlt.rollout.speculative import SpeculativeStepper  # noqa: E402
 from tlt.rollout.types import Completion, Request, SamplingParams  # noqa: E402
+from tlt.spec.run import ArmSpec, SpeculativeSpec  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -75,12 +75,12 @@ def _drafter(name: str, model, compiled: bool):
     # the CPU table's reduced draft vocabulary (the even ids), else the whole one
     eagle = H.reduced_eagle(model, list(range(0, 32, 2))) if name.endswith("draft-vocab") else H.random_eagle(model)
     if name.startswith("eagle-tree"):
-        return EagleTreeDrafter(eagle, embed, topk=2, depth=3, budget=5, max_batch_size=4,
-                                max_context=MAX_CONTEXT, compile=True)
+        return EagleTreeDrafter(
+            eagle, embed, topk=2, depth=3, budget=5, max_batch_size=4, max_context=MAX_CONTEXT, compile=True
+        )
     k = 4 if name == "eagle-chain-4" else 3
     guess = "argmax" if name == "eagle-chain-argmax" else "coupled"
-    chain = EagleChainDrafter(eagle, embed, k=k, max_batch_size=4, max_context=MAX_CONTEXT,
-                              compile=True, guess=guess)
+    chain = EagleChainDrafter(eagle, embed, k=k, max_batch_size=4, max_context=MAX_CONTEXT, compile=True, guess=guess)
     return MixedDrafter(H.history_store(), chain, k=k) if name == "mixed" else chain
 
 
@@ -125,21 +125,29 @@ def test_greedy_speculative_equals_plain_up_to_the_context_limit_on_cuda(name, c
 @COMPILED
 def test_adaptive_stepper_equals_plain_on_cuda(compiled, model64, plain64):
     """The bandit's stepper (n-gram, EAGLE chain and tree, plain arms; exploring) as the rollout runs it."""
-    arms = [ArmSpec(kind="ngram", depth=3), ArmSpec(kind="chain", depth=2),
-            ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5), ArmSpec(kind="plain")]
-    spec = SpeculativeSpec(mode="tlt", threshold=2, buckets=[1, 2], arms=arms, epsilon=0.5, window=4,
-                           ngram_min=1, ngram_max=3)
+    arms = [
+        ArmSpec(kind="ngram", depth=3),
+        ArmSpec(kind="chain", depth=2),
+        ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5),
+        ArmSpec(kind="plain"),
+    ]
+    spec = SpeculativeSpec(
+        mode="tlt", threshold=2, buckets=[1, 2], arms=arms, epsilon=0.5, window=4, ngram_min=1, ngram_max=3
+    )
     engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT, compile=compiled)
-    engine.stepper = build_adaptive_stepper(spec, engine.runner, H.random_eagle(model64), rows=4,
-                                            context=MAX_CONTEXT, seed=0)
+    engine.stepper = build_adaptive_stepper(
+        spec, engine.runner, H.random_eagle(model64), rows=4, context=MAX_CONTEXT, seed=0
+    )
     _assert_equal(engine.generate(greedy_tier._requests()), plain64, "adaptive", 1e-6 if compiled else 1e-9)
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9)])
 @pytest.mark.parametrize("name", ENGINE_DRAFTERS)
 def test_sampled_speculative_equals_plain_sampling_on_cuda(name, temperature, top_p, model64):
-    requests = [Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
-                for i, (p, n) in enumerate(zip(greedy_tier.PROMPTS, (20, 9, 14)))]
+    requests = [
+        Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
+        for i, (p, n) in enumerate(zip(greedy_tier.PROMPTS, (20, 9, 14)))
+    ]
     plain, _ = _generate(model64, requests, None, compiled=False)
     out, _ = _generate(model64, requests, name, compiled=False)
     for p, s in zip(plain, out):
@@ -156,8 +164,10 @@ def test_sampling_matches_exact_joint_on_cuda(name, temperature, top_p, compiled
     model = sampling_tier._peaked_model().to(CUDA)
     engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled)
     engine.stepper = SpeculativeStepper(engine.runner, sampling_tier.ENGINE_SAMPLERS[name](model, compiled))
-    params = [SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s)
-              for s in range(sampling_tier.ENGINE_SAMPLES)]
+    params = [
+        SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s)
+        for s in range(sampling_tier.ENGINE_SAMPLES)
+    ]
     out = engine.generate([Request(f"r{i}", sampling_tier.ENGINE_PROMPT, p) for i, p in enumerate(params)])
     samples = torch.tensor([c.token_ids for c in out])
     assert engine.stepper.stats.drafted > 0, f"{name}: nothing was drafted: not tested"

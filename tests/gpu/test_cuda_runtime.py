@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from ray_run_spec import SPEC  # noqa: E402
 
-from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.runtime.checkpoint import load_latest  # noqa: E402
+from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.tasks.warmstart import reduced_config  # noqa: E402
 
 pytestmark = [

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from _kfp_helpers import cached_warm_start, init_local_runner, small_run_spec, task_dir, task_outputs
 from kfp import dsl
 from kfp.dsl import Model
+from transformers import AutoConfig
 
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import read_model_config
 from tlt_components.components import evaluate_drafter, export_drafter, prepare_data
 from tlt_components.pipeline import tlt_local_pipeline
-from transformers import AutoConfig
-
-from _kfp_helpers import cached_warm_start, init_local_runner, small_run_spec, task_dir, task_outputs
 
 # Each component is a fresh Python process importing torch: minutes on 2 shared cores.
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")]
@@ -37,8 +36,12 @@ def test_pipeline_trains_single_process_then_refuses_to_export_without_a_drafter
     assert (data["num_train"], data["num_eval"], data["source"]) == (64, 16, "builtin")
     trained = task_outputs(root, "train")["artifacts"]
     assert trained["metrics"]["steps"] == 2 and "step0002_reward_mean" in trained["metrics"]
-    assert trained["drafter"] == {"location": "artifact", "trained": False, "runtime": "single-process",
-                                  "speculative_mode": "off"}
+    assert trained["drafter"] == {
+        "location": "artifact",
+        "trained": False,
+        "runtime": "single-process",
+        "speculative_mode": "off",
+    }
     assert read_model_config(task_dir(root, "train") / "policy")["model_type"] == "qwen2"
     report = (task_dir(root, "train") / "report").read_text()
     assert report.startswith("# TLT run") and report.count("data:image/png;base64,") == 4, "the KFP UI's report"
@@ -51,8 +54,17 @@ def export_and_evaluate(run_spec: dict, policy_uri: str, drafter_uri: str):
     policy = dsl.importer(artifact_uri=policy_uri, artifact_class=Model, reimport=True)
     drafter = dsl.importer(artifact_uri=drafter_uri, artifact_class=Model, reimport=True)
     exported = export_drafter(drafter=drafter.output, policy=policy.output, dtype="float32")
-    evaluate_drafter(eagle=exported.outputs["eagle"], policy=policy.output, data=data.outputs["data"], num_prompts=2,
-                     draft_tokens=3, max_new_tokens=16, batch_size=1, temperature=0.0, dtype="float32")
+    evaluate_drafter(
+        eagle=exported.outputs["eagle"],
+        policy=policy.output,
+        data=data.outputs["data"],
+        num_prompts=2,
+        draft_tokens=3,
+        max_new_tokens=16,
+        batch_size=1,
+        temperature=0.0,
+        dtype="float32",
+    )
 
 
 def test_export_then_evaluate_a_drafter(tmp_path: Path):
@@ -61,8 +73,9 @@ def test_export_then_evaluate_a_drafter(tmp_path: Path):
     policy = cached_warm_start()
     torch.manual_seed(0)
     save_drafter(EagleDrafter(drafter_config_from_target(AutoConfig.from_pretrained(policy))), tmp_path / "drafter")
-    export_and_evaluate(run_spec=small_run_spec(policy, "off"), policy_uri=str(policy),
-                        drafter_uri=str(tmp_path / "drafter"))
+    export_and_evaluate(
+        run_spec=small_run_spec(policy, "off"), policy_uri=str(policy), drafter_uri=str(tmp_path / "drafter")
+    )
 
     eagle = task_outputs(root, "export-drafter")["artifacts"]["eagle"]
     assert eagle["format"] == "eagle" and eagle["tensors"] == 9 and eagle["dtype"] == "float32"

@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from _kfp_helpers import cached_warm_start, init_local_runner, small_run_spec, task_dir, task_outputs
+from safetensors import safe_open
 
 from tlt.models.eagle_layout import EAGLE_WEIGHT_NAMES
 from tlt_components.pipeline import tlt_local_pipeline
-from safetensors import safe_open
-
-from _kfp_helpers import cached_warm_start, init_local_runner, small_run_spec, task_dir, task_outputs
 
 pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
 
@@ -21,9 +20,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarn
 def test_pipeline_end_to_end_on_the_builtin_task(tmp_path: Path):
     root = tmp_path / "root"
     init_local_runner(root)
-    tlt_local_pipeline(run_spec=small_run_spec(cached_warm_start(), "static"), local_runtime="ray",
-                 work_dir=str(tmp_path / "work"), eval_prompts=2, eval_draft_tokens=3, eval_max_new_tokens=16,
-                 eval_dtype="float32")
+    tlt_local_pipeline(
+        run_spec=small_run_spec(cached_warm_start(), "static"),
+        local_runtime="ray",
+        work_dir=str(tmp_path / "work"),
+        eval_prompts=2,
+        eval_draft_tokens=3,
+        eval_max_new_tokens=16,
+        eval_dtype="float32",
+    )
 
     data = task_outputs(root, "prepare-data")["artifacts"]["data"]
     assert data["num_train"] == 64 and data["num_eval"] == 16

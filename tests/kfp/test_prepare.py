@@ -50,8 +50,15 @@ def test_gsm8k_jsonl_file(tmp_path: Path):
 def test_parquet_file_with_custom_keys(tmp_path: Path):
     table = pa.table({"q": ["1+1=", "2+3="], "a": ["2", "5"], "other": [1, 2]})
     pq.write_table(table, tmp_path / "d.parquet")
-    spec = {"dataset": {"source": "file", "path": str(tmp_path / "d.parquet"), "promptKey": "q", "answerKey": "a",
-                        "evalFraction": 0}}
+    spec = {
+        "dataset": {
+            "source": "file",
+            "path": str(tmp_path / "d.parquet"),
+            "promptKey": "q",
+            "answerKey": "a",
+            "evalFraction": 0,
+        }
+    }
     meta = prepare_dataset(spec, tmp_path / "data")
     assert meta["num_train"] == 2
     assert [(p.prompt, p.answer) for p in read_problems(tmp_path / "data", "train")] == [("1+1=", "2"), ("2+3=", "5")]
@@ -64,8 +71,10 @@ def test_a_missing_field_is_named(tmp_path: Path):
         prepare_dataset({"dataset": {"source": "file", "path": str(tmp_path / "d.jsonl")}}, tmp_path / "data")
 
 
-@pytest.mark.parametrize(("content", "message"), [("", "has no records"), ("\n\n", "has no records"),
-                                                    ('{"question": " ", "answer": "1"}\n', "prompt is empty")])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("", "has no records"), ("\n\n", "has no records"), ('{"question": " ", "answer": "1"}\n', "prompt is empty")],
+)
 def test_empty_data_is_refused(tmp_path: Path, content: str, message: str):
     (tmp_path / "d.jsonl").write_text(content)
     with pytest.raises(DatasetError, match=message):
@@ -83,8 +92,16 @@ def test_eval_file_template_and_chat_flag_survive_the_artifact(tmp_path: Path):
     rows = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(3)]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "e.jsonl").write_text(json.dumps({"question": "9+1", "answer": "10"}) + "\n")
-    spec = {"dataset": {"source": "file", "path": str(tmp_path / "t.jsonl"), "evalPath": str(tmp_path / "e.jsonl"),
-                        "prompt": "Q: {question}=", "chat": True, "system": "Be brief."}}
+    spec = {
+        "dataset": {
+            "source": "file",
+            "path": str(tmp_path / "t.jsonl"),
+            "evalPath": str(tmp_path / "e.jsonl"),
+            "prompt": "Q: {question}=",
+            "chat": True,
+            "system": "Be brief.",
+        }
+    }
     meta = prepare_dataset(spec, tmp_path / "data")
     assert (meta["num_train"], meta["num_eval"]) == (3, 1)
     (held_out,) = read_problems(tmp_path / "data", "eval")
@@ -96,9 +113,19 @@ def test_eval_fraction_zero_prepares_no_held_out_set_and_evaluation_refuses_it(t
 
     rows = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(4)]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    meta = prepare_dataset({"dataset": {"source": "file", "path": str(tmp_path / "t.jsonl"), "evalFraction": 0}},
-                           tmp_path / "data")
+    meta = prepare_dataset(
+        {"dataset": {"source": "file", "path": str(tmp_path / "t.jsonl"), "evalFraction": 0}}, tmp_path / "data"
+    )
     assert (meta["num_train"], meta["num_eval"]) == (4, 0)
     with pytest.raises(ValueError, match="no held-out problems"):
-        evaluate_export(tmp_path / "eagle", tmp_path / "policy", tmp_path / "data", num_prompts=4, draft_tokens=2,
-                        max_new_tokens=4, batch_size=1, temperature=0.0, dtype="float32")
+        evaluate_export(
+            tmp_path / "eagle",
+            tmp_path / "policy",
+            tmp_path / "data",
+            num_prompts=4,
+            draft_tokens=2,
+            max_new_tokens=4,
+            batch_size=1,
+            temperature=0.0,
+            dtype="float32",
+        )

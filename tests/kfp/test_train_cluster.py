@@ -18,9 +18,9 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
-from tlt.spec.manifest_io import parse_run
 from tlt.spec.crd import build_crd
+from tlt.spec.manifest_io import parse_run
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 from tlt_components.cluster import RunCancelled, RunFailed, follow_run, run_manifest, train_on_cluster
 from tlt_components.prepare import prepare_dataset
 from tlt_components.train import export_trained_drafter, run_train
@@ -71,11 +71,18 @@ def run_of(spec: dict[str, Any] | None = None):
 
 
 def test_follows_progress_to_succeeded_and_logs_it(caplog):
-    api = StubApi([{}, {"phase": "Pending"}, {"phase": "Running", "step": {"current": 1, "total": 2}},
-                   {"phase": "Succeeded", "step": {"current": 2, "total": 2}, "drafter": {"acceptLength": 2.5}}])
+    api = StubApi(
+        [
+            {},
+            {"phase": "Pending"},
+            {"phase": "Running", "step": {"current": 1, "total": 2}},
+            {"phase": "Succeeded", "step": {"current": 2, "total": 2}, "drafter": {"acceptLength": 2.5}},
+        ]
+    )
     with caplog.at_level(logging.INFO, logger="tlt_components.cluster"):
-        name, status = train_on_cluster(run_of(), namespace="ml", name="", poll_seconds=1, timeout_seconds=0,
-                                        api=api, sleep=no_sleep)
+        name, status = train_on_cluster(
+            run_of(), namespace="ml", name="", poll_seconds=1, timeout_seconds=0, api=api, sleep=no_sleep
+        )
     assert name == "tlt-run-x7k2q" and status["phase"] == "Succeeded"
     assert api.created[0]["metadata"]["generateName"] == "tlt-run-" and api.deleted == []
     assert "step 1/2" in caplog.text and "phase Succeeded, step 2/2, accept length 2.5" in caplog.text
@@ -84,8 +91,9 @@ def test_follows_progress_to_succeeded_and_logs_it(caplog):
 def test_failed_run_fails_the_component_and_is_kept_for_inspection():
     api = StubApi([{"phase": "Running"}, {"phase": "Failed", "message": "backoffLimit 3 exceeded"}])
     with pytest.raises(RunFailed, match="backoffLimit 3 exceeded"):
-        train_on_cluster(run_of(), namespace="ml", name="r1", poll_seconds=1, timeout_seconds=0, api=api,
-                         sleep=no_sleep)
+        train_on_cluster(
+            run_of(), namespace="ml", name="r1", poll_seconds=1, timeout_seconds=0, api=api, sleep=no_sleep
+        )
     assert api.deleted == []
 
 
@@ -119,13 +127,21 @@ def test_timeout_deletes_the_run():
     with pytest.raises(TimeoutError, match="within 30 s"):
         follow_run(api, "ml", "r1", poll_seconds=10, timeout_seconds=30, sleep=tick, clock=lambda: now[0])
     with pytest.raises(TimeoutError):
-        train_on_cluster(run_of(), namespace="ml", name="r1", poll_seconds=1, timeout_seconds=1e-9, api=api,
-                         sleep=lambda s: time.sleep(0.001))
+        train_on_cluster(
+            run_of(),
+            namespace="ml",
+            name="r1",
+            poll_seconds=1,
+            timeout_seconds=1e-9,
+            api=api,
+            sleep=lambda s: time.sleep(0.001),
+        )
     assert api.deleted == [("ml", "r1")]
 
 
 def test_cancel_deletes_the_run():
     """KFP cancels a task by deleting its pod: SIGTERM. The run must not outlive the component."""
+
     def cancel() -> dict[str, Any]:
         signal.raise_signal(signal.SIGTERM)
         return {"phase": "Running"}
@@ -133,18 +149,31 @@ def test_cancel_deletes_the_run():
     before = signal.getsignal(signal.SIGTERM)
     api = StubApi([{"phase": "Running"}, cancel])
     with pytest.raises(RunCancelled):
-        train_on_cluster(run_of(), namespace="ml", name="r1", poll_seconds=1, timeout_seconds=0, api=api,
-                         sleep=no_sleep)
+        train_on_cluster(
+            run_of(), namespace="ml", name="r1", poll_seconds=1, timeout_seconds=0, api=api, sleep=no_sleep
+        )
     assert api.deleted == [("ml", "r1")]
     assert signal.getsignal(signal.SIGTERM) == before, "the SIGTERM handler is restored"
 
 
 def test_manifest_is_the_validated_spec_under_the_given_name():
-    body = run_manifest(run_of({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                                "metadata": {"name": "demo", "labels": {"team": "a"}}, "spec": SPEC}),
-                        namespace="ml", name="demo-7")
-    assert body["metadata"] == {"name": "demo-7", "namespace": "ml",
-                                "labels": {"team": "a", "tlt.dev/created-by": "kubeflow-pipelines"}}
+    body = run_manifest(
+        run_of(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "demo", "labels": {"team": "a"}},
+                "spec": SPEC,
+            }
+        ),
+        namespace="ml",
+        name="demo-7",
+    )
+    assert body["metadata"] == {
+        "name": "demo-7",
+        "namespace": "ml",
+        "labels": {"team": "a", "tlt.dev/created-by": "kubeflow-pipelines"},
+    }
     assert body["spec"]["algorithm"]["steps"] == 2 and body["kind"] == "TLTTrainingRun" and "status" not in body
 
 
@@ -167,17 +196,39 @@ def test_run_train_cluster_validates_then_records_where_outputs_are(tmp_path: Pa
         run_train(claimed, tmp_path / "data", mode="cluster", checkpoint_claim="other", api=StubApi([{}]), **dirs)
 
     api = StubApi([{"phase": "Succeeded", "step": {"current": 2, "total": 2}, "drafter": {"acceptLength": 3.0}}])
-    result = run_train(claimed, tmp_path / "data", mode="cluster", namespace="ml", run_name="r9", poll_seconds=1,
-                       checkpoint_claim="tlt-ckpt", api=api, **dirs)
+    result = run_train(
+        claimed,
+        tmp_path / "data",
+        mode="cluster",
+        namespace="ml",
+        run_name="r9",
+        poll_seconds=1,
+        checkpoint_claim="tlt-ckpt",
+        api=api,
+        **dirs,
+    )
     assert result.metrics == {"steps": 2.0, "restarts": 0.0, "accept_length": 3.0}
     for folder in ("policy", "drafter"):
         location = json.loads((tmp_path / folder / "location.json").read_text())
-        assert location == {"location": "cluster", "namespace": "ml", "run": "r9", "claimName": "tlt-ckpt",
-                            "checkpointPath": "checkpoints", "pathInClaim": ".", "step": 2}
+        assert location == {
+            "location": "cluster",
+            "namespace": "ml",
+            "run": "r9",
+            "claimName": "tlt-ckpt",
+            "checkpointPath": "checkpoints",
+            "pathInClaim": ".",
+            "step": 2,
+        }
     assert result.drafter_metadata == location
     with pytest.raises(FileNotFoundError, match="claim 'tlt-ckpt' of TLTTrainingRun ml/r9 is not mounted at"):
-        export_trained_drafter(tmp_path / "drafter", result.drafter_metadata, tmp_path / "policy",
-                               tmp_path / "eagle", dtype="auto", mount=tmp_path / "not-mounted")
+        export_trained_drafter(
+            tmp_path / "drafter",
+            result.drafter_metadata,
+            tmp_path / "policy",
+            tmp_path / "eagle",
+            dtype="auto",
+            mount=tmp_path / "not-mounted",
+        )
 
 
 def test_against_the_fake_api_server(tmp_path: Path):
@@ -198,18 +249,22 @@ def test_against_the_fake_api_server(tmp_path: Path):
                 items = api.list_namespaced_custom_object(API_GROUP, API_VERSION, "ml", PLURAL)["items"]
                 if items:
                     name = items[0]["metadata"]["name"]
-                    for status in ({"phase": "Running", "step": {"current": 1, "total": 2}},
-                                   {"phase": "Succeeded", "step": {"current": 2, "total": 2}}):
-                        api.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, "ml", PLURAL, name,
-                                                                  {"status": status})
+                    for status in (
+                        {"phase": "Running", "step": {"current": 1, "total": 2}},
+                        {"phase": "Succeeded", "step": {"current": 2, "total": 2}},
+                    ):
+                        api.patch_namespaced_custom_object_status(
+                            API_GROUP, API_VERSION, "ml", PLURAL, name, {"status": status}
+                        )
                         time.sleep(0.2)
                     return
                 time.sleep(0.05)
 
         thread = threading.Thread(target=operator, daemon=True)
         thread.start()
-        name, status = train_on_cluster(run_of(), namespace="ml", name="", poll_seconds=0.1, timeout_seconds=30,
-                                        api=api)
+        name, status = train_on_cluster(
+            run_of(), namespace="ml", name="", poll_seconds=0.1, timeout_seconds=30, api=api
+        )
         thread.join(timeout=5)
         assert name.startswith("tlt-run-") and status["step"]["current"] == 2
         stored = api.get_namespaced_custom_object(API_GROUP, API_VERSION, "ml", PLURAL, name)

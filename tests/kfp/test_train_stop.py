@@ -8,11 +8,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from tlt_components.train import train_local
-
 from _kfp_helpers import cached_warm_start, small_run_spec
+
 from tlt.runtime.local import LocalTrainer
 from tlt.spec.run import ObjectMeta, RunSpec, TLTTrainingRun
+from tlt_components.train import train_local
 
 
 def test_sigterm_checkpoints_the_step_and_fails_the_task_with_143(tmp_path: Path, monkeypatch):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from _kfp_helpers import cached_warm_start, small_run_spec
 from safetensors.torch import load_file
 
 from tlt.drafter.export import load_eagle
@@ -20,10 +21,14 @@ from tlt_components.common import parse_run_spec
 from tlt_components.evaluate import evaluate_export
 from tlt_components.prepare import prepare_dataset
 from tlt_components.train import export_trained_drafter
-from tlt_components.volume import (VolumeError, cluster_location, final_checkpoint, read_location, trained_policy,
-                                   write_location)
-
-from _kfp_helpers import cached_warm_start, small_run_spec
+from tlt_components.volume import (
+    VolumeError,
+    cluster_location,
+    final_checkpoint,
+    read_location,
+    trained_policy,
+    write_location,
+)
 
 CLAIM = "tlt-ckpt"
 
@@ -32,8 +37,9 @@ def cluster_spec(mode: str = "static") -> dict[str, Any]:
     return {**small_run_spec(cached_warm_start(), mode), "checkpoint": {"claimName": CLAIM}}
 
 
-def write_run_checkpoint(mount: Path, spec: dict[str, Any], *, drafter: bool = True,
-                         served: bool = False) -> dict[str, torch.Tensor]:
+def write_run_checkpoint(
+    mount: Path, spec: dict[str, Any], *, drafter: bool = True, served: bool = False
+) -> dict[str, torch.Tensor]:
     """What a finished run leaves on its claim (mounted at `mount`): the final whole-run checkpoint, with
     trained (here: shifted) policy weights and, when `drafter`, a seeded drafter (the hub's newest) and, when
     `served`, another one as the served drafter. Returns the policy weights."""
@@ -69,20 +75,30 @@ def test_export_and_evaluate_read_the_final_checkpoint_on_the_mount(tmp_path: Pa
     policy_dir, drafter_dir, location = artifacts(tmp_path, spec)
     assert final_checkpoint(read_location(drafter_dir), mount) == mount / "step-00000002"
 
-    result = export_trained_drafter(drafter_dir, location, policy_dir, tmp_path / "eagle", dtype="float32",
-                                    mount=mount)
+    result = export_trained_drafter(drafter_dir, location, policy_dir, tmp_path / "eagle", dtype="float32", mount=mount)
     assert result.tensors == 9 and result.dtype == "float32"
     policy, _ = trained_policy(mount / "step-00000002", "float32")
-    assert all(torch.equal(policy.state_dict()[name], tensor) for name, tensor in weights.items()), \
+    assert all(torch.equal(policy.state_dict()[name], tensor) for name, tensor in weights.items()), (
         "the policy carries the run's trained weights, not the base model's"
+    )
     exported = load_eagle(tmp_path / "eagle", policy)
     saved = load_file(str(mount / "step-00000002" / "drafter.safetensors"))
     assert all(torch.equal(exported.state_dict()[name].float(), tensor.float()) for name, tensor in saved.items())
 
     prepare_dataset(spec, tmp_path / "data")
-    metrics = evaluate_export(tmp_path / "eagle", policy_dir, tmp_path / "data", num_prompts=1, draft_tokens=2,
-                              max_new_tokens=4, batch_size=1, temperature=0.0, dtype="float32",
-                              policy_metadata=location, mount=mount)
+    metrics = evaluate_export(
+        tmp_path / "eagle",
+        policy_dir,
+        tmp_path / "data",
+        num_prompts=1,
+        draft_tokens=2,
+        max_new_tokens=4,
+        batch_size=1,
+        temperature=0.0,
+        dtype="float32",
+        policy_metadata=location,
+        mount=mount,
+    )
     assert metrics["prompts"] == 1 and metrics["outputs_equal"] == 1.0
 
 
@@ -104,11 +120,15 @@ def test_export_takes_the_served_drafter_under_validated(tmp_path: Path, caplog,
 
 def test_claim_not_mounted_names_the_claim_and_the_mount(tmp_path: Path):
     _, drafter_dir, location = artifacts(tmp_path, cluster_spec())
-    with pytest.raises(VolumeError, match=f"checkpoint claim '{CLAIM}' of TLTTrainingRun ml/r1 is not mounted at "
-                                          f"{tmp_path / 'absent'}: run the tlt-cluster pipeline with "
-                                          f"checkpoint_claim='{CLAIM}'"):
-        export_trained_drafter(drafter_dir, location, tmp_path / "policy", tmp_path / "eagle", dtype="auto",
-                               mount=tmp_path / "absent")
+    with pytest.raises(
+        VolumeError,
+        match=f"checkpoint claim '{CLAIM}' of TLTTrainingRun ml/r1 is not mounted at "
+        f"{tmp_path / 'absent'}: run the tlt-cluster pipeline with "
+        f"checkpoint_claim='{CLAIM}'",
+    ):
+        export_trained_drafter(
+            drafter_dir, location, tmp_path / "policy", tmp_path / "eagle", dtype="auto", mount=tmp_path / "absent"
+        )
 
 
 def test_a_claim_without_the_runs_checkpoints_is_refused(tmp_path: Path):

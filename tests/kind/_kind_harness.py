@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def missing_tool() -> str | None:
     """Why this tier cannot run here, or None."""
     for tool in ("docker", "kind", "kubectl", "prometheus"):
@@ -42,8 +41,13 @@ class Kind:
     kubeconfig: Path
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        result = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=stdin,
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr[-2000:]}")
         return result.stdout
@@ -78,15 +82,25 @@ def prometheus_scraping(target: str, target_labels: dict[str, str], workdir: Pat
     `target_labels` as a Kubernetes-discovered DCGM target would; yields its base URL."""
     config = workdir / "prometheus.yml"
     labels = ", ".join(f"{k}: {v}" for k, v in target_labels.items())
-    config.write_text("global:\n  scrape_interval: 500ms\nscrape_configs:\n  - job_name: dcgm\n"
-                      f"    static_configs:\n      - targets: ['{target}']\n        labels: {{{labels}}}\n")
+    config.write_text(
+        "global:\n  scrape_interval: 500ms\nscrape_configs:\n  - job_name: dcgm\n"
+        f"    static_configs:\n      - targets: ['{target}']\n        labels: {{{labels}}}\n"
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with (workdir / "prometheus.log").open("wb") as log:
         process = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         wait_until("Prometheus ready", lambda: _ready(url), timeout=30)
         yield url

@@ -20,8 +20,11 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
         pytest.skip(f"kind tier skipped: {reason}")
     name = f"tlt-kind-{os.getpid()}"
     kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    subprocess.run(["kind", "create", "cluster", "--name", name, "--kubeconfig", str(kubeconfig), "--wait", "120s"],
-                   check=True, timeout=600)
+    subprocess.run(
+        ["kind", "create", "cluster", "--name", name, "--kubeconfig", str(kubeconfig), "--wait", "120s"],
+        check=True,
+        timeout=600,
+    )
     try:
         yield Kind(name, kubeconfig)
     finally:

@@ -28,7 +28,7 @@ BUSY, IDLE = 90.0, 4.0
 IDLE_WINDOW, BUSY_WINDOW, MAX_TRAINERS = 3, 2, 2
 PODS = [f"r1-rollout-{i}" for i in range(3)]
 
-EXPORTER = textwrap.dedent('''
+EXPORTER = textwrap.dedent("""
     import http.server, json
     values = {}
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -47,13 +47,12 @@ EXPORTER = textwrap.dedent('''
             self.send_response(204)
             self.end_headers()
     http.server.ThreadingHTTPServer(("", 9400), Handler).serve_forever()
-''')
+""")
 
 
 def _sleeper_image(kind: Kind) -> None:
     """A worker image whose `tlt` only sleeps: the pods stay Running, the test plays the workers."""
-    dockerfile = (f"FROM {BUSYBOX}\nRUN printf '#!/bin/sh\\nexec sleep 2147483647\\n' > /bin/tlt"
-                  " && chmod 755 /bin/tlt\n")
+    dockerfile = f"FROM {BUSYBOX}\nRUN printf '#!/bin/sh\\nexec sleep 2147483647\\n' > /bin/tlt && chmod 755 /bin/tlt\n"
     subprocess.run(["docker", "build", "-t", WORKER_IMAGE, "-"], input=dockerfile.encode(), check=True, timeout=600)
     subprocess.run(["docker", "pull", PYTHON_IMAGE], check=True, timeout=600)
     for image in (WORKER_IMAGE, PYTHON_IMAGE):
@@ -64,26 +63,54 @@ def _advertise_gpus(kind: Kind, per_node: int = 4) -> None:
     """What the NVIDIA device plugin would do: each node's capacity lists `nvidia.com/gpu`."""
     for node in kind.get("nodes")["items"]:
         patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(per_node)}]
-        kind.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status", "--type=json",
-                     "-p", json.dumps(patch))
-    wait_until("nodes allocatable nvidia.com/gpu", lambda: all(
-        n["status"]["allocatable"].get("nvidia.com/gpu") == str(per_node) for n in kind.get("nodes")["items"]))
+        kind.kubectl(
+            "patch", "node", node["metadata"]["name"], "--subresource=status", "--type=json", "-p", json.dumps(patch)
+        )
+    wait_until(
+        "nodes allocatable nvidia.com/gpu",
+        lambda: all(
+            n["status"]["allocatable"].get("nvidia.com/gpu") == str(per_node) for n in kind.get("nodes")["items"]
+        ),
+    )
 
 
 def _exporter(kind: Kind) -> None:
     kind.kubectl("create", "namespace", EXPORTER_NAMESPACE)
-    kind.apply({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "fake-dcgm", "namespace": EXPORTER_NAMESPACE},
-                "data": {"exporter.py": EXPORTER}})
+    kind.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "fake-dcgm", "namespace": EXPORTER_NAMESPACE},
+            "data": {"exporter.py": EXPORTER},
+        }
+    )
     labels = {"app": "fake-dcgm-exporter"}
-    kind.apply({"apiVersion": "apps/v1", "kind": "DaemonSet",
-                "metadata": {"name": "fake-dcgm-exporter", "namespace": EXPORTER_NAMESPACE},
-                "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
-                    "containers": [{"name": "exporter", "image": PYTHON_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                    "command": ["python", "/exporter/exporter.py"],
-                                    "ports": [{"containerPort": 9400, "name": "metrics"}],
-                                    "volumeMounts": [{"name": "code", "mountPath": "/exporter"}]}],
-                    "volumes": [{"name": "code", "configMap": {"name": "fake-dcgm"}}]}}}})
+    kind.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "fake-dcgm-exporter", "namespace": EXPORTER_NAMESPACE},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "exporter",
+                                "image": PYTHON_IMAGE,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": ["python", "/exporter/exporter.py"],
+                                "ports": [{"containerPort": 9400, "name": "metrics"}],
+                                "volumeMounts": [{"name": "code", "mountPath": "/exporter"}],
+                            }
+                        ],
+                        "volumes": [{"name": "code", "configMap": {"name": "fake-dcgm"}}],
+                    },
+                },
+            },
+        }
+    )
     kind.kubectl("rollout", "status", "-n", EXPORTER_NAMESPACE, "daemonset/fake-dcgm-exporter", "--timeout=180s")
 
 
@@ -98,21 +125,51 @@ def stage(kind_cluster: Kind, tmp_path_factory: pytest.TempPathFactory) -> Itera
     kind.kubectl("create", "namespace", NAMESPACE)
     exporter_pod = kind.get("pods", "-n", EXPORTER_NAMESPACE, "-l", "app=fake-dcgm-exporter")["items"][0]
     port = free_port()
-    forward = subprocess.Popen(["kubectl", "--kubeconfig", str(kind.kubeconfig), "port-forward", "-n",
-                                EXPORTER_NAMESPACE, f"pod/{exporter_pod['metadata']['name']}", f"{port}:9400"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    forward = subprocess.Popen(
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(kind.kubeconfig),
+            "port-forward",
+            "-n",
+            EXPORTER_NAMESPACE,
+            f"pod/{exporter_pod['metadata']['name']}",
+            f"{port}:9400",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     target_labels = {"pod": exporter_pod["metadata"]["name"], "namespace": EXPORTER_NAMESPACE}
     operator_log = (work / "operator.log").open("wb")
     processes = [forward]
     try:
         with prometheus_scraping(f"127.0.0.1:{port}", target_labels, work) as prometheus:
-            env = {**os.environ, "KUBECONFIG": str(kind.kubeconfig), "TLT_OPERATOR_RECONCILE_SECONDS": "1",
-                   "TLT_OPERATOR_PROMETHEUS_URLS": prometheus}  # the admin's allowlist
-            processes.append(subprocess.Popen([str(Path(sys.executable).with_name("tlt-operator")), "--metrics-port",
-                                               "0", "--health-port", str(free_port())], env=env, stdout=operator_log,
-                                              stderr=subprocess.STDOUT))
-            yield {"kind": kind, "prometheus": prometheus, "exporter": f"http://127.0.0.1:{port}",
-                   "operator_log": work / "operator.log"}
+            env = {
+                **os.environ,
+                "KUBECONFIG": str(kind.kubeconfig),
+                "TLT_OPERATOR_RECONCILE_SECONDS": "1",
+                "TLT_OPERATOR_PROMETHEUS_URLS": prometheus,
+            }  # the admin's allowlist
+            processes.append(
+                subprocess.Popen(
+                    [
+                        str(Path(sys.executable).with_name("tlt-operator")),
+                        "--metrics-port",
+                        "0",
+                        "--health-port",
+                        str(free_port()),
+                    ],
+                    env=env,
+                    stdout=operator_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            yield {
+                "kind": kind,
+                "prometheus": prometheus,
+                "exporter": f"http://127.0.0.1:{port}",
+                "operator_log": work / "operator.log",
+            }
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -130,26 +187,41 @@ def test_slots_follow_dcgm_idleness_on_a_real_cluster(stage: dict[str, Any]) -> 
     kind: Kind = stage["kind"]
     _set(stage["exporter"], PODS, BUSY)
     worker = {"image": WORKER_IMAGE, "resources": {"cpu": "100m", "memory": "64Mi"}}
-    kind.apply({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                "metadata": {"name": "r1", "namespace": NAMESPACE},
-                "spec": {"policy": {**worker, "replicas": 1}, "verifier": {**worker, "replicas": 0},
-                         "rollout": {**worker, "replicas": len(PODS),
-                                     "resources": {**worker["resources"], "gpus": 1}},
-                         "drafter": {"idleWindowSeconds": IDLE_WINDOW, "busyWindowSeconds": BUSY_WINDOW,
-                                     "cooldownSeconds": 0, "maxTrainers": MAX_TRAINERS},
-                         "monitoring": {"prometheusUrl": stage["prometheus"], "pollSeconds": 1}}})
+    kind.apply(
+        {
+            "apiVersion": "tlt.dev/v1alpha1",
+            "kind": "TLTTrainingRun",
+            "metadata": {"name": "r1", "namespace": NAMESPACE},
+            "spec": {
+                "policy": {**worker, "replicas": 1},
+                "verifier": {**worker, "replicas": 0},
+                "rollout": {**worker, "replicas": len(PODS), "resources": {**worker["resources"], "gpus": 1}},
+                "drafter": {
+                    "idleWindowSeconds": IDLE_WINDOW,
+                    "busyWindowSeconds": BUSY_WINDOW,
+                    "cooldownSeconds": 0,
+                    "maxTrainers": MAX_TRAINERS,
+                },
+                "monitoring": {"prometheusUrl": stage["prometheus"], "pollSeconds": 1},
+            },
+        }
+    )
     most = 0
 
     def slots() -> set[str] | None:
         nonlocal most
-        listed = ((kind.get("tltrainingruns", "r1", "-n", NAMESPACE).get("status") or {}).get("drafter")
-                  or {}).get("enabledSlots")
+        listed = ((kind.get("tltrainingruns", "r1", "-n", NAMESPACE).get("status") or {}).get("drafter") or {}).get(
+            "enabledSlots"
+        )
         most = max(most, len(listed or []))
         return None if listed is None else set(listed)
 
     try:
-        wait_until("Running with GPU-requesting rollout pods", lambda: (kind.get(
-            "tltrainingruns", "r1", "-n", NAMESPACE).get("status") or {}).get("phase") == "Running", timeout=300)
+        wait_until(
+            "Running with GPU-requesting rollout pods",
+            lambda: (kind.get("tltrainingruns", "r1", "-n", NAMESPACE).get("status") or {}).get("phase") == "Running",
+            timeout=300,
+        )
         wait_until("busy GPUs: a slot list with nothing enabled", lambda: slots() == set())
         _set(stage["exporter"], PODS[:2], IDLE)
         wait_until("idle GPUs get slots", lambda: slots() == {"r1-rollout-0", "r1-rollout-1"})

@@ -20,10 +20,9 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from tlt.adaptive.adaptive_stepper import AdaptiveStepper, build_adaptive_stepper
 from tlt.adaptive.arms import Arm, build_arms, verify_width
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.adaptive_stepper import AdaptiveStepper, build_adaptive_stepper
-from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
@@ -31,10 +30,15 @@ from tlt.rollout.drafting import Draft
 from tlt.rollout.engine import Engine
 from tlt.rollout.tree import chain_tree
 from tlt.rollout.types import Completion, Request, SamplingParams
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 MAX_CONTEXT = 96
-PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 9, 10, 9, 10, 9, 10], [11, 12, 13, 14, 11, 12, 13, 14],
-           [3, 4, 3, 4, 5, 3, 4, 5]]
+PROMPTS = [
+    [5, 6, 7, 5, 6, 7, 5, 6],
+    [9, 10, 9, 10, 9, 10, 9, 10],
+    [11, 12, 13, 14, 11, 12, 13, 14],
+    [3, 4, 3, 4, 5, 3, 4, 5],
+]
 MAX_NEW = (56, 8, 36, 12)  # rows finish at different steps: the batch shrinks 4 -> 3 -> 2 -> 1
 LONG_MAX_NEW = (88, 8, 56, 12)  # longer SD phases for the bandit test
 ARMS = [
@@ -48,8 +52,10 @@ WITH_PLAIN = [*ARMS, ArmSpec(kind="block", depth=3), ArmSpec(kind="plain")]
 
 
 def _requests(max_new: tuple[int, ...] = MAX_NEW) -> list[Request]:
-    return [Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n))
-            for i, (p, n) in enumerate(zip(PROMPTS, max_new))]
+    return [
+        Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n))
+        for i, (p, n) in enumerate(zip(PROMPTS, max_new))
+    ]
 
 
 def _spec(**overrides) -> SpeculativeSpec:
@@ -71,7 +77,7 @@ class OracleChain:
         self.answers, self.k = answers, k
 
     def propose(self, batch: RunningBatch) -> Draft:
-        futures = [self.answers[s.request.request_id][len(s.tokens): len(s.tokens) + self.k] for s in batch.sequences]
+        futures = [self.answers[s.request.request_id][len(s.tokens) : len(s.tokens) + self.k] for s in batch.sequences]
         n = torch.tensor([len(f) for f in futures])
         padded = torch.tensor([f + [0] * (self.k - len(f)) for f in futures])
         return Draft(chain_tree(batch.last_token, padded, n), chain=True)
@@ -111,15 +117,24 @@ class TargetTokenCounter:
 
 def _adaptive_engine(model, spec, answers=None, *, seed=0, clock=None) -> tuple[Engine, AdaptiveStepper]:
     engine = Engine(model, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=True)
-    stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed,
-                                     block=H.random_block(model))
+    stepper = build_adaptive_stepper(
+        spec, engine.runner, _eagle(model), rows=4, context=MAX_CONTEXT, seed=seed, block=H.random_block(model)
+    )
     if answers is not None:  # one more arm: the oracle, whose drafts are all accepted
-        arms = stepper.arms + [Arm(len(stepper.arms), "oracle-d6", ArmSpec(kind="chain", depth=6),
-                                   OracleChain(answers, 6))]
-        bandit = BucketedBandit(len(arms), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed),
-                                spec.exploration)
-        stepper = AdaptiveStepper(engine.runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets,
-                                  **({"clock": clock} if clock else {}))
+        arms = stepper.arms + [
+            Arm(len(stepper.arms), "oracle-d6", ArmSpec(kind="chain", depth=6), OracleChain(answers, 6))
+        ]
+        bandit = BucketedBandit(
+            len(arms), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed), spec.exploration
+        )
+        stepper = AdaptiveStepper(
+            engine.runner,
+            arms,
+            bandit,
+            threshold=spec.threshold,
+            buckets=spec.buckets,
+            **({"clock": clock} if clock else {}),
+        )
     engine.stepper = stepper
     return engine, stepper
 
@@ -177,8 +192,9 @@ def test_bandit_in_engine_records_rewards_per_bucket_and_explores(model64):
     answers = {c.request_id: c.token_ids for c in plain}
     greedy_engine, greedy = _adaptive_engine(model64, _spec(epsilon=0.0), answers, clock=_fixed_clock())
     greedy_engine.generate(_requests(LONG_MAX_NEW))
-    explore_engine, explore = _adaptive_engine(model64, _spec(epsilon=0.6, exploration="uniform"), answers,
-                                               clock=_fixed_clock())
+    explore_engine, explore = _adaptive_engine(
+        model64, _spec(epsilon=0.6, exploration="uniform"), answers, clock=_fixed_clock()
+    )
     explore_engine.generate(_requests(LONG_MAX_NEW))
     weighted_engine, weighted = _adaptive_engine(model64, _spec(epsilon=0.6), answers, clock=_fixed_clock())
     weighted_engine.generate(_requests(LONG_MAX_NEW))
@@ -197,9 +213,11 @@ def test_bandit_in_engine_records_rewards_per_bucket_and_explores(model64):
     others = sum(s.pulls for b in (0, 1) for i, s in enumerate(explore.bandit.stats(b)) if i != oracle)
     assert others >= 2 * oracle + 4
     # weighted exploration: rounds go to the oracle rather than to arms far behind it
-    pulls = {name: [s.pulls for b in (0, 1) for s in stepper.bandit.stats(b)] for name, stepper in
-             (("uniform", explore), ("weighted", weighted))}
-    share = {name: sum(p[oracle::len(explore.arms)]) / sum(p) for name, p in pulls.items()}
+    pulls = {
+        name: [s.pulls for b in (0, 1) for s in stepper.bandit.stats(b)]
+        for name, stepper in (("uniform", explore), ("weighted", weighted))
+    }
+    share = {name: sum(p[oracle :: len(explore.arms)]) / sum(p) for name, p in pulls.items()}
     assert share["weighted"] > share["uniform"], (pulls, share)
 
 
@@ -217,22 +235,37 @@ def test_mode_off_is_plain_decoding_and_ngram_mode_uses_only_ngram_arms(model64,
 
 def test_build_arms_refuses_learned_arms_without_a_drafter(model64):
     with pytest.raises(ValueError, match="needs the learned drafter"):
-        build_arms(_spec(mode="static"), embed=model64.get_input_embeddings(), drafter=None,
-                   max_batch_size=4, max_context=MAX_CONTEXT)
+        build_arms(
+            _spec(mode="static"),
+            embed=model64.get_input_embeddings(),
+            drafter=None,
+            max_batch_size=4,
+            max_context=MAX_CONTEXT,
+        )
 
 
 def test_build_arms_refuses_block_arms_without_a_block_drafter(model64):
     with pytest.raises(ValueError, match="arms of kind block needs the block drafter"):
-        build_arms(_spec(arms=WITH_PLAIN), embed=model64.get_input_embeddings(), drafter=_eagle(model64), max_batch_size=4,
-                   max_context=MAX_CONTEXT)
+        build_arms(
+            _spec(arms=WITH_PLAIN),
+            embed=model64.get_input_embeddings(),
+            drafter=_eagle(model64),
+            max_batch_size=4,
+            max_context=MAX_CONTEXT,
+        )
 
 
 def test_bandit_reward_is_per_running_row(model64, plain64):
     """A plain arm gains exactly one token per row and step: with every step lasting 1 s its reward
     is 1.0 whatever the batch size in the bucket (4 -> 3 -> 2 -> 1 rows here)."""
     engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT, return_hidden=False)
-    spec = _spec(mode="ngram", arms=[ArmSpec(kind="plain"), ArmSpec(kind="ngram", depth=2)], threshold=4,
-                 buckets=[4], epsilon=0.0)
+    spec = _spec(
+        mode="ngram",
+        arms=[ArmSpec(kind="plain"), ArmSpec(kind="ngram", depth=2)],
+        threshold=4,
+        buckets=[4],
+        epsilon=0.0,
+    )
     stepper = build_adaptive_stepper(spec, engine.runner, None, rows=4, context=MAX_CONTEXT)
     stepper.clock = _fixed_clock()
     engine.stepper = stepper
@@ -250,13 +283,21 @@ def test_every_arm_runs_up_to_the_context_limit_without_overflow(seed, model64):
     context = 24
     requests = _requests(max_new=(200, 200, 200, 200))
     plain = Engine(model64, max_batch_size=4, max_context=context).generate(requests)
-    arms = [*ARMS, ArmSpec(kind="ngram", depth=4), ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6),
-            ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2), ArmSpec(kind="mixed", depth=3),
-            ArmSpec(kind="block", depth=3), ArmSpec(kind="block", depth=8)]
+    arms = [
+        *ARMS,
+        ArmSpec(kind="ngram", depth=4),
+        ArmSpec(kind="tree", depth=4, topk=3, verify_tokens=6),
+        ArmSpec(kind="history", depth=4),
+        ArmSpec(kind="history", depth=3, topk=2),
+        ArmSpec(kind="mixed", depth=3),
+        ArmSpec(kind="block", depth=3),
+        ArmSpec(kind="block", depth=8),
+    ]
     spec = _spec(arms=arms, threshold=4, buckets=[4], epsilon=1.0, history={"min_match": 1, "max_match": 4})
     engine = Engine(model64, max_batch_size=4, max_context=context, return_hidden=True)
-    engine.stepper = build_adaptive_stepper(spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed,
-                                            block=H.random_block(model64))
+    engine.stepper = build_adaptive_stepper(
+        spec, engine.runner, _eagle(model64), rows=4, context=context, seed=seed, block=H.random_block(model64)
+    )
     out = engine.generate(requests)
     assert [c.token_ids for c in out] == [c.token_ids for c in plain]
     assert all(c.finish_reason == "length" for c in out)

@@ -34,11 +34,18 @@ def model64() -> PreTrainedModel:
 def _batch_after_steps(model: PreTrainedModel, steps: int, temperature: float = 0.0, rows: int = 3) -> RunningBatch:
     """A running batch of the first `rows` prompts, prefilled and advanced `steps` plain steps."""
     engine = Engine(model, max_batch_size=4, max_context=64)
-    requests = [Request(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=20, seed=i))
-                for i, p in enumerate(PROMPTS[:rows])]
-    batch = RunningBatch([Sequence(r, limit=20) for r in requests], engine.runner.cache,
-                         hidden_size=model.config.hidden_size, return_hidden=True, dtype=model.dtype,
-                         device=engine.runner.device)
+    requests = [
+        Request(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=20, seed=i))
+        for i, p in enumerate(PROMPTS[:rows])
+    ]
+    batch = RunningBatch(
+        [Sequence(r, limit=20) for r in requests],
+        engine.runner.cache,
+        hidden_size=model.config.hidden_size,
+        return_hidden=True,
+        dtype=model.dtype,
+        device=engine.runner.device,
+    )
     prefill(engine.runner, batch)
     for _ in range(steps):
         engine.stepper.step(batch)

@@ -17,7 +17,6 @@ import torch
 from transformers import PreTrainedModel
 
 from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
-from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.compiled import AUTO_MIN_LAYERS, CompiledStep, bucket_size, resolve_compile
@@ -28,14 +27,17 @@ from tlt.rollout.runner import causal_mask, decoder_forward
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Completion, Request, SamplingParams
 from tlt.rollout.warmup import warm_up
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 CONTEXT = 40
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11, 12, 13, 14, 11]]
 
 
 def _requests(max_new: tuple[int, ...] = (20, 9, 14)) -> list[Request]:
-    return [Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n))
-            for i, (p, n) in enumerate(zip(PROMPTS, max_new))]
+    return [
+        Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n))
+        for i, (p, n) in enumerate(zip(PROMPTS, max_new))
+    ]
 
 
 def _eagle(model: PreTrainedModel) -> EagleDrafter:
@@ -51,8 +53,9 @@ def _drafter(name: str, model: PreTrainedModel, compiled: bool):
         return NgramDrafter(k=4, ngram_min=1, ngram_max=3)
     if name == "eagle-chain":
         return EagleChainDrafter(_eagle(model), embed, k=4, max_batch_size=4, max_context=CONTEXT, compile=compiled)
-    return EagleTreeDrafter(_eagle(model), embed, topk=2, depth=3, budget=5, max_batch_size=4, max_context=CONTEXT,
-                            compile=compiled)
+    return EagleTreeDrafter(
+        _eagle(model), embed, topk=2, depth=3, budget=5, max_batch_size=4, max_context=CONTEXT, compile=compiled
+    )
 
 
 def _generate(model, requests, drafter_name: str | None, compiled: bool) -> list[Completion]:
@@ -93,8 +96,9 @@ def test_compiled_eagle_chain_drafts_what_eager_drafts(k: int):
     accepted = {}
     for compiled in (False, True):
         engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=compiled)
-        chain = EagleChainDrafter(_eagle(model), model.get_input_embeddings(), k=k, max_batch_size=4,
-                                  max_context=CONTEXT, compile=compiled)
+        chain = EagleChainDrafter(
+            _eagle(model), model.get_input_embeddings(), k=k, max_batch_size=4, max_context=CONTEXT, compile=compiled
+        )
         engine.stepper = SpeculativeStepper(engine.runner, chain)
         engine.generate(_requests())
         accepted[compiled] = dict(engine.stepper.stats.per_request)
@@ -126,10 +130,15 @@ def test_compiled_greedy_equals_eager_up_to_the_context_limit():
 
 def test_compiled_adaptive_stepper_equals_eager():
     model = tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
-    arms = [ArmSpec(kind="ngram", depth=3), ArmSpec(kind="chain", depth=2),
-            ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5), ArmSpec(kind="plain")]
-    spec = SpeculativeSpec(mode="tlt", threshold=2, buckets=[1, 2], arms=arms, epsilon=0.5, window=4,
-                           ngram_min=1, ngram_max=3)
+    arms = [
+        ArmSpec(kind="ngram", depth=3),
+        ArmSpec(kind="chain", depth=2),
+        ArmSpec(kind="tree", depth=3, topk=2, verify_tokens=5),
+        ArmSpec(kind="plain"),
+    ]
+    spec = SpeculativeSpec(
+        mode="tlt", threshold=2, buckets=[1, 2], arms=arms, epsilon=0.5, window=4, ngram_min=1, ngram_max=3
+    )
     outs = []
     for compiled in (False, True):
         engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=compiled)
@@ -148,8 +157,10 @@ def test_steady_state_compiles_nothing_new(fresh_graphs):
     drafter_step = engine.stepper.drafter.state.compiled
     before = (compiled.compiles, drafter_step.compiles)
     assert 0 < before[0] <= 6 and before[1] <= 6, f"graphs compiled (target, drafter): {before}"
-    more = [Request("a", [3, 4, 5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=11)),
-            Request("b", [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=5))]
+    more = [
+        Request("a", [3, 4, 5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=11)),
+        Request("b", [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=5)),
+    ]
     engine.generate(more)
     engine.stepper = SpeculativeStepper(engine.runner, NgramDrafter(k=2, ngram_min=1, ngram_max=2))
     engine.generate(_requests(max_new=(7, 12, 3)))
@@ -194,14 +205,16 @@ def test_warm_up_compiles_every_shape_class_before_the_first_generate(fresh_grap
     assert warm_up(engine, drafter, chain_depths=[3]) > 0
     assert warm_up(Engine(model, max_batch_size=4, max_context=CONTEXT), drafter) == 0.0  # eager: nothing to do
     compiled_before = engine.runner.compiled.compiles
-    chain = EagleChainDrafter(drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
-                              compile=True)
+    chain = EagleChainDrafter(
+        drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT, compile=True
+    )
     drafter_before = chain.state.compiles
     engine.stepper = SpeculativeStepper(engine.runner, chain)
     engine.generate(_requests())
     # a sampling batch drafts coupled guesses: the chain's second graph, warmed up as well
-    engine.generate([Request(f"s{i}", p, SamplingParams(temperature=1.0, max_new_tokens=9, seed=i))
-                     for i, p in enumerate(PROMPTS)])
+    engine.generate(
+        [Request(f"s{i}", p, SamplingParams(temperature=1.0, max_new_tokens=9, seed=i)) for i, p in enumerate(PROMPTS)]
+    )
     # one row alone (the long tail), then three: the drafter's graphs were met at both as well
     engine.generate([Request("one", PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=7, seed=9))])
     engine.generate(_requests())
@@ -229,10 +242,13 @@ def test_compiled_draft_vocabulary_equals_eager_and_follows_in_place_updates(kin
         vocab = drafter.set_draft_vocab(16)
         engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=compiled)
         embed = model.get_input_embeddings()
-        chosen = (EagleChainDrafter(drafter, embed, k=3, max_batch_size=4, max_context=CONTEXT, compile=compiled)
-                  if kind == "chain" else
-                  EagleTreeDrafter(drafter, embed, topk=2, depth=3, budget=5, max_batch_size=4, max_context=CONTEXT,
-                                   compile=compiled))
+        chosen = (
+            EagleChainDrafter(drafter, embed, k=3, max_batch_size=4, max_context=CONTEXT, compile=compiled)
+            if kind == "chain"
+            else EagleTreeDrafter(
+                drafter, embed, topk=2, depth=3, budget=5, max_batch_size=4, max_context=CONTEXT, compile=compiled
+            )
+        )
         engine.stepper = SpeculativeStepper(engine.runner, chosen)
         accepted[compiled] = []
         for i, ids in enumerate(subsets):
@@ -259,8 +275,9 @@ def test_a_draft_vocabulary_set_after_compiling_gets_graphs_of_its_own(fresh_gra
     never = [t for t in range(32) if t not in emitted][-8:]
     drafter = _eagle(model)
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT, compile=True)
-    chain = EagleChainDrafter(drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
-                              compile=True)
+    chain = EagleChainDrafter(
+        drafter, model.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT, compile=True
+    )
     engine.stepper = SpeculativeStepper(engine.runner, chain)
     engine.generate(_requests())
     before = chain.state.compiles

@@ -32,9 +32,16 @@ def _call_inputs(model, rows: int, width: int, context: int, seed: int):
 def _cache(model, rows: int = 4) -> KVCache:
     """A static cache of random k/v [rows, Hkv, CAPACITY, D] per layer."""
     c = model.config
-    cache = KVCache(num_layers=c.num_hidden_layers, num_kv_heads=c.num_key_value_heads,
-                    head_dim=c.hidden_size // c.num_attention_heads, max_batch_size=rows, capacity=CAPACITY,
-                    max_capacity=CAPACITY, dtype=model.dtype, static=True)
+    cache = KVCache(
+        num_layers=c.num_hidden_layers,
+        num_kv_heads=c.num_key_value_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        max_batch_size=rows,
+        capacity=CAPACITY,
+        max_capacity=CAPACITY,
+        dtype=model.dtype,
+        static=True,
+    )
     g = torch.Generator().manual_seed(0)
     for t in (*cache.k, *cache.v):
         t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64))
@@ -70,8 +77,9 @@ def test_skipping_guards_computes_what_full_guards_compute():
     fast = CompiledStep(decoder_forward, name="skip guards")
     full = CompiledStep(decoder_forward, name="full guards", skip_guards=False)
     # (model, rows, width, context): every class twice or more, interleaved; spans 2..CAPACITY
-    plan = [(m, rows, width, context) for context in (1, 5, 9) for rows in (1, 2, 3) for width in (1, 3)
-            for m in models]
+    plan = [
+        (m, rows, width, context) for context in (1, 5, 9) for rows in (1, 2, 3) for width in (1, 3) for m in models
+    ]
     plan += [(models[0], 2, 3, CAPACITY - 3), (models[1], 1, 1, CAPACITY - 1), (models[0], 2, 3, CAPACITY - 3)]
     classes = set()
     with torch.no_grad():

@@ -19,9 +19,16 @@ from tlt.rollout.runner import causal_mask, decoder_forward
 
 def _inputs(model, rows: int = 2, width: int = 3, context: int = 4):
     c = model.config
-    cache = KVCache(num_layers=c.num_hidden_layers, num_kv_heads=c.num_key_value_heads,
-                    head_dim=c.hidden_size // c.num_attention_heads, max_batch_size=rows, capacity=12,
-                    max_capacity=12, dtype=model.dtype, static=True)
+    cache = KVCache(
+        num_layers=c.num_hidden_layers,
+        num_kv_heads=c.num_key_value_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        max_batch_size=rows,
+        capacity=12,
+        max_capacity=12,
+        dtype=model.dtype,
+        static=True,
+    )
     lengths = torch.full((rows,), context, dtype=torch.long)
     slots = lengths[:, None] + torch.arange(width)[None, :]
     tokens = torch.randint(1, c.vocab_size, (rows, width), generator=torch.Generator().manual_seed(0))
@@ -45,8 +52,11 @@ def _graph_of(fn, args, inline: bool) -> torch.fx.GraphModule:
 
 def _subgraph_calls(gm: torch.fx.GraphModule) -> list[str]:
     """The subgraph each invoke_subgraph call of gm runs (by attribute name)."""
-    return [n.args[0].target for n in gm.graph.nodes
-            if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph]
+    return [
+        n.args[0].target
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph
+    ]
 
 
 def test_decoder_layers_are_traced_once_and_inlined_for_the_backend():

@@ -14,27 +14,37 @@ from types import SimpleNamespace
 import torch
 from torch._dynamo.utils import counters
 
-from tlt.adaptive.arms import drafter_graphs, new_history_store
 from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
-from tlt.spec.run import ArmSpec, SpeculativeSpec
+from tlt.adaptive.arms import drafter_graphs, new_history_store
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
+from tlt.rollout import warmup
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
-from tlt.rollout import warmup
 from tlt.rollout.warmup import warm_up
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 CONTEXT = 64
 ROWS = 3
 PROMPTS = [[5, 6, 7, 5, 6, 7], [9, 10, 9, 10, 9], [11, 12, 13, 11, 12, 13, 11]]
-ARMS = [ArmSpec(kind="plain"), ArmSpec(kind="chain", depth=2), ArmSpec(kind="chain", depth=3),
-        ArmSpec(kind="tree", depth=2, topk=2, verify_tokens=4), ArmSpec(kind="ngram", depth=3),
-        ArmSpec(kind="history", depth=4), ArmSpec(kind="mixed", depth=3)]
+ARMS = [
+    ArmSpec(kind="plain"),
+    ArmSpec(kind="chain", depth=2),
+    ArmSpec(kind="chain", depth=3),
+    ArmSpec(kind="tree", depth=2, topk=2, verify_tokens=4),
+    ArmSpec(kind="ngram", depth=3),
+    ArmSpec(kind="history", depth=4),
+    ArmSpec(kind="mixed", depth=3),
+]
 
 
 def _requests(temperature: float, rows: int, max_new: int, tag: str) -> list[Request]:
-    return [Request(f"{tag}{i}", PROMPTS[i], SamplingParams(temperature=temperature, max_new_tokens=max_new + 5 * i,
-                                                            seed=i)) for i in range(rows)]
+    return [
+        Request(
+            f"{tag}{i}", PROMPTS[i], SamplingParams(temperature=temperature, max_new_tokens=max_new + 5 * i, seed=i)
+        )
+        for i in range(rows)
+    ]
 
 
 def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
@@ -46,8 +56,9 @@ def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
     torch.manual_seed(3)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).eval()
     drafter.bind_policy(model)
-    spec = SpeculativeSpec(mode="tlt", threshold=ROWS, buckets=[1, 2, ROWS], arms=ARMS, epsilon=1.0, window=4,
-                           ngram_min=1, ngram_max=3)
+    spec = SpeculativeSpec(
+        mode="tlt", threshold=ROWS, buckets=[1, 2, ROWS], arms=ARMS, epsilon=1.0, window=4, ngram_min=1, ngram_max=3
+    )
     engine = Engine(model, max_batch_size=ROWS, max_context=CONTEXT, compile=True)
     history = new_history_store(spec)
     engine.wave_observers.append(history.observe)  # later rollouts draft from earlier ones
@@ -58,8 +69,9 @@ def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
         graphs = counters["stats"]["unique_graphs"]
         with torch.no_grad():
             for rows in (ROWS, 1, 2):
-                stepper = build_adaptive_stepper(spec, engine.runner, drafter, rows=ROWS, context=CONTEXT,
-                                                 seed=round_, history=history)
+                stepper = build_adaptive_stepper(
+                    spec, engine.runner, drafter, rows=ROWS, context=CONTEXT, seed=round_, history=history
+                )
                 engine.stepper = stepper
                 engine.generate(_requests(temperature, rows, 14, f"t{round_}-"))
                 arms_run |= {r.arm for r in stepper.log if r.arm is not None}
@@ -82,25 +94,34 @@ class _RecordingCache:
 
     def _chain_step(self, k):
         return lambda step, tokens, *rest: self.calls.append(
-            ("chain", k, tokens.shape[0], "coupled" if len(rest) > 6 else "argmax"))
+            ("chain", k, tokens.shape[0], "coupled" if len(rest) > 6 else "argmax")
+        )
 
 
 def test_warm_up_runs_only_the_planned_drafter_classes(monkeypatch):
     monkeypatch.setattr(warmup, "EagleCache", _RecordingCache)
     target_calls = []
-    runner = SimpleNamespace(device=torch.device("cpu"), forward=lambda tokens, *a: target_calls.append(tokens.shape),
-                             model=SimpleNamespace(get_input_embeddings=lambda: None))
+    runner = SimpleNamespace(
+        device=torch.device("cpu"),
+        forward=lambda tokens, *a: target_calls.append(tokens.shape),
+        model=SimpleNamespace(get_input_embeddings=lambda: None),
+    )
     engine = SimpleNamespace(compiled=True, max_batch_size=ROWS, max_context=CONTEXT, runner=runner)
     drafter = SimpleNamespace(config=SimpleNamespace(hidden_size=8), fc=SimpleNamespace(weight=torch.zeros(1)))
     _RecordingCache.calls = []
     warm_up(engine, drafter, chain_depths=[2, 3], step_widths=[2], guesses=["coupled"])
     assert len(target_calls) == 4  # the target: (one row, several) x (width 1, wider)
     assert _RecordingCache.calls == [("step", 1, 2), ("step", 2, 2)] + [
-        ("chain", k, b, "coupled") for k in (2, 3) for b in (1, 2)]
+        ("chain", k, b, "coupled") for k in (2, 3) for b in (1, 2)
+    ]
     _RecordingCache.calls = []
     warm_up(engine, drafter, chain_depths=[3], step_widths=[], guesses=["argmax"], target=False, batches=[1])
     assert _RecordingCache.calls == [("chain", 3, 1, "argmax")]
     _RecordingCache.calls = []
     warm_up(engine, drafter, chain_depths=[2], target=False, batches=[2])  # the defaults: every class
-    assert _RecordingCache.calls == [("step", 2, 1), ("step", 2, 2), ("chain", 2, 2, "coupled"),
-                                     ("chain", 2, 2, "argmax")]
+    assert _RecordingCache.calls == [
+        ("step", 2, 1),
+        ("step", 2, 2),
+        ("chain", 2, 2, "coupled"),
+        ("chain", 2, 2, "argmax"),
+    ]

@@ -17,12 +17,12 @@ from transformers import PreTrainedModel
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
+from tlt.rollout.decode_step import prefill
 from tlt.rollout.drafting import EagleChainDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.guess import coupled_guess
 from tlt.rollout.sampling import process_logits, sample_from
 from tlt.rollout.sequence import Sequence
-from tlt.rollout.decode_step import prefill
 from tlt.rollout.types import Request, SamplingParams
 
 CONTEXT = 64
@@ -44,12 +44,19 @@ def _eagle(model: PreTrainedModel) -> EagleDrafter:
 
 def _sampling_batch(model: PreTrainedModel) -> tuple[Engine, RunningBatch]:
     """Three rows (T = 0.8, 1.0 and a greedy one), prefilled and advanced by one plain step."""
-    requests = [Request(f"r{i}", p, SamplingParams(temperature=t, max_new_tokens=12, seed=i))
-                for i, (p, t) in enumerate(zip(PROMPTS, TEMPERATURES))]
+    requests = [
+        Request(f"r{i}", p, SamplingParams(temperature=t, max_new_tokens=12, seed=i))
+        for i, (p, t) in enumerate(zip(PROMPTS, TEMPERATURES))
+    ]
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT)
-    batch = RunningBatch([Sequence(r, limit=r.params.max_new_tokens) for r in requests], engine.runner.cache,
-                         hidden_size=model.config.hidden_size, return_hidden=True, dtype=model.dtype,
-                         device=engine.runner.device)
+    batch = RunningBatch(
+        [Sequence(r, limit=r.params.max_new_tokens) for r in requests],
+        engine.runner.cache,
+        hidden_size=model.config.hidden_size,
+        return_hidden=True,
+        dtype=model.dtype,
+        device=engine.runner.device,
+    )
     prefill(engine.runner, batch)
     engine.stepper.step(batch)
     return engine, batch
@@ -81,19 +88,23 @@ def test_chain_drafts_are_the_drafters_own_guesses_along_the_path(guess: str, mo
     guess="argmax" draft the argmax."""
     _, batch = _sampling_batch(model64)
     drafter = _eagle(model64)
-    chain = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT,
-                              guess=guess).propose(batch)
+    chain = EagleChainDrafter(
+        drafter, model64.get_input_embeddings(), k=3, max_batch_size=4, max_context=CONTEXT, guess=guess
+    ).propose(batch)
     u = batch.uniforms_at(torch.arange(3)[None, :].expand(len(batch.sequences), 3).contiguous())
     differs = 0
     for b, seq in enumerate(batch.sequences):
         ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
         drafts = chain.tree.tokens[b, 1:].tolist()
-        t = batch.temperature[b:b + 1]
+        t = batch.temperature[b : b + 1]
         for i, token in enumerate(drafts):
             logits = H.drafter_logits_along(model64, drafter, ids, drafts[:i])
             best = int(logits.argmax())
-            want = best if guess == "argmax" or float(t) == 0 else int(sample_from(process_logits(logits[None], t),
-                                                                                    u[b, i:i + 1])[0])
+            want = (
+                best
+                if guess == "argmax" or float(t) == 0
+                else int(sample_from(process_logits(logits[None], t), u[b, i : i + 1])[0])
+            )
             assert token == want, f"row {b} draft {i + 1}"
             differs += token != best
     if guess == "coupled":

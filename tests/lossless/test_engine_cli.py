@@ -28,8 +28,23 @@ def test_generate_writes_one_line_per_prompt_in_order(policy_dir, tmp_path, suff
     src = tmp_path / f"prompts{suffix}"
     src.write_text("\n".join(json.dumps({"prompt": p}) if suffix == ".jsonl" else p for p in prompts) + "\n")
     out = tmp_path / "out.jsonl"
-    argv = ["generate", "--model", str(policy_dir), "--prompts", str(src), "--temperature", "0",
-            "--max-new-tokens", "5", "--batch-size", "2", "--dtype", "float32", "--out", str(out)]
+    argv = [
+        "generate",
+        "--model",
+        str(policy_dir),
+        "--prompts",
+        str(src),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "5",
+        "--batch-size",
+        "2",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in records] == prompts

@@ -17,9 +17,7 @@ MAX_NEW = 14
 
 def hf_greedy(model, prompt: list[int], max_new: int, stop: tuple[int, ...]) -> list[int]:
     model.generation_config.eos_token_id = None  # stop only where asked (the config's eos would stop too)
-    config = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new, eos_token_id=list(stop) or None, pad_token_id=0
-    )
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=list(stop) or None, pad_token_id=0)
     with torch.no_grad():
         ids = torch.tensor([prompt])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)

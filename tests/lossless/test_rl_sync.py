@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 
-from tlt.spec.run import AlgorithmSpec, DatasetSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.runtime import rl_step
+from tlt.spec.run import AlgorithmSpec, DatasetSpec
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.tokenizer import build_task_tokenizer
 
@@ -86,21 +86,29 @@ def test_stale_engine_is_detected():
 
 def _greedy_float64_run(root, mode: str):
     """Three greedy float64 steps of the local loop; returns (completions per step, final weights, SD stepper)."""
-    from tlt.spec.manifest_io import parse_run
     from tlt.models.loading import save_policy
     from tlt.runtime.local import LocalTrainer
+    from tlt.spec.manifest_io import parse_run
 
     tokenizer = build_task_tokenizer()
     init = root / "init"
     if not init.exists():
         save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=8, dtype=torch.float64), tokenizer, init)
-    run = parse_run({
-        "model": {"path": str(init), "dtype": "float64"},
-        "dataset": {"builtin": {"numTrain": 32}},
-        "algorithm": {"steps": 3, "promptsPerStep": 4, "groupSize": 2, "maxNewTokens": 24, "temperature": 0.0,
-                      "learningRate": 1e-2},
-        "speculative": {"mode": mode, "threshold": 4096},
-    })
+    run = parse_run(
+        {
+            "model": {"path": str(init), "dtype": "float64"},
+            "dataset": {"builtin": {"numTrain": 32}},
+            "algorithm": {
+                "steps": 3,
+                "promptsPerStep": 4,
+                "groupSize": 2,
+                "maxNewTokens": 24,
+                "temperature": 0.0,
+                "learningRate": 1e-2,
+            },
+            "speculative": {"mode": mode, "threshold": 4096},
+        }
+    )
     trainer = LocalTrainer(run, root / mode)
     rollouts = []
     generate = trainer.engine.generate

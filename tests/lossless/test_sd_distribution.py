@@ -8,9 +8,8 @@ deliberately wrong verifier (mutant), which shows it has the power to catch thes
 
 from __future__ import annotations
 
-import pytest
-
 import _sd_helpers as H
+import pytest
 
 ALPHA = 1e-3
 ROWS = 20_000

@@ -1,7 +1,8 @@
 """Speculative decoding in the engine is lossless.
 
 Greedy: token for token equal to plain decoding in float64 for n-gram chains, EAGLE chains and trees,
-block drafts (k tokens from one block-drafter forward), EAGLE and block drafters with a reduced draft vocabulary, random (mostly rejected) trees and oracle drafters that are always right (also through non-first
+block drafts (k tokens from one block-drafter forward), EAGLE and block drafters with a reduced draft vocabulary,
+random (mostly rejected) trees and oracle drafters that are always right (also through non-first
 branches, which forces cache compaction); on a tiny Qwen2, and for the n-gram, EAGLE, oracle-tree
 and mixed drafters on a tiny Qwen3 too. After such a step the next logits equal a fresh full
 forward; log-probs of accepted tokens equal the plain engine's in float32. Sampled: token for token
@@ -21,6 +22,7 @@ from tlt.models.drafter import EagleDrafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.block import BlockChainDrafter
+from tlt.rollout.decode_step import prefill
 from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -29,7 +31,6 @@ from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import causal_mask
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import SpeculativeStepper
-from tlt.rollout.decode_step import prefill
 from tlt.rollout.tree import DraftTree, build_tree, chain_tree
 from tlt.rollout.types import Completion, Request, SamplingParams
 
@@ -121,18 +122,23 @@ DRAFTERS: dict[str, DrafterFactory] = {
         H.reduced_eagle(m, list(range(0, 32, 2))), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx
     ),
     "eagle-tree-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
-        H.reduced_eagle(m, list(range(0, 32, 2))), m.get_input_embeddings(), topk=2, depth=3, budget=5,
-        max_batch_size=4, max_context=ctx
+        H.reduced_eagle(m, list(range(0, 32, 2))),
+        m.get_input_embeddings(),
+        topk=2,
+        depth=3,
+        budget=5,
+        max_batch_size=4,
+        max_context=ctx,
     ),
     "block-2": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=2),
     "block-8": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=8),
     "block-argmax": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=4, guess="argmax"),
-    "block-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(
-        H.random_block(m, list(range(0, 32, 2))), k=4),
+    "block-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m, list(range(0, 32, 2))), k=4),
     "history-chain": lambda m, a, ctx=MAX_CONTEXT: HistoryDrafter(_store(), k=4),
     "history-tree": lambda m, a, ctx=MAX_CONTEXT: HistoryTreeDrafter(_store(), topk=2, depth=3, budget=5),
-    "mixed": lambda m, a, ctx=MAX_CONTEXT: MixedDrafter(_store(), EagleChainDrafter(
-        _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx), k=3),
+    "mixed": lambda m, a, ctx=MAX_CONTEXT: MixedDrafter(
+        _store(), EagleChainDrafter(_eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx), k=3
+    ),
 }
 
 
@@ -180,14 +186,16 @@ def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, pl
     _assert_greedy_speculative_equals_plain(name, model64, plain64)
 
 
-@pytest.mark.parametrize("name", ["ngram-chain", "eagle-chain", "eagle-tree", "oracle-tree-second-branch", "mixed",
-                                  "block-8"])
+@pytest.mark.parametrize(
+    "name", ["ngram-chain", "eagle-chain", "eagle-tree", "oracle-tree-second-branch", "mixed", "block-8"]
+)
 def test_greedy_speculative_equals_plain_decoding_on_qwen3(name: str, qwen3_64):
     _assert_greedy_speculative_equals_plain(name, qwen3_64, _generate(qwen3_64, _requests(), None)[0])
 
 
-@pytest.mark.parametrize("name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain", "history-tree", "mixed",
-                                  "block-8"])
+@pytest.mark.parametrize(
+    "name", ["oracle-tree-second-branch", "eagle-chain", "ngram-chain", "history-tree", "mixed", "block-8"]
+)
 def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
     requests = _requests()
@@ -218,8 +226,12 @@ def test_next_logits_after_non_first_branch_equal_full_forward(model64, plain64)
     engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
     requests = _requests()
     batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in requests], engine.runner.cache,
-        hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype, device=engine.runner.device,
+        [Sequence(r, limit=r.params.max_new_tokens) for r in requests],
+        engine.runner.cache,
+        hidden_size=model64.config.hidden_size,
+        return_hidden=True,
+        dtype=model64.dtype,
+        device=engine.runner.device,
     )
     prefill(engine.runner, batch)
     stepper = SpeculativeStepper(engine.runner, OracleDrafter(answers, 3, 32, tree=True))
@@ -227,7 +239,9 @@ def test_next_logits_after_non_first_branch_equal_full_forward(model64, plain64)
     assert stepper.stats.last_step_accepted == [3, 3, 3]  # every accepted node was a second sibling
     lengths = batch.lengths()
     slots = lengths[:, None]
-    hidden = engine.runner.forward(batch.last_token[:, None], slots, slots, causal_mask(lengths, 1, int(lengths.max()) + 1))
+    hidden = engine.runner.forward(
+        batch.last_token[:, None], slots, slots, causal_mask(lengths, 1, int(lengths.max()) + 1)
+    )
     cached = engine.runner.logits(hidden[:, 0])
     for b, seq in enumerate(batch.sequences):
         ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
@@ -266,8 +280,12 @@ def test_eagle_catch_up_switches_on_mid_generation_without_target_prefill(model6
     answers = {c.request_id: c.token_ids for c in plain64}
     engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
     batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()], engine.runner.cache,
-        hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype, device=engine.runner.device,
+        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()],
+        engine.runner.cache,
+        hidden_size=model64.config.hidden_size,
+        return_hidden=True,
+        dtype=model64.dtype,
+        device=engine.runner.device,
     )
     prefill(engine.runner, batch)
     for _ in range(3):
@@ -289,12 +307,17 @@ def test_eagle_catch_up_of_rows_far_apart_stays_inside_the_drafter_cache(model64
     row 0 to row 1's width without writing past the cache, and both rows' drafts equal the drafter's
     own full forward."""
     context = 24
-    requests = [Request("long", list(range(3, 24)), SamplingParams(temperature=0.0, max_new_tokens=8)),
-                Request("short", [5, 6, 7, 5, 6, 7, 5, 6, 7, 5], SamplingParams(temperature=0.0, max_new_tokens=8))]
+    requests = [
+        Request("long", list(range(3, 24)), SamplingParams(temperature=0.0, max_new_tokens=8)),
+        Request("short", [5, 6, 7, 5, 6, 7, 5, 6, 7, 5], SamplingParams(temperature=0.0, max_new_tokens=8)),
+    ]
     engine = Engine(model64, max_batch_size=2, max_context=context)
     batch = RunningBatch(
         [Sequence(r, limit=min(r.params.max_new_tokens, context - len(r.prompt_ids))) for r in requests],
-        engine.runner.cache, hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype,
+        engine.runner.cache,
+        hidden_size=model64.config.hidden_size,
+        return_hidden=True,
+        dtype=model64.dtype,
         device=engine.runner.device,
     )
     prefill(engine.runner, batch)
@@ -317,8 +340,12 @@ def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request)
     model64 = request.getfixturevalue(target)
     engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
     batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()], engine.runner.cache,
-        hidden_size=model64.config.hidden_size, return_hidden=True, dtype=model64.dtype, device=engine.runner.device,
+        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()],
+        engine.runner.cache,
+        hidden_size=model64.config.hidden_size,
+        return_hidden=True,
+        dtype=model64.dtype,
+        device=engine.runner.device,
     )
     prefill(engine.runner, batch)
     engine.stepper.step(batch)
@@ -369,12 +396,15 @@ def test_history_drafts_from_earlier_responses_are_accepted_and_exact(name: str,
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9)])
 @pytest.mark.parametrize("name", list(DRAFTERS))
-def test_sampled_speculative_equals_plain_sampling_token_for_token(name: str, temperature: float, top_p: float,
-                                                                   model64):
+def test_sampled_speculative_equals_plain_sampling_token_for_token(
+    name: str, temperature: float, top_p: float, model64
+):
     """The coupled rule: each node's token is drawn with its generated position's uniform, so every drafter
     reproduces plain sampling exactly (same seeds, float64), whatever it drafts and accepts."""
-    requests = [Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
-                for i, (p, n) in enumerate(zip(PROMPTS, (20, 9, 14)))]
+    requests = [
+        Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
+        for i, (p, n) in enumerate(zip(PROMPTS, (20, 9, 14)))
+    ]
     plain = _generate(model64, requests, None)[0]
     answers = {c.request_id: c.token_ids for c in plain}
     out, stepper = _generate(model64, requests, DRAFTERS[name](model64, answers))

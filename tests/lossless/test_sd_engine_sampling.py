@@ -52,8 +52,9 @@ def _exact_joint(model: PreTrainedModel, temperature: float, top_p: float) -> to
 
 ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
     "block-coupled": lambda m, c: BlockChainDrafter(H.random_block(m), k=2, compile=c),
-    "block-argmax-draft-vocab": lambda m, c: BlockChainDrafter(H.random_block(m, [0, 2, 3, 5, 7]), k=3,
-                                                                guess="argmax", compile=c),
+    "block-argmax-draft-vocab": lambda m, c: BlockChainDrafter(
+        H.random_block(m, [0, 2, 3, 5, 7]), k=3, guess="argmax", compile=c
+    ),
     "eagle-chain-sampled": lambda m, c: EagleChainDrafter(
         _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c
     ),
@@ -62,15 +63,22 @@ ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
     ),
     # a reduced draft vocabulary of 5 of the 8 tokens: drafts never hold the other 3
     "eagle-chain-draft-vocab": lambda m, c: EagleChainDrafter(
-        H.reduced_eagle(m, [0, 2, 3, 5, 6]), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16,
-        compile=c
+        H.reduced_eagle(m, [0, 2, 3, 5, 6]),
+        m.get_input_embeddings(),
+        k=2,
+        max_batch_size=500,
+        max_context=16,
+        compile=c,
     ),
     "ngram-deterministic": lambda m, c: NgramDrafter(k=3, ngram_min=1, ngram_max=2),
     # 3000 samples of one prompt in waves of 500: later waves draft from the earlier waves' responses
     "history-chain-deterministic": lambda m, c: HistoryDrafter(_store(), k=2),
     "history-tree-deterministic": lambda m, c: HistoryTreeDrafter(_store(), topk=2, depth=2, budget=4),
-    "mixed-eagle-and-history": lambda m, c: MixedDrafter(_store(), EagleChainDrafter(
-        _eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c), k=2),
+    "mixed-eagle-and-history": lambda m, c: MixedDrafter(
+        _store(),
+        EagleChainDrafter(_eagle(m), m.get_input_embeddings(), k=2, max_batch_size=500, max_context=16, compile=c),
+        k=2,
+    ),
 }
 
 
@@ -82,7 +90,9 @@ def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_
     model = _peaked_model()
     engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled)
     engine.stepper = SpeculativeStepper(engine.runner, ENGINE_SAMPLERS[name](model, compiled))
-    params = [SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)]
+    params = [
+        SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)
+    ]
     out = engine.generate([Request(f"r{i}", ENGINE_PROMPT, p) for i, p in enumerate(params)])
     samples = torch.tensor([c.token_ids for c in out])
     if "history" in name:

@@ -39,8 +39,12 @@ class FakeDcgmExporter:
 @pytest.fixture
 def dcgm_exporter() -> Iterator[FakeDcgmExporter]:
     registry = CollectorRegistry()
-    gauge = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilisation (percent).",
-                  ["gpu", "exported_pod", "exported_namespace"], registry=registry)
+    gauge = Gauge(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "GPU utilisation (percent).",
+        ["gpu", "exported_pod", "exported_namespace"],
+        registry=registry,
+    )
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     try:
         yield FakeDcgmExporter(gauge, server.server_address[1])
@@ -83,9 +87,16 @@ def running_prometheus(tmp_path: Path, job: str, target: str, labels: str = "{}"
     log_path = tmp_path / f"prometheus-{job}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / f'data-{job}'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / f'data-{job}'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -108,8 +119,9 @@ def prometheus(tmp_path: Path, dcgm_exporter: FakeDcgmExporter) -> Iterator[str]
     """Base URL of a Prometheus that scrapes `dcgm_exporter` every 500 ms, as a DCGM job would:
     the target carries the exporter's own `pod` / `namespace`, so the workload's are `exported_*`.
     """
-    with running_prometheus(tmp_path, "dcgm", f"127.0.0.1:{dcgm_exporter.port}",
-                            "{pod: dcgm-exporter-x1, namespace: gpu-operator}") as url:
+    with running_prometheus(
+        tmp_path, "dcgm", f"127.0.0.1:{dcgm_exporter.port}", "{pod: dcgm-exporter-x1, namespace: gpu-operator}"
+    ) as url:
         yield url
 
 

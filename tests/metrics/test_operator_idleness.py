@@ -25,8 +25,8 @@ from _operator_harness import NAMESPACE, Cluster, running_operator, wait_for  # 
 from fakekube import FakeKube  # noqa: E402
 from fakekube.validation import crd_validator  # noqa: E402
 
-from tlt.spec.crd import build_crd  # noqa: E402
 from tlt.runtime.k8s_slots import SlotApi  # noqa: E402
+from tlt.spec.crd import build_crd  # noqa: E402
 
 PODS = [f"r1-rollout-{i}" for i in range(4)]
 BUSY, IDLE = [92.0, 88.0], [3.0, 7.0]
@@ -78,16 +78,23 @@ def _set(exporter: Any, pods: list[str], percent: list[float]) -> None:
         exporter.set(NAMESPACE, pod, percent)
 
 
-def test_operator_enables_slots_of_idle_gpus_read_from_prometheus(cluster, prometheus, dcgm_exporter,
-                                                                 monkeypatch) -> None:
+def test_operator_enables_slots_of_idle_gpus_read_from_prometheus(
+    cluster, prometheus, dcgm_exporter, monkeypatch
+) -> None:
     monkeypatch.setenv("TLT_OPERATOR_PROMETHEUS_URLS", prometheus)  # the admin's allowlist
     _set(dcgm_exporter, PODS, BUSY)
     dcgm_exporter.set("elsewhere", "r1-rollout-3", IDLE)  # same pod name, other namespace: never ours
     spec = {
-        "policy": {"replicas": 1}, "verifier": {"replicas": 0},
+        "policy": {"replicas": 1},
+        "verifier": {"replicas": 0},
         "rollout": {"replicas": len(PODS), "resources": {"gpus": 2}},
-        "drafter": {"idleWindowSeconds": IDLE_WINDOW, "busyWindowSeconds": BUSY_WINDOW, "cooldownSeconds": 0,
-                    "maxTrainers": MAX_TRAINERS, "idleUtilization": 0.2},
+        "drafter": {
+            "idleWindowSeconds": IDLE_WINDOW,
+            "busyWindowSeconds": BUSY_WINDOW,
+            "cooldownSeconds": 0,
+            "maxTrainers": MAX_TRAINERS,
+            "idleUtilization": 0.2,
+        },
         "monitoring": {"prometheusUrl": prometheus, "pollSeconds": 1},
     }
     with running_operator():
@@ -108,10 +115,15 @@ def test_operator_enables_slots_of_idle_gpus_read_from_prometheus(cluster, prome
         _set(dcgm_exporter, ["r1-rollout-0", "r1-rollout-1"], BUSY)
         off = watch.until("the busy GPU's slot handed over", {"r1-rollout-1", "r1-rollout-2"})
         assert off - went_busy >= BUSY_WINDOW, "a slot turned off before busyWindowSeconds"
-        drafter = wait_for("harvested GPU-seconds counted", lambda: (d := watch.drafter()).get(
-            "harvestedGpuSeconds", 0) > 0 and d)
-        reasons = wait_for("an event per slot change (posted after the status)", lambda: (r := [
-            e.reason for e in cluster.events() if e.reason.startswith("TrainerSlot")]) and len(r) >= 4 and r)
+        drafter = wait_for(
+            "harvested GPU-seconds counted", lambda: (d := watch.drafter()).get("harvestedGpuSeconds", 0) > 0 and d
+        )
+        reasons = wait_for(
+            "an event per slot change (posted after the status)",
+            lambda: (
+                (r := [e.reason for e in cluster.events() if e.reason.startswith("TrainerSlot")]) and len(r) >= 4 and r
+            ),
+        )
 
     assert watch.most <= MAX_TRAINERS, "more slots than maxTrainers were enabled"
     assert drafter["enabledTrainers"] == 2 and drafter["activeTrainers"] == 1

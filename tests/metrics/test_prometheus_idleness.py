@@ -46,8 +46,7 @@ class _Operator:
         reading = self.client.utilization(NAMESPACE)
         self.history = record_utilization(self.history, reading, self.now, horizon=60.0)
         pods = [
-            PodObservation(p, *self.reported.get(p, (None, None)), utilization=self.history.get(p, ()))
-            for p in PODS
+            PodObservation(p, *self.reported.get(p, (None, None)), utilization=self.history.get(p, ())) for p in PODS
         ]
         decision = decide_slots(pods, self.state, self.now, self.spec)
         self.state, self.now = decision.state, self.now + POLL
@@ -56,8 +55,9 @@ class _Operator:
 
 
 def test_slots_follow_gpu_idleness_read_from_prometheus(prometheus, dcgm_exporter):
-    spec = DrafterSpec(idle_window_seconds=10, busy_window_seconds=5, cooldown_seconds=10,
-                       max_trainers=2, idle_utilization=0.2)
+    spec = DrafterSpec(
+        idle_window_seconds=10, busy_window_seconds=5, cooldown_seconds=10, max_trainers=2, idle_utilization=0.2
+    )
     client = PrometheusClient.from_spec(MonitoringSpec(prometheus_url=prometheus), timeout=5.0)
     operator = _Operator(client, spec)
     dcgm_exporter.set("other", "rollout-9", IDLE)  # another namespace's pod: never ours

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.runtime.local import LocalTrainer
+from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 
@@ -37,19 +37,22 @@ def _wait_for(url: str, promql: str, seconds: float = 20.0) -> list[dict]:
 
 def _tiny_run(root: Path, port: int) -> TLTTrainingRun:
     tokenizer = build_task_tokenizer()
-    save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer,
-                root / "init")
-    return TLTTrainingRun.model_validate({
-        "metadata": {"name": "prom-test"},
-        "spec": {
-            "model": {"path": str(root / "init"), "dtype": "float32"},
-            "dataset": {"builtin": {"numTrain": 16}},
-            "algorithm": {"steps": 2, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 8},
-            "speculative": {"mode": "off"},
-            "checkpoint": {"intervalSteps": 2, "keep": 1},
-            "monitoring": {"loggers": ["jsonl", "prometheus"], "metricsPort": port},
-        },
-    })
+    save_policy(
+        tiny_model("qwen2", vocab_size=len(tokenizer), seed=5, tie_word_embeddings=True), tokenizer, root / "init"
+    )
+    return TLTTrainingRun.model_validate(
+        {
+            "metadata": {"name": "prom-test"},
+            "spec": {
+                "model": {"path": str(root / "init"), "dtype": "float32"},
+                "dataset": {"builtin": {"numTrain": 16}},
+                "algorithm": {"steps": 2, "promptsPerStep": 2, "groupSize": 2, "maxNewTokens": 8},
+                "speculative": {"mode": "off"},
+                "checkpoint": {"intervalSteps": 2, "keep": 1},
+                "monitoring": {"loggers": ["jsonl", "prometheus"], "metricsPort": port},
+            },
+        }
+    )
 
 
 def test_prometheus_scrapes_a_local_run(tmp_path: Path, start_prometheus, free_port: int):

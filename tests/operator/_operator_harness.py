@@ -18,8 +18,8 @@ from fakekube import FakeKube
 from fakekube.validation import crd_validator
 from kopf.testing import KopfRunner
 
-from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 from tlt.spec.crd import build_crd
+from tlt.spec.run import API_GROUP, API_VERSION, PLURAL
 
 # Read once when the handlers module is imported (the timer period is fixed at decoration).
 os.environ.setdefault("TLT_OPERATOR_RECONCILE_SECONDS", "1")
@@ -33,14 +33,23 @@ WAIT_S = 30.0
 def podgroup_crd(group: str, version: str) -> dict[str, Any]:
     """The PodGroup CRD a cluster with scheduler-plugins or Volcano has installed (schema elided)."""
     return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": f"podgroups.{group}"},
-        "spec": {"group": group, "scope": "Namespaced",
-                 "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
-                 "versions": [{"name": version, "served": True, "storage": True,
-                               "subresources": {"status": {}},
-                               "schema": {"openAPIV3Schema": {"type": "object",
-                                                              "x-kubernetes-preserve-unknown-fields": True}}}]},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
     }
 
 
@@ -59,27 +68,34 @@ class Cluster:
 
     # -- runs ----------------------------------------------------------------------------------
     def create_run(self, name: str, spec: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> dict[str, Any]:
-        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TLTTrainingRun",
-                "metadata": {"name": name}, "spec": spec or {}}
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "TLTTrainingRun",
+            "metadata": {"name": name},
+            "spec": spec or {},
+        }
         return self.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, body)
 
     def run(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
 
     def patch_spec(self, name: str, spec: dict[str, Any], namespace: str = NAMESPACE) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                                          {"spec": spec})
+        return self.custom.patch_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, PLURAL, name, {"spec": spec}
+        )
 
-    def replace_spec(self, name: str, edit: Callable[[dict[str, Any]], None],
-                     namespace: str = NAMESPACE, attempts: int = 10) -> dict[str, Any]:
+    def replace_spec(
+        self, name: str, edit: Callable[[dict[str, Any]], None], namespace: str = NAMESPACE, attempts: int = 10
+    ) -> dict[str, Any]:
         """Read-modify-write of the run's spec, as `kubectl edit` does: `edit` changes the spec in
         place, and a 409 (the operator wrote status or annotations in between) means read again."""
         for attempt in range(attempts):
             run = self.run(name, namespace)
             edit(run["spec"])
             try:
-                return self.custom.replace_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
-                                                                    name, run)
+                return self.custom.replace_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, PLURAL, name, run
+                )
             except kubernetes.client.ApiException as error:
                 if error.status != 409 or attempt == attempts - 1:
                     raise
@@ -106,10 +122,14 @@ class Cluster:
         """`Kind/name` of every object labelled with the run (pods, ConfigMap, Service, PodGroup)."""
         selector = f"tlt.dev/run={run}"
         found = {f"Pod/{n}" for n in self.pod_names(run)}
-        found |= {f"ConfigMap/{c.metadata.name}"
-                  for c in self.core.list_namespaced_config_map(namespace, label_selector=selector).items}
-        found |= {f"Service/{s.metadata.name}"
-                  for s in self.core.list_namespaced_service(namespace, label_selector=selector).items}
+        found |= {
+            f"ConfigMap/{c.metadata.name}"
+            for c in self.core.list_namespaced_config_map(namespace, label_selector=selector).items
+        }
+        found |= {
+            f"Service/{s.metadata.name}"
+            for s in self.core.list_namespaced_service(namespace, label_selector=selector).items
+        }
         return found
 
     def fail_pod(self, name: str, namespace: str = NAMESPACE) -> None:
@@ -173,5 +193,3 @@ def running_operator() -> Iterator[KopfRunner]:
         yield runner
     if runner.exception is not None:
         raise runner.exception
-
-

@@ -11,25 +11,39 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
+
+from tlt.spec.crd import build_crd
+from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt_operator.builders import build_configmap, build_event, build_pod, build_podgroup, build_service
 from tlt_operator.builders.common import RunRef
 
-from tlt.spec.run import RunSpec, TLTTrainingRun
-from tlt.spec.crd import build_crd
-
 RUN = RunRef("demo", "ml", "0c6f3e1a-0000-4000-8000-000000000001")
 TOKEN_SECRET = "demo-ray-token-x7k2p"  # the run's Ray token Secret, as the server would name it
-FULL = RunSpec.model_validate({
-    "policy": {"replicas": 2, "resources": {"gpus": 1}, "podTemplate": {
-        "labels": {"team": "rl"}, "annotations": {"note": "x"}, "nodeSelector": {"gpu": "h100"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "env": [{"name": "HF_TOKEN", "secretKeyRef": {"name": "hf", "key": "token"}}, {"name": "A", "value": "1"}],
-        "serviceAccountName": "tlt-worker", "imagePullSecrets": ["regcred"], "terminationGracePeriodSeconds": 600}},
-    "rollout": {"replicas": 3, "resources": {"gpus": 1}},
-    "verifier": {"replicas": 1},
-    "checkpoint": {"claimName": "ckpt"},
-    "schedulingPolicy": {"queue": "team-a", "priorityClassName": "high", "gang": {"scheduleTimeoutSeconds": 60}},
-})
+FULL = RunSpec.model_validate(
+    {
+        "policy": {
+            "replicas": 2,
+            "resources": {"gpus": 1},
+            "podTemplate": {
+                "labels": {"team": "rl"},
+                "annotations": {"note": "x"},
+                "nodeSelector": {"gpu": "h100"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "env": [
+                    {"name": "HF_TOKEN", "secretKeyRef": {"name": "hf", "key": "token"}},
+                    {"name": "A", "value": "1"},
+                ],
+                "serviceAccountName": "tlt-worker",
+                "imagePullSecrets": ["regcred"],
+                "terminationGracePeriodSeconds": 600,
+            },
+        },
+        "rollout": {"replicas": 3, "resources": {"gpus": 1}},
+        "verifier": {"replicas": 1},
+        "checkpoint": {"claimName": "ckpt"},
+        "schedulingPolicy": {"queue": "team-a", "priorityClassName": "high", "gang": {"scheduleTimeoutSeconds": 60}},
+    }
+)
 MODELS = kubernetes.client.models
 
 
@@ -64,11 +78,19 @@ def check_against_model(value: Any, type_name: str, where: str) -> list[str]:
 
 
 def all_children(spec: RunSpec) -> list[tuple[dict[str, Any], str]]:
-    pods = [build_pod(RUN, spec, role, rank, TOKEN_SECRET) for role, n in
-            (("policy", spec.policy.replicas), ("rollout", spec.rollout.replicas), ("verifier", spec.verifier.replicas))
-            for rank in range(n)]
-    return [(p, "V1Pod") for p in pods] + [(build_configmap(RUN, spec), "V1ConfigMap"),
-                                          (build_service(RUN, spec), "V1Service")]
+    pods = [
+        build_pod(RUN, spec, role, rank, TOKEN_SECRET)
+        for role, n in (
+            ("policy", spec.policy.replicas),
+            ("rollout", spec.rollout.replicas),
+            ("verifier", spec.verifier.replicas),
+        )
+        for rank in range(n)
+    ]
+    return [(p, "V1Pod") for p in pods] + [
+        (build_configmap(RUN, spec), "V1ConfigMap"),
+        (build_service(RUN, spec), "V1Service"),
+    ]
 
 
 @pytest.mark.parametrize("spec", [RunSpec(), FULL], ids=["defaults", "every-override"])
@@ -76,9 +98,17 @@ def test_children_are_valid_upstream_objects(spec: RunSpec) -> None:
     for child, model in all_children(spec):
         assert check_against_model(child, model, child["kind"]) == []
         kubernetes.client.ApiClient()._ApiClient__deserialize(child, model)
-    event = build_event({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                         "metadata": {"name": "demo", "namespace": "ml", "uid": RUN.uid}},
-                        "Normal", "AllPodsRunning", "ok", __import__("datetime").datetime(2026, 1, 1))
+    event = build_event(
+        {
+            "apiVersion": "tlt.dev/v1alpha1",
+            "kind": "TLTTrainingRun",
+            "metadata": {"name": "demo", "namespace": "ml", "uid": RUN.uid},
+        },
+        "Normal",
+        "AllPodsRunning",
+        "ok",
+        __import__("datetime").datetime(2026, 1, 1),
+    )
     assert check_against_model(event, "CoreV1Event", "Event") == []
 
 
@@ -86,7 +116,8 @@ def test_a_mistyped_field_is_caught_by_the_model_check() -> None:
     pod = build_pod(RUN, RunSpec(), "policy", 0, TOKEN_SECRET)
     pod["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
     assert check_against_model(pod, "V1Pod", "Pod") == [
-        "Pod.spec.containers[0].securityContext.runAsNonroot: no such field in V1SecurityContext"]
+        "Pod.spec.containers[0].securityContext.runAsNonroot: no such field in V1SecurityContext"
+    ]
 
 
 def test_pods_run_locked_down_with_writable_emptydirs() -> None:
@@ -94,8 +125,12 @@ def test_pods_run_locked_down_with_writable_emptydirs() -> None:
     spec, (container,) = pod["spec"], pod["spec"]["containers"]
     assert spec["securityContext"]["runAsUser"] == 1000 and spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}

@@ -13,8 +13,10 @@ def test_failed_pod_is_replaced_then_backoff_limit_fails_the_run(cluster: Cluste
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
     first = cluster.pods("r1")["r1-rollout-0"].metadata.uid
     cluster.fail_pod("r1-rollout-0")
-    wait_for("failed pod replaced and Running again", lambda: cluster.phase("r1") == "Running"
-             and cluster.pods("r1")["r1-rollout-0"].metadata.uid != first)
+    wait_for(
+        "failed pod replaced and Running again",
+        lambda: cluster.phase("r1") == "Running" and cluster.pods("r1")["r1-rollout-0"].metadata.uid != first,
+    )
     status = cluster.run("r1")["status"]
     assert status["restarts"] == 1
     assert "PodFailed" in {e.reason for e in cluster.events()}

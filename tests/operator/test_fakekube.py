@@ -63,11 +63,17 @@ def test_status_subresource_split_and_generation(cluster: Cluster) -> None:
     run = cluster.create_run("g", {})
     assert run["metadata"]["generation"] == 1 and "status" not in run
     with_status = custom.patch_namespaced_custom_object_status(
-        API_GROUP, API_VERSION, NAMESPACE, PLURAL, "g", {"status": {"phase": "Running"}})
+        API_GROUP, API_VERSION, NAMESPACE, PLURAL, "g", {"status": {"phase": "Running"}}
+    )
     assert with_status["status"]["phase"] == "Running" and with_status["metadata"]["generation"] == 1
     ignored = custom.patch_namespaced_custom_object(
-        API_GROUP, API_VERSION, NAMESPACE, PLURAL, "g",
-        {"status": {"phase": "Failed"}, "metadata": {"labels": {"a": "b"}}})
+        API_GROUP,
+        API_VERSION,
+        NAMESPACE,
+        PLURAL,
+        "g",
+        {"status": {"phase": "Failed"}, "metadata": {"labels": {"a": "b"}}},
+    )
     assert ignored["status"]["phase"] == "Running", "the main resource ignores status"
     assert ignored["metadata"]["generation"] == 1, "metadata changes do not bump generation"
     changed = cluster.patch_spec("g", {"suspend": True})
@@ -87,12 +93,18 @@ def test_put_and_patch_preconditions(cluster: Cluster) -> None:
     assert (code, reason) == (409, "Conflict") and "the object has been modified" in message
     with pytest.raises(ApiException) as exc:
         cluster.core.patch_namespaced_config_map(
-            "a", NAMESPACE, {"metadata": {"resourceVersion": cm.metadata.resource_version}, "data": {"k": "x"}})
+            "a", NAMESPACE, {"metadata": {"resourceVersion": cm.metadata.resource_version}, "data": {"k": "x"}}
+        )
     assert exc.value.status == 409
     with pytest.raises(ApiException) as exc:
         cluster.core.patch_namespaced_config_map(
-            "a", NAMESPACE, [{"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
-                             {"op": "replace", "path": "/data/k", "value": "y"}])
+            "a",
+            NAMESPACE,
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
+                {"op": "replace", "path": "/data/k", "value": "y"},
+            ],
+        )
     assert exc.value.status == 422, "a failed JSON-patch test is 422, as kopf expects"
 
 
@@ -101,14 +113,24 @@ def test_watch_resumes_from_a_resource_version(cluster: Cluster) -> None:
     cluster.core.patch_namespaced_config_map("a", NAMESPACE, {"data": {"k": "2"}})
     cluster.core.delete_namespaced_config_map("a", NAMESPACE)
     threading.Timer(0.3, lambda: cluster.core.create_namespaced_config_map(NAMESPACE, _cm("b"))).start()
-    stream = kubernetes.watch.Watch().stream(cluster.core.list_namespaced_config_map, NAMESPACE,
-                                             resource_version=first.metadata.resource_version, timeout_seconds=1)
+    stream = kubernetes.watch.Watch().stream(
+        cluster.core.list_namespaced_config_map,
+        NAMESPACE,
+        resource_version=first.metadata.resource_version,
+        timeout_seconds=1,
+    )
     seen = [(e["type"], e["object"].metadata.name) for e in stream]
     assert seen == [("MODIFIED", "a"), ("DELETED", "a"), ("ADDED", "b")]
     cluster.fake.call(cluster.fake.store.compact)
     with pytest.raises(ApiException) as exc:
-        list(kubernetes.watch.Watch().stream(cluster.core.list_namespaced_config_map, NAMESPACE,
-                                             resource_version=first.metadata.resource_version, timeout_seconds=1))
+        list(
+            kubernetes.watch.Watch().stream(
+                cluster.core.list_namespaced_config_map,
+                NAMESPACE,
+                resource_version=first.metadata.resource_version,
+                timeout_seconds=1,
+            )
+        )
     assert exc.value.status == 410
 
 
@@ -117,8 +139,13 @@ def test_selector_watch_sees_objects_enter_and_leave(cluster: Cluster) -> None:
     cluster.core.patch_namespaced_config_map("a", NAMESPACE, {"metadata": {"labels": {"app": "x"}}})
     cluster.core.patch_namespaced_config_map("a", NAMESPACE, {"data": {"k": "2"}})
     cluster.core.patch_namespaced_config_map("a", NAMESPACE, {"metadata": {"labels": {"app": "z"}}})
-    stream = kubernetes.watch.Watch().stream(cluster.core.list_namespaced_config_map, NAMESPACE, label_selector="app=x",
-                                             resource_version=start.metadata.resource_version, timeout_seconds=1)
+    stream = kubernetes.watch.Watch().stream(
+        cluster.core.list_namespaced_config_map,
+        NAMESPACE,
+        label_selector="app=x",
+        resource_version=start.metadata.resource_version,
+        timeout_seconds=1,
+    )
     assert [e["type"] for e in stream] == ["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -140,14 +167,29 @@ def test_owner_reference_cascade_and_delete_preconditions(cluster: Cluster) -> N
     owner = cluster.core.create_namespaced_config_map(NAMESPACE, _cm("owner"))
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
     cluster.core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "child", "ownerReferences": [ref]}})
-    cluster.core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "grandchild", "ownerReferences": [
-        {**ref, "name": "child", "uid": cluster.core.read_namespaced_config_map("child", NAMESPACE).metadata.uid}]}})
+    cluster.core.create_namespaced_config_map(
+        NAMESPACE,
+        {
+            "metadata": {
+                "name": "grandchild",
+                "ownerReferences": [
+                    {
+                        **ref,
+                        "name": "child",
+                        "uid": cluster.core.read_namespaced_config_map("child", NAMESPACE).metadata.uid,
+                    }
+                ],
+            }
+        },
+    )
     with pytest.raises(ApiException) as exc:
         cluster.core.delete_namespaced_config_map("owner", NAMESPACE, body={"preconditions": {"uid": "other"}})
     assert exc.value.status == 409
     cluster.core.delete_namespaced_config_map("owner", NAMESPACE)
-    wait_for("dependents collected", lambda: {c.metadata.name for c in
-                                              cluster.core.list_namespaced_config_map(NAMESPACE).items} == set())
+    wait_for(
+        "dependents collected",
+        lambda: {c.metadata.name for c in cluster.core.list_namespaced_config_map(NAMESPACE).items} == set(),
+    )
 
 
 def test_crd_validation_on_update_too(cluster: Cluster) -> None:
@@ -160,12 +202,21 @@ def test_crd_validation_on_update_too(cluster: Cluster) -> None:
 
 
 def test_unknown_fields_pruned_or_refused_when_strict(cluster: Cluster) -> None:
-    body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TLTTrainingRun", "metadata": {"name": "u"},
-            "spec": {"algorithm": {"stepz": 3}}}
+    body = {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": "TLTTrainingRun",
+        "metadata": {"name": "u"},
+        "spec": {"algorithm": {"stepz": 3}},
+    }
     with pytest.raises(ApiException) as exc:
-        cluster.client.call_api(f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{NAMESPACE}/{PLURAL}", "POST",
-                                query_params=[("fieldValidation", "Strict")], body=body,
-                                header_params={"Content-Type": "application/json"}, _preload_content=False)
+        cluster.client.call_api(
+            f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{NAMESPACE}/{PLURAL}",
+            "POST",
+            query_params=[("fieldValidation", "Strict")],
+            body=body,
+            header_params={"Content-Type": "application/json"},
+            _preload_content=False,
+        )
     code, reason, message = _error(exc)
     assert (code, reason) == (400, "BadRequest") and 'unknown field "spec.algorithm.stepz"' in message
     stored = cluster.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, NAMESPACE, PLURAL, body)

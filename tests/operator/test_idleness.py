@@ -14,7 +14,9 @@ from tlt.runtime.k8s_slots import SlotApi, worker_name
 
 ROLLOUT = [f"r1-rollout-{i}" for i in range(3)]
 SPEC = {
-    "policy": {"replicas": 1}, "rollout": {"replicas": 3, "resources": {"gpus": 1}}, "verifier": {"replicas": 0},
+    "policy": {"replicas": 1},
+    "rollout": {"replicas": 3, "resources": {"gpus": 1}},
+    "verifier": {"replicas": 0},
     "drafter": {"idleWindowSeconds": 2, "busyWindowSeconds": 2, "cooldownSeconds": 0, "maxTrainers": 2},
     "monitoring": {"pollSeconds": 1},
 }
@@ -67,17 +69,23 @@ def test_slots_follow_reported_worker_states_within_max_trainers(cluster: Cluste
 
     workers["r1-rollout-0"].report_state("TRAINING")
     workers["r1-rollout-1"].report_state("GENERATING", _ago(5))
-    moved = wait_for("the busy pod's slot handed to the idle one",
-                     lambda: watch.slots() == {"r1-rollout-0", "r1-rollout-2"} and _drafter(cluster))
+    moved = wait_for(
+        "the busy pod's slot handed to the idle one",
+        lambda: watch.slots() == {"r1-rollout-0", "r1-rollout-2"} and _drafter(cluster),
+    )
     assert moved["enabledTrainers"] == 2
-    wait_for("the TRAINING pod counted active and harvesting", lambda: (d := _drafter(cluster))["activeTrainers"] == 1
-             and d["harvestedGpuSeconds"] > 0)
+    wait_for(
+        "the TRAINING pod counted active and harvesting",
+        lambda: (d := _drafter(cluster))["activeTrainers"] == 1 and d["harvestedGpuSeconds"] > 0,
+    )
     drafter = _drafter(cluster)
     assert drafter["idleGpuSeconds"] >= drafter["harvestedGpuSeconds"] > 0
     assert watch.most <= 2, "more slots than maxTrainers were enabled"
 
-    reasons = wait_for("an event per slot change (posted after the status)", lambda: (r := [
-        e.reason for e in cluster.events() if e.reason.startswith("TrainerSlot")]) and len(r) >= 4 and r)
+    reasons = wait_for(
+        "an event per slot change (posted after the status)",
+        lambda: (r := [e.reason for e in cluster.events() if e.reason.startswith("TrainerSlot")]) and len(r) >= 4 and r,
+    )
     assert reasons.count("TrainerSlotEnabled") == 3 and reasons.count("TrainerSlotDisabled") == 1
     sample = prometheus_client.REGISTRY.get_sample_value
     assert sample("tlt_operator_trainer_slots_enabled", {"namespace": NAMESPACE, "run": "r1"}) == 2
@@ -92,5 +100,7 @@ def test_suspend_releases_every_slot(cluster: Cluster, operator) -> None:
         api.report_state("IDLE")
     wait_for("enabledSlots all, capped at maxTrainers", lambda: len(_drafter(cluster).get("enabledSlots", [])) == 2)
     cluster.patch_spec("r1", {"suspend": True})
-    wait_for("no slot while suspended", lambda: cluster.phase("r1") == "Suspended"
-             and _drafter(cluster)["enabledSlots"] == [])
+    wait_for(
+        "no slot while suspended",
+        lambda: cluster.phase("r1") == "Suspended" and _drafter(cluster)["enabledSlots"] == [],
+    )

@@ -7,18 +7,19 @@ import datetime
 import json
 
 import prometheus_client
-from tlt_operator.gpu_metrics import PrometheusError
-from tlt_operator.idleness import RunSlots, SlotTracker, due, step
 
 from tlt.spec.run import MonitoringSpec, RunSpec
 from tlt.spec.status import DrafterStatus
+from tlt_operator.gpu_metrics import PrometheusError
+from tlt_operator.idleness import RunSlots, SlotTracker, due, step
 
 T0 = 1_800_000_000.0
 
 
 def _spec(**drafter: object) -> RunSpec:
-    return RunSpec.model_validate({"rollout": {"replicas": 2, "resources": {"gpus": 2}},
-                                   "monitoring": {"pollSeconds": 10}, "drafter": drafter})
+    return RunSpec.model_validate(
+        {"rollout": {"replicas": 2, "resources": {"gpus": 2}}, "monitoring": {"pollSeconds": 10}, "drafter": drafter}
+    )
 
 
 def _state(state: str, at: float) -> str:
@@ -80,8 +81,12 @@ async def test_prometheus_trouble_falls_back_to_reported_states_and_is_counted()
 
     clock = iter([T0, T0 + 1, T0 + 11])
     tracker = SlotTracker(read=unreachable, clock=lambda: next(clock), allowlist=frozenset({"http://prometheus:9090"}))
-    spec = RunSpec.model_validate({"monitoring": {"prometheusUrl": "http://prometheus:9090", "pollSeconds": 10},
-                                   "drafter": {"idleWindowSeconds": 5}})
+    spec = RunSpec.model_validate(
+        {
+            "monitoring": {"prometheusUrl": "http://prometheus:9090", "pollSeconds": 10},
+            "drafter": {"idleWindowSeconds": 5},
+        }
+    )
     pods = {"r-rollout-0": _state("IDLE", T0 - 60)}
     errors = prometheus_client.REGISTRY.get_sample_value("tlt_operator_gpu_queries_total", {"result": "error"}) or 0
     first = await tracker.poll("ns", "r", spec, pods, DrafterStatus())

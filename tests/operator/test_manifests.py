@@ -67,8 +67,11 @@ def test_rbac_has_no_wildcards() -> None:
 
 
 def test_rbac_allows_every_request_of_a_full_scenario(cluster: Cluster, operator) -> None:
-    spec = {"rollout": {"replicas": 2}, "runPolicy": {"ttlSecondsAfterFinished": 1},
-            "schedulingPolicy": {"gang": {}}}  # no Kueue queue: replicas are immutable under one
+    spec = {
+        "rollout": {"replicas": 2},
+        "runPolicy": {"ttlSecondsAfterFinished": 1},
+        "schedulingPolicy": {"gang": {}},
+    }  # no Kueue queue: replicas are immutable under one
     cluster.create_run("r1", spec)
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
     cluster.fail_pod("r1-rollout-1")
@@ -78,8 +81,9 @@ def test_rbac_allows_every_request_of_a_full_scenario(cluster: Cluster, operator
     cluster.succeed_pod("r1-policy-0")
     wait_for("deleted after its TTL", lambda: not cluster.runs())
     api = cluster.fake.api
-    operator_requests = [(m, p) for (m, p), agent in zip(api.requests, api.agents, strict=True)
-                         if not agent.startswith("tests")]
+    operator_requests = [
+        (m, p) for (m, p), agent in zip(api.requests, api.agents, strict=True) if not agent.startswith("tests")
+    ]
     used = {v for m, p in operator_requests if (v := _verb(m, p)) is not None}
     assert {v for v in used if not _allowed(*v)} == set()
     assert ("tlt.dev", "tltrainingruns", "delete") in used and ("", "pods", "create") in used
@@ -90,8 +94,17 @@ def test_rbac_allows_every_request_of_a_full_scenario(cluster: Cluster, operator
 def test_kustomize_base_builds() -> None:
     out = subprocess.run(["kubectl", "kustomize", str(BASE)], check=True, capture_output=True, text=True).stdout
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(out) if d)
-    assert kinds == sorted(["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-                            "ClusterRoleBinding", "Deployment", "Service"])
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Service",
+        ]
+    )
 
 
 @pytest.mark.parametrize("sample", ["gang-kueue.yaml", "run.yaml"])

@@ -12,20 +12,21 @@ from typing import Any
 
 import yaml
 from prometheus_client import REGISTRY, CollectorRegistry
+
+from tlt.monitoring.prometheus import PrometheusLogger
+from tlt.spec.run import RunSpec
 from tlt_operator import metrics as operator_metrics  # noqa: F401 (registers the operator's metrics)
 from tlt_operator.builders import build_pod, build_service
 from tlt_operator.builders.common import RunRef
 from tlt_operator.builders.security import build_network_policy
 
-from tlt.spec.run import RunSpec
-from tlt.monitoring.prometheus import PrometheusLogger
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
 RUN = RunRef("demo", "ml", "0c6f3e1a-0000-4000-8000-000000000001")
 TOKEN_SECRET = "demo-ray-token-x7k2p"  # the run's Ray token Secret, as the server would name it
-SPEC = RunSpec.model_validate({"rollout": {"replicas": 2}, "monitoring": {"loggers": ["prometheus"],
-                                                                           "metricsPort": 9400}})
+SPEC = RunSpec.model_validate(
+    {"rollout": {"replicas": 2}, "monitoring": {"loggers": ["prometheus"], "metricsPort": 9400}}
+)
 
 
 def _podmonitors() -> dict[str, dict[str, Any]]:

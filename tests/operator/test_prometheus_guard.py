@@ -9,10 +9,10 @@ import threading
 
 import prometheus_client
 import pytest
-from tlt_operator.idleness import SlotTracker
 
 from tlt.spec.run import MonitoringSpec, RunSpec
 from tlt.spec.status import DrafterStatus
+from tlt_operator.idleness import SlotTracker
 
 T0 = 1_800_000_000.0
 URL = "http://prometheus.monitoring:9090"
@@ -67,8 +67,13 @@ async def test_a_metric_name_prometheus_would_refuse_does_not_break_the_poll() -
     with pytest.raises(ValueError, match="gpuUtilMetric"):
         RunSpec.model_validate({"monitoring": {"gpuUtilMetric": "gpu util{x}"}})
     # Admission refuses these names now; a run stored before that must still reconcile.
-    monitoring = MonitoringSpec.model_construct(prometheus_url=URL, poll_seconds=1, gpu_util_metric="gpu util{x}",
-                                                pod_label="exported-pod", namespace_label="exported_namespace")
+    monitoring = MonitoringSpec.model_construct(
+        prometheus_url=URL,
+        poll_seconds=1,
+        gpu_util_metric="gpu util{x}",
+        pod_label="exported-pod",
+        namespace_label="exported_namespace",
+    )
     spec = RunSpec().model_copy(update={"monitoring": monitoring})
     tracker = SlotTracker(clock=lambda: T0, allowlist=frozenset({URL}))  # the real reader: refuses before any I/O
     outcome = await tracker.poll("ns", "r", spec, {}, DrafterStatus())

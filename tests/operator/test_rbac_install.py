@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 import pytest
 import yaml
+
 from tlt_operator import handlers, rbac, settings
 from tlt_operator.kube import KubeError
 
@@ -37,7 +38,11 @@ def test_a_role_cannot_name_cluster_scoped_resources_so_they_are_left_out() -> N
 def test_one_role_and_binding_per_namespace_bound_to_the_operators_account() -> None:
     docs = rbac.namespaced_rbac(["a", "b", "a"], "ops", "op-sa")
     assert [(d["kind"], d["metadata"]["namespace"]) for d in docs] == [
-        ("Role", "a"), ("RoleBinding", "a"), ("Role", "b"), ("RoleBinding", "b")]
+        ("Role", "a"),
+        ("RoleBinding", "a"),
+        ("Role", "b"),
+        ("RoleBinding", "b"),
+    ]
     binding = docs[1]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tlt-operator"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "op-sa", "namespace": "ops"}]
@@ -69,12 +74,18 @@ def test_print_rbac_prints_yaml_and_refuses_a_bad_namespace_in_one_line() -> Non
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1] == (
         "tlt-operator: error: --print-rbac: namespaces must be DNS labels (lowercase letters, digits, '-', "
-        "at most 63), comma-separated; got ['Team_A']")
+        "at most 63), comma-separated; got ['Team_A']"
+    )
 
 
 def test_exact_namespaces_turn_kopfs_cluster_wide_scanning_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    for listed, exact in (("", False), ("team-a", True), ("team-a, team-b", True), ("team-*", False),
-                          ("!kube-system", False)):
+    for listed, exact in (
+        ("", False),
+        ("team-a", True),
+        ("team-a, team-b", True),
+        ("team-*", False),
+        ("!kube-system", False),
+    ):
         monkeypatch.setenv("TLT_OPERATOR_NAMESPACES", listed)
         assert settings.exact_namespaces() is exact, listed
         configured = kopf.OperatorSettings()

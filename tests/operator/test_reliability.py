@@ -8,16 +8,17 @@ import json
 from datetime import UTC, datetime
 
 from _operator_harness import NAMESPACE, Cluster, wait_for
+
+from tlt.spec.run import RunSpec
+from tlt.spec.status import RunStatus, status_patch
 from tlt_operator.idleness import parse_worker_state
 from tlt_operator.lifecycle import PodView, decide, view_pod
 from tlt_operator.reports import parse_reports, state_of_pod
 
-from tlt.spec.run import RunSpec
-from tlt.spec.status import RunStatus, status_patch
-
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-SPEC = RunSpec.model_validate({"rollout": {"replicas": 4}, "verifier": {"replicas": 0},
-                               "runPolicy": {"backoffLimit": 3}})
+SPEC = RunSpec.model_validate(
+    {"rollout": {"replicas": 4}, "verifier": {"replicas": 0}, "runPolicy": {"backoffLimit": 3}}
+)
 NAMES = ["r-policy-0", *(f"r-rollout-{i}" for i in range(4))]
 HASHES = {n: "h" for n in NAMES}
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -29,8 +30,16 @@ def _pod(name: str, phase: str = "Running", disrupted: bool = False) -> PodView:
 
 
 def _raw_pod(status: dict, annotations: dict | None = None) -> dict:
-    return {"metadata": {"name": "r-rollout-0", "uid": "u", "labels": {"tlt.dev/role": "rollout", "tlt.dev/rank": "0"},
-                         "annotations": annotations or {}, "ownerReferences": [{"uid": "run"}]}, "status": status}
+    return {
+        "metadata": {
+            "name": "r-rollout-0",
+            "uid": "u",
+            "labels": {"tlt.dev/role": "rollout", "tlt.dev/rank": "0"},
+            "annotations": annotations or {},
+            "ownerReferences": [{"uid": "run"}],
+        },
+        "status": status,
+    }
 
 
 def test_a_head_crash_is_one_restart_of_the_whole_group() -> None:
@@ -39,25 +48,33 @@ def test_a_head_crash_is_one_restart_of_the_whole_group() -> None:
     assert d.status.restarts == 1 and d.status.phase == "Restarting"
     assert {p.name for p in d.restart} == set(NAMES), "the workers go with their head"
     later = [_pod("r-policy-0", "Failed"), *(_pod(f"r-rollout-{i}", "Failed") for i in range(4))]
-    assert decide(SPEC, RunStatus(restarts=2), later, 1, NOW, HASHES).status.phase == "Restarting", \
+    assert decide(SPEC, RunStatus(restarts=2), later, 1, NOW, HASHES).status.phase == "Restarting", (
         "five failed pods in one pass are one restart (3 <= backoffLimit 3)"
+    )
 
 
 def test_disruptions_are_replaced_without_counting() -> None:
-    pods = [_pod("r-policy-0"), _pod("r-rollout-0", "Failed", disrupted=True), *(_pod(f"r-rollout-{i}")
-                                                                                 for i in (1, 2, 3))]
+    pods = [
+        _pod("r-policy-0"),
+        _pod("r-rollout-0", "Failed", disrupted=True),
+        *(_pod(f"r-rollout-{i}") for i in (1, 2, 3)),
+    ]
     d = decide(SPEC, RunStatus(restarts=3), pods, 1, NOW, HASHES)
     assert d.status.restarts == 3 and d.status.phase == "Restarting" and [p.name for p in d.restart] == ["r-rollout-0"]
     assert view_pod(_raw_pod({"phase": "Failed", "reason": "Evicted"}), "run").disrupted
-    preempted = {"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True",
-                                                    "reason": "PreemptionByScheduler"}]}
+    preempted = {
+        "phase": "Failed",
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+    }
     assert view_pod(_raw_pod(preempted), "run").disrupted
     assert not view_pod(_raw_pod({"phase": "Failed", "reason": "Error"}), "run").disrupted
 
 
 def test_progress_outside_the_status_bounds_still_gives_a_writable_status() -> None:
-    for progress in ({"step": 10**15, "acceptLength": 1e9, "drafterVersion": 2.5, "lastStepSeconds": "x"},
-                     {"step": True, "activeTrainers": -1}):
+    for progress in (
+        {"step": 10**15, "acceptLength": 1e9, "drafterVersion": 2.5, "lastStepSeconds": "x"},
+        {"step": True, "activeTrainers": -1},
+    ):
         pods = [_pod("r-policy-0"), *(_pod(f"r-rollout-{i}") for i in range(4))]
         status = decide(SPEC, RunStatus(), pods, 1, NOW, HASHES, progress).status
         RunStatus.model_validate(status_patch(status))  # what the status write sends
@@ -65,8 +82,10 @@ def test_progress_outside_the_status_bounds_still_gives_a_writable_status() -> N
 
 
 def test_deeply_nested_reports_are_unreadable_not_fatal() -> None:
-    configmap = {"metadata": {"ownerReferences": [{"uid": "run", "controller": True}]},
-                 "data": {"progress": DEEP, "state.rollout-0": DEEP}}
+    configmap = {
+        "metadata": {"ownerReferences": [{"uid": "run", "controller": True}]},
+        "data": {"progress": DEEP, "state.rollout-0": DEEP},
+    }
     reports = parse_reports(configmap, "run")
     assert reports.progress == {}
     assert parse_worker_state("r-rollout-0", state_of_pod(reports, 0, "u")) is None
@@ -85,8 +104,10 @@ def test_a_child_the_api_rejects_is_recorded_as_created_false(cluster: Cluster, 
     assert created["reason"] == "ChildRejected" and "was rejected by the API (422)" in created["message"]
     assert cluster.phase("r1") == "Pending"
     cluster.fake.faults.clear()
-    wait_for("Created=True once the pods are made", lambda: cluster.phase("r1") == "Running"
-             and _condition(cluster, "r1", "Created")["status"] == "True")
+    wait_for(
+        "Created=True once the pods are made",
+        lambda: cluster.phase("r1") == "Running" and _condition(cluster, "r1", "Created")["status"] == "True",
+    )
 
 
 def test_a_hostile_progress_report_does_not_stop_restarts_being_counted(cluster: Cluster, operator) -> None:
@@ -106,8 +127,10 @@ def test_a_spec_the_crd_accepts_but_the_operator_cannot_read_is_reported(cluster
     assert condition["reason"] == "InvalidSpec" and "qualified names" in condition["message"]
     assert not cluster.pod_names("r1")
     cluster.replace_spec("r1", lambda spec: spec["rollout"]["podTemplate"].update(labels={"good-key": "x"}))
-    wait_for("fixed: Running, ValidSpec=True", lambda: cluster.phase("r1") == "Running"
-             and _condition(cluster, "r1", "ValidSpec")["status"] == "True")
+    wait_for(
+        "fixed: Running, ValidSpec=True",
+        lambda: cluster.phase("r1") == "Running" and _condition(cluster, "r1", "ValidSpec")["status"] == "True",
+    )
 
 
 def test_held_out_results_stay_in_status_between_evaluations() -> None:
@@ -118,4 +141,3 @@ def test_held_out_results_stay_in_status_between_evaluations() -> None:
     assert later.status.step.current == 3 and later.status.step.eval_accuracy == 0.5, "kept until the next one"
     hostile = decide(SPEC, later.status, pods, 1, NOW, HASHES, {"step": 4, "evalAccuracy": 7})
     assert hostile.status.step.eval_accuracy == 0.5, "a value the status cannot take is ignored"
-

@@ -15,12 +15,14 @@ POD_CREATE = r"^/api/v1/namespaces/[^/]+/pods$"
 
 def _creations(cluster: Cluster, kind: str) -> dict[str, int]:
     """How many times each object of `kind` was created (ADDED events in the fake's history)."""
+
     def count() -> dict[str, int]:
         seen: dict[str, int] = {}
         for event in cluster.fake.store._history:
             if event.type == "ADDED" and event.obj["kind"] == kind:
                 seen[event.obj["metadata"]["name"]] = seen.get(event.obj["metadata"]["name"], 0) + 1
         return seen
+
     return cluster.fake.call(count)
 
 
@@ -39,8 +41,9 @@ def test_restart_mid_reconcile_converges_without_duplicates(cluster: Cluster) ->
         cluster.create_run("r1", SMALL)
         wait_for("a pod creation stuck in flight", lambda: cluster.fake.faults.hits == 1)
     with running_operator():
-        wait_for("Running after the restart", lambda: cluster.phase("r1") == "Running"
-                 and cluster.pod_names("r1") == PODS)
+        wait_for(
+            "Running after the restart", lambda: cluster.phase("r1") == "Running" and cluster.pod_names("r1") == PODS
+        )
         wait_for("the stuck request landed", lambda: len(_creations(cluster, "Pod")) == 4, timeout=10)
     assert _creations(cluster, "Pod") == {p: 1 for p in PODS}, "each pod created exactly once"
     assert _creations(cluster, "ConfigMap").get("r1-spec") == 1
@@ -56,8 +59,11 @@ def test_api_errors_and_timeouts_are_survived(cluster: Cluster, operator) -> Non
     faults.add("GET", r"/configmaps/r1-spec$", status=503, times=2)
     faults.add("GET", r"/namespaces/tlt-test/pods$", status=500, times=2)
     cluster.create_run("r1", SMALL)
-    wait_for("Running despite the faults", lambda: cluster.phase("r1") == "Running"
-             and cluster.pod_names("r1") == PODS, timeout=45)
+    wait_for(
+        "Running despite the faults",
+        lambda: cluster.phase("r1") == "Running" and cluster.pod_names("r1") == PODS,
+        timeout=45,
+    )
     assert faults.hits == 14, "every injected fault was hit"
     assert cluster.run("r1")["status"]["restarts"] == 0
     assert _creations(cluster, "Pod") == {p: 1 for p in PODS}
@@ -68,8 +74,10 @@ def test_invalid_run_is_refused_by_the_api_with_the_servers_message(cluster: Clu
         cluster.create_run("bad", {"drafter": {"minTrainers": 4, "maxTrainers": 2}})
     status = json.loads(caught.value.body)
     assert (caught.value.status, status["reason"]) == (422, "Invalid")
-    assert status["message"] == ('TLTTrainingRun.tlt.dev "bad" is invalid: spec.drafter: Invalid value: '
-                                 "drafter.minTrainers must be <= drafter.maxTrainers")
+    assert status["message"] == (
+        'TLTTrainingRun.tlt.dev "bad" is invalid: spec.drafter: Invalid value: '
+        "drafter.minTrainers must be <= drafter.maxTrainers"
+    )
 
 
 @pytest.mark.slow
@@ -78,7 +86,10 @@ def test_fifty_runs_created_at_once_all_reach_running(cluster: Cluster, operator
     names = [f"run-{i:02d}" for i in range(50)]
     for name in names:
         cluster.create_run(name, one)
-    wait_for("all 50 Running", lambda: sum((r.get("status") or {}).get("phase") == "Running"
-                                           for r in cluster.runs(NAMESPACE)) == 50, timeout=120)
+    wait_for(
+        "all 50 Running",
+        lambda: sum((r.get("status") or {}).get("phase") == "Running" for r in cluster.runs(NAMESPACE)) == 50,
+        timeout=120,
+    )
     assert len(cluster.core.list_namespaced_pod(NAMESPACE).items) == 150
     assert all(count == 1 for count in _creations(cluster, "Pod").values())

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from _operator_harness import NAMESPACE, Cluster, wait_for
 from test_builders import FULL, RUN, TOKEN_SECRET, check_against_model
+
+from tlt.spec.run import POD_OWN_MOUNTS, RunSpec
 from tlt_operator import names
 from tlt_operator.builders import (
     build_network_policy,
@@ -22,11 +24,10 @@ from tlt_operator.builders import (
 )
 from tlt_operator.lifecycle import desired_pods
 
-from tlt.spec.run import POD_OWN_MOUNTS, RunSpec
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SIDECAR = RunSpec.model_validate({"rollout": {"replicas": 2}, "drafter": {
-    "placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}})
+SIDECAR = RunSpec.model_validate(
+    {"rollout": {"replicas": 2}, "drafter": {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}}
+)
 
 
 def _pods(spec: RunSpec) -> list[dict[str, Any]]:
@@ -43,13 +44,24 @@ def test_every_container_uses_token_auth_with_the_runs_secret_by_reference(spec:
         for container in _containers(pod):
             env = {e["name"]: e for e in container["env"]}
             assert env["RAY_AUTH_MODE"]["value"] == "token", pod["metadata"]["name"]
-            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-                "name": TOKEN_SECRET, "key": "token"}, "by reference, never the token itself"
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": TOKEN_SECRET, "key": "token"}, (
+                "by reference, never the token itself"
+            )
 
 
 def test_a_pod_template_cannot_turn_token_auth_off() -> None:
-    spec = RunSpec.model_validate({"verifier": {"podTemplate": {"env": [
-        {"name": "RAY_AUTH_MODE", "value": "disabled"}, {"name": "RAY_AUTH_TOKEN", "value": "guessable"}]}}})
+    spec = RunSpec.model_validate(
+        {
+            "verifier": {
+                "podTemplate": {
+                    "env": [
+                        {"name": "RAY_AUTH_MODE", "value": "disabled"},
+                        {"name": "RAY_AUTH_TOKEN", "value": "guessable"},
+                    ]
+                }
+            }
+        }
+    )
     pod = build_pod(RUN, spec, "verifier", 0, TOKEN_SECRET)
     env = [e for e in pod["spec"]["containers"][0]["env"] if e["name"].startswith("RAY_AUTH")]
     assert [e["name"] for e in env] == ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN"]
@@ -74,8 +86,12 @@ def test_network_policy_admits_only_the_runs_pods_and_the_operators_metrics_scra
     own, operator = spec["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": {"tlt.dev/run": "demo"}}}]}, "no namespaceSelector: same ns"
     assert operator["ports"] == [{"protocol": "TCP", "port": 8080}]
-    assert operator["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tlt-system"}},
-                                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "tlt-operator"}}}]
+    assert operator["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tlt-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "tlt-operator"}},
+        }
+    ]
 
 
 def test_worker_role_grants_a_patch_of_the_runs_reports_and_nothing_on_pods() -> None:
@@ -84,25 +100,39 @@ def test_worker_role_grants_a_patch_of_the_runs_reports_and_nothing_on_pods() ->
         assert check_against_model(obj, model, obj["kind"]) == []
         assert obj["metadata"]["name"] == "demo-worker"
     reports, status = role["rules"]
-    assert reports == {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
-                       "resourceNames": ["demo-reports"]}
+    assert reports == {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["patch"],
+        "resourceNames": ["demo-reports"],
+    }
     reports_map = build_reports_configmap(RUN, FULL)
     assert check_against_model(reports_map, "V1ConfigMap", "ConfigMap") == []
-    assert reports_map["metadata"]["name"] == "demo-reports" and "data" not in reports_map, \
+    assert reports_map["metadata"]["name"] == "demo-reports" and "data" not in reports_map, (
         "the operator never writes the workers' data (apply merges only what it sends)"
-    assert status == {"apiGroups": ["tlt.dev"], "resources": ["tltrainingruns/status"], "verbs": ["get"],
-                      "resourceNames": ["demo"]}
+    )
+    assert status == {
+        "apiGroups": ["tlt.dev"],
+        "resources": ["tltrainingruns/status"],
+        "verbs": ["get"],
+        "resourceNames": ["demo"],
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-worker", "namespace": "ml"}]
 
 
 def test_every_pod_runs_as_the_runs_identity_and_only_api_callers_mount_a_token() -> None:
-    spec = RunSpec.model_validate({"policy": {"replicas": 2}, "rollout": {"replicas": 2},
-                                   "verifier": {"replicas": 1}})
-    mounted = {p["metadata"]["name"]: (p["spec"]["automountServiceAccountToken"], p["spec"].get("serviceAccountName"))
-               for p in _pods(spec)}
-    assert mounted == {"demo-policy-0": (True, "demo-worker"), "demo-policy-1": (False, "demo-worker"),
-                       "demo-rollout-0": (True, "demo-worker"), "demo-rollout-1": (True, "demo-worker"),
-                       "demo-verifier-0": (False, "demo-worker")}
+    spec = RunSpec.model_validate({"policy": {"replicas": 2}, "rollout": {"replicas": 2}, "verifier": {"replicas": 1}})
+    mounted = {
+        p["metadata"]["name"]: (p["spec"]["automountServiceAccountToken"], p["spec"].get("serviceAccountName"))
+        for p in _pods(spec)
+    }
+    assert mounted == {
+        "demo-policy-0": (True, "demo-worker"),
+        "demo-policy-1": (False, "demo-worker"),
+        "demo-rollout-0": (True, "demo-worker"),
+        "demo-rollout-1": (True, "demo-worker"),
+        "demo-verifier-0": (False, "demo-worker"),
+    }
     (policy0,) = [p for p in _pods(FULL) if p["metadata"]["name"] == "demo-policy-0"]
     assert policy0["spec"]["serviceAccountName"] == "tlt-worker", "the template's own account is kept"
 
@@ -137,17 +167,25 @@ def test_operator_makes_the_isolation_children_and_never_rotates_the_token(clust
     token = _secret_token(cluster, secret_name)
     assert len(base64.b64decode(token)) >= 32
     policy = cluster.client.call_api(
-        f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies/r1-ray", "GET",
-        response_type="object", _return_http_data_only=True)
+        f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies/r1-ray",
+        "GET",
+        response_type="object",
+        _return_http_data_only=True,
+    )
     assert policy["spec"]["podSelector"] == {"matchLabels": {"tlt.dev/run": "r1"}}
-    role = cluster.client.call_api(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/r1-worker",
-                                   "GET", response_type="object", _return_http_data_only=True)
+    role = cluster.client.call_api(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/r1-worker",
+        "GET",
+        response_type="object",
+        _return_http_data_only=True,
+    )
     assert role["rules"][0]["resourceNames"] == ["r1-reports"]
     cluster.report("r1", "progress", '{"step": 2}')
     cluster.patch_spec("r1", {"rollout": {"replicas": 2}})
     wait_for("scaled", lambda: "r1-rollout-1" in cluster.pod_names("r1"))
-    assert cluster.core.read_namespaced_config_map("r1-reports", NAMESPACE).data == {"progress": '{"step": 2}'}, \
+    assert cluster.core.read_namespaced_config_map("r1-reports", NAMESPACE).data == {"progress": '{"step": 2}'}, (
         "reconcile passes leave the workers' reports alone"
+    )
     cluster.fail_pod("r1-rollout-0")
     wait_for("restarted", lambda: (cluster.run("r1").get("status") or {}).get("restarts") == 1)
     assert cluster.run("r1")["status"]["rayTokenSecret"] == secret_name

@@ -5,16 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tlt.spec.run import (
-    API_GROUP,
-    API_VERSION,
-    KIND,
-    MSG_CHECKPOINT_CANONICAL,
-    MSG_CHECKPOINT_MOUNT,
-    MSG_CHECKPOINT_PATH,
-    MSG_METRICS_PORT,
-    MSG_RESERVED,
-)
 from tlt.spec.crd import (
     MSG_BLOCK_ARM,
     MSG_BUCKETS,
@@ -28,6 +18,16 @@ from tlt.spec.crd import (
     MSG_SIDECAR,
     MSG_TOLERATION,
     MSG_TRAINERS,
+)
+from tlt.spec.run import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    MSG_CHECKPOINT_CANONICAL,
+    MSG_CHECKPOINT_MOUNT,
+    MSG_CHECKPOINT_PATH,
+    MSG_METRICS_PORT,
+    MSG_RESERVED,
 )
 
 
@@ -46,14 +46,26 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("buckets descending", {"speculative": {"buckets": [1, 8, 4]}}, "spec.speculative"),
     ("buckets repeated", {"speculative": {"buckets": [1, 2, 2, 4]}}, "spec.speculative"),
     ("ngram min above max", {"speculative": {"ngramMin": 5, "ngramMax": 3}}, "spec.speculative"),
-    ("history match min above max", {"speculative": {"history": {"minMatch": 5, "maxMatch": 3}}},
-     "spec.speculative.history"),
-    ("history arm deeper than maxDraft", {"speculative": {"arms": [{"kind": "mixed", "depth": 9}]}},
-     "spec.speculative"),
-    ("block arm deeper than a block", {"speculative": {"arms": [{"kind": "block", "depth": 9}]}},
-     "spec.speculative.arms[0]"),
-    ("block arm with topk", {"speculative": {"arms": [{"kind": "block", "depth": 4, "topk": 2}]}},
-     "spec.speculative.arms[0]"),
+    (
+        "history match min above max",
+        {"speculative": {"history": {"minMatch": 5, "maxMatch": 3}}},
+        "spec.speculative.history",
+    ),
+    (
+        "history arm deeper than maxDraft",
+        {"speculative": {"arms": [{"kind": "mixed", "depth": 9}]}},
+        "spec.speculative",
+    ),
+    (
+        "block arm deeper than a block",
+        {"speculative": {"arms": [{"kind": "block", "depth": 9}]}},
+        "spec.speculative.arms[0]",
+    ),
+    (
+        "block arm with topk",
+        {"speculative": {"arms": [{"kind": "block", "depth": 4, "topk": 2}]}},
+        "spec.speculative.arms[0]",
+    ),
     ("file dataset without path", {"dataset": {"source": "file"}}, "spec.dataset"),
     ("unknown field", {"algorithm": {"stepz": 3}}, "spec.algorithm.stepz"),
     ("steps zero", {"algorithm": {"steps": 0}}, "spec.algorithm.steps"),
@@ -65,64 +77,126 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("no arms", {"speculative": {"arms": []}}, "spec.speculative.arms"),
     ("too many buckets", {"speculative": {"buckets": list(range(1, 18))}}, "spec.speculative.buckets"),
     ("managedBy not controller-shaped", {"managedBy": "Kueue"}, "spec.managedBy"),
-    ("label value too long", {"policy": {"podTemplate": {"labels": {"team": "x" * 64}}}},
-     "spec.policy.podTemplate.labels.team"),
+    (
+        "label value too long",
+        {"policy": {"podTemplate": {"labels": {"team": "x" * 64}}}},
+        "spec.policy.podTemplate.labels.team",
+    ),
     ("memory quantity spelled GB", {"rollout": {"resources": {"memory": "4GB"}}}, "spec.rollout.resources.memory"),
-    ("toleration operator", {"rollout": {"podTemplate": {"tolerations": [{"operator": "In"}]}}},
-     "spec.rollout.podTemplate.tolerations[0].operator"),
-    ("env name starting with a digit", {"verifier": {"podTemplate": {"env": [{"name": "1X"}]}}},
-     "spec.verifier.podTemplate.env[0].name"),
-    ("secret ref without key", {"verifier": {"podTemplate": {"env": [{"name": "T", "secretKeyRef": {"name": "s"}}]}}},
-     "spec.verifier.podTemplate.env[0].secretKeyRef.key"),
+    (
+        "toleration operator",
+        {"rollout": {"podTemplate": {"tolerations": [{"operator": "In"}]}}},
+        "spec.rollout.podTemplate.tolerations[0].operator",
+    ),
+    (
+        "env name starting with a digit",
+        {"verifier": {"podTemplate": {"env": [{"name": "1X"}]}}},
+        "spec.verifier.podTemplate.env[0].name",
+    ),
+    (
+        "secret ref without key",
+        {"verifier": {"podTemplate": {"env": [{"name": "T", "secretKeyRef": {"name": "s"}}]}}},
+        "spec.verifier.podTemplate.env[0].secretKeyRef.key",
+    ),
     ("prometheus url not http", {"monitoring": {"prometheusUrl": "ftp://prom"}}, "spec.monitoring.prometheusUrl"),
     ("gang scheduler", {"schedulingPolicy": {"gang": {"scheduler": "kube"}}}, "spec.schedulingPolicy.gang.scheduler"),
     ("checkpoint keep zero", {"checkpoint": {"keep": 0}}, "spec.checkpoint.keep"),
-    ("toleration Exists with a value", {"policy": {"podTemplate": {"tolerations": [
-        {"key": "gpu", "operator": "Exists", "value": "x"}]}}}, "spec.policy.podTemplate.tolerations[0]"),
-    ("env value and secret", {"rollout": {"podTemplate": {"env": [{"name": "OK"}, {
-        "name": "T", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}]}}}, "spec.rollout.podTemplate.env[1]"),
+    (
+        "toleration Exists with a value",
+        {"policy": {"podTemplate": {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]}}},
+        "spec.policy.podTemplate.tolerations[0]",
+    ),
+    (
+        "env value and secret",
+        {
+            "rollout": {
+                "podTemplate": {
+                    "env": [{"name": "OK"}, {"name": "T", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}]
+                }
+            }
+        },
+        "spec.rollout.podTemplate.env[1]",
+    ),
     ("suspend not a boolean", {"suspend": [True]}, "spec.suspend"),
     ("replicas negative", {"rollout": {"replicas": -1}}, "spec.rollout.replicas"),
-    ("negative grace period", {"policy": {"podTemplate": {"terminationGracePeriodSeconds": -1}}},
-     "spec.policy.podTemplate.terminationGracePeriodSeconds"),
+    (
+        "negative grace period",
+        {"policy": {"podTemplate": {"terminationGracePeriodSeconds": -1}}},
+        "spec.policy.podTemplate.terminationGracePeriodSeconds",
+    ),
     ("metric not a Prometheus name", {"monitoring": {"gpuUtilMetric": "gpu util"}}, "spec.monitoring.gpuUtilMetric"),
     ("label not a Prometheus name", {"monitoring": {"podLabel": "exported-pod"}}, "spec.monitoring.podLabel"),
     ("policy replicas zero (rank 0 is the coordinator)", {"policy": {"replicas": 0}}, "spec.policy.replicas"),
-    ("label value with a space", {"policy": {"podTemplate": {"labels": {"team": "a b"}}}},
-     "spec.policy.podTemplate.labels.team"),
-    ("nodeSelector value ending in a dash", {"rollout": {"podTemplate": {"nodeSelector": {"gpu": "h100-"}}}},
-     "spec.rollout.podTemplate.nodeSelector.gpu"),
+    (
+        "label value with a space",
+        {"policy": {"podTemplate": {"labels": {"team": "a b"}}}},
+        "spec.policy.podTemplate.labels.team",
+    ),
+    (
+        "nodeSelector value ending in a dash",
+        {"rollout": {"podTemplate": {"nodeSelector": {"gpu": "h100-"}}}},
+        "spec.rollout.podTemplate.nodeSelector.gpu",
+    ),
     ("queue not a label value", {"schedulingPolicy": {"queue": "team/a"}}, "spec.schedulingPolicy.queue"),
     ("checkpoint path leaving its folder", {"checkpoint": {"path": "ckpt/../../etc"}}, "spec.checkpoint"),
     ("checkpoint volume over /tmp", {"checkpoint": {"path": "/tmp", "claimName": "ckpt"}}, "spec.checkpoint"),
-    ("checkpoint volume over the spec mount, not canonical", {"checkpoint": {"path": "/etc/tlt/.", "claimName": "c"}},
-     "spec.checkpoint"),
+    (
+        "checkpoint volume over the spec mount, not canonical",
+        {"checkpoint": {"path": "/etc/tlt/.", "claimName": "c"}},
+        "spec.checkpoint",
+    ),
     ("checkpoint volume over the root", {"checkpoint": {"path": "/", "claimName": "ckpt"}}, "spec.checkpoint"),
-    ("checkpoint volume over the token directory", {"checkpoint": {
-        "path": "/var/run/secrets/kubernetes.io/serviceaccount", "claimName": "ckpt"}}, "spec.checkpoint"),
-    ("checkpoint volume over a folder holding a mount", {"checkpoint": {"path": "/etc", "claimName": "ckpt"}},
-     "spec.checkpoint"),
+    (
+        "checkpoint volume over the token directory",
+        {"checkpoint": {"path": "/var/run/secrets/kubernetes.io/serviceaccount", "claimName": "ckpt"}},
+        "spec.checkpoint",
+    ),
+    (
+        "checkpoint volume over a folder holding a mount",
+        {"checkpoint": {"path": "/etc", "claimName": "ckpt"}},
+        "spec.checkpoint",
+    ),
     ("checkpoint volume over the working dir", {"checkpoint": {"path": ".", "claimName": "ckpt"}}, "spec.checkpoint"),
-    ("toleration value with a space", {"rollout": {"podTemplate": {"tolerations": [
-        {"key": "gpu", "value": "a b"}]}}}, "spec.rollout.podTemplate.tolerations[0].value"),
-    ("toleration key with two slashes", {"rollout": {"podTemplate": {"tolerations": [
-        {"key": "a/b/c", "operator": "Exists"}]}}}, "spec.rollout.podTemplate.tolerations[0].key"),
+    (
+        "toleration value with a space",
+        {"rollout": {"podTemplate": {"tolerations": [{"key": "gpu", "value": "a b"}]}}},
+        "spec.rollout.podTemplate.tolerations[0].value",
+    ),
+    (
+        "toleration key with two slashes",
+        {"rollout": {"podTemplate": {"tolerations": [{"key": "a/b/c", "operator": "Exists"}]}}},
+        "spec.rollout.podTemplate.tolerations[0].key",
+    ),
     ("image with a space", {"rollout": {"image": "ghcr.io/tlt worker:1"}}, "spec.rollout.image"),
     ("image with two tags", {"verifier": {"image": "tlt:1:2"}}, "spec.verifier.image"),
-    ("secret key with a slash", {"verifier": {"podTemplate": {"env": [
-        {"name": "T", "secretKeyRef": {"name": "s", "key": "a/b"}}]}}},
-     "spec.verifier.podTemplate.env[0].secretKeyRef.key"),
-    ("device class not a DNS name", {"drafter": {"placement": "sidecar", "deviceClassName": "GPU_Class"}},
-     "spec.drafter.deviceClassName"),
+    (
+        "secret key with a slash",
+        {"verifier": {"podTemplate": {"env": [{"name": "T", "secretKeyRef": {"name": "s", "key": "a/b"}}]}}},
+        "spec.verifier.podTemplate.env[0].secretKeyRef.key",
+    ),
+    (
+        "device class not a DNS name",
+        {"drafter": {"placement": "sidecar", "deviceClassName": "GPU_Class"}},
+        "spec.drafter.deviceClassName",
+    ),
     ("system message without chat", {"dataset": {"system": "Be brief."}}, "spec.dataset"),
-    ("draft vocabulary below a tree's topk", {"speculative": {"draftVocab": 2, "arms": [
-        {"kind": "tree", "depth": 2, "topk": 4}]}}, "spec.speculative"),
+    (
+        "draft vocabulary below a tree's topk",
+        {"speculative": {"draftVocab": 2, "arms": [{"kind": "tree", "depth": 2, "topk": 4}]}},
+        "spec.speculative",
+    ),
     ("reward not module:function", {"verifier": {"reward": "my_rewards.score"}}, "spec.verifier.reward"),
     ("eval fraction of 1", {"dataset": {"evalFraction": 1}}, "spec.dataset.evalFraction"),
-    ("reserved label", {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
-     "spec.rollout.podTemplate"),
-    ("reserved annotation", {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
-     "spec.policy.podTemplate"),
+    (
+        "reserved label",
+        {"rollout": {"podTemplate": {"labels": {"tlt.dev/run": "other-run"}}}},
+        "spec.rollout.podTemplate",
+    ),
+    (
+        "reserved annotation",
+        {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
+        "spec.policy.podTemplate",
+    ),
 ]
 
 CEL_MESSAGES = {

@@ -19,22 +19,31 @@ def test_validate_good_file_exits_zero(capsys):
 
 def test_validate_bad_file_lists_every_error_with_its_path(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({
-        "apiVersion": "tlt.dev/v1alpha1",
-        "kind": "TLTTrainingRun",
-        "metadata": {"name": "bad"},
-        "spec": {
-            "algorithm": {"steps": 0, "groupSize": 1},
-            "drafter": {"minTrainers": 5, "maxTrainers": 1},
-            "speculative": {"arms": [{"kind": "beam"}]},
-            "rollut": {"replicas": 2},
-        },
-    }))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "bad"},
+                "spec": {
+                    "algorithm": {"steps": 0, "groupSize": 1},
+                    "drafter": {"minTrainers": 5, "maxTrainers": 1},
+                    "speculative": {"arms": [{"kind": "beam"}]},
+                    "rollut": {"replicas": 2},
+                },
+            }
+        )
+    )
     assert main(["validate", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "5 error(s)" in err
-    for path in ("spec.algorithm.steps:", "spec.algorithm.groupSize:", "spec.speculative.arms.0.kind:",
-                 "spec.rollut: unknown field", "spec.drafter: drafter.minTrainers must be <= drafter.maxTrainers"):
+    for path in (
+        "spec.algorithm.steps:",
+        "spec.algorithm.groupSize:",
+        "spec.speculative.arms.0.kind:",
+        "spec.rollut: unknown field",
+        "spec.drafter: drafter.minTrainers must be <= drafter.maxTrainers",
+    ):
         assert path in err, f"{path} missing from:\n{err}"
 
 

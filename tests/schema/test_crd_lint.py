@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tlt.spec.run import FORBIDDEN_MOUNT, NON_CANONICAL, PARENT_SEGMENT, RUN_NAME_PATTERN
 from tlt.spec.crd import CEL_RULES, build_crd, build_schema, cel_string
 from tlt.spec.crd_lint import compile_error, crd_problems, evaluate, run_rule, schema_problems
 from tlt.spec.crd_validate import _default
+from tlt.spec.run import FORBIDDEN_MOUNT, NON_CANONICAL, PARENT_SEGMENT, RUN_NAME_PATTERN
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = sorted(p for p in [*ROOT.glob("examples/*.yaml"), *ROOT.glob("manifests/samples/*.yaml")]
-                   if p.name != "kustomization.yaml")
+MANIFESTS = sorted(
+    p for p in [*ROOT.glob("examples/*.yaml"), *ROOT.glob("manifests/samples/*.yaml")] if p.name != "kustomization.yaml"
+)
 
 
 def _runs(path: Path) -> list[dict[str, Any]]:
@@ -48,10 +49,17 @@ def test_every_sample_passes_every_rule(manifest):
 
 
 def test_an_unguarded_rule_under_an_empty_default_is_refused():
-    schema = {"type": "object", "properties": {"drafter": {
-        "type": "object", "default": {},
-        "properties": {"a": {"type": "integer", "default": 1}, "b": {"type": "integer", "default": 2}},
-        "x-kubernetes-validations": [{"rule": "self.a <= self.b", "message": "a <= b"}]}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "drafter": {
+                "type": "object",
+                "default": {},
+                "properties": {"a": {"type": "integer", "default": 1}, "b": {"type": "integer", "default": 2}},
+                "x-kubernetes-validations": [{"rule": "self.a <= self.b", "message": "a <= b"}],
+            }
+        },
+    }
     (problem,) = schema_problems(schema)
     assert "properties[drafter].default" in problem and "Key not found" in problem and "a <= b" not in problem
     schema["properties"]["drafter"]["x-kubernetes-validations"][0]["rule"] = "!has(self.a) || self.a <= self.b"
@@ -59,8 +67,12 @@ def test_an_unguarded_rule_under_an_empty_default_is_refused():
 
 
 def test_a_transition_rule_is_checked_on_the_default_too():
-    schema = {"type": "object", "default": {}, "properties": {"q": {"type": "object", "properties": {}}},
-              "x-kubernetes-validations": [{"rule": "!has(self.q.x) || has(oldSelf.q.x)"}]}
+    schema = {
+        "type": "object",
+        "default": {},
+        "properties": {"q": {"type": "object", "properties": {}}},
+        "x-kubernetes-validations": [{"rule": "!has(self.q.x) || has(oldSelf.q.x)"}],
+    }
     assert len(schema_problems(schema)) == 1
 
 
@@ -70,12 +82,19 @@ def test_an_unknown_string_escape_is_a_compile_error():
 
 
 def test_a_field_path_must_name_a_declared_field():
-    schema = {"type": "object", "properties": {"metadata": {"type": "object"},
-                                               "spec": {"type": "object", "properties": {"x": {"type": "string"}}}},
-              "x-kubernetes-validations": [{"rule": "true", "fieldPath": ".metadata.name"},
-                                           {"rule": "true", "fieldPath": ".spec.x"},
-                                           {"rule": "true", "fieldPath": ".spec['x']"},
-                                           {"rule": "true", "fieldPath": ".spec.y"}]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "metadata": {"type": "object"},
+            "spec": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+        "x-kubernetes-validations": [
+            {"rule": "true", "fieldPath": ".metadata.name"},
+            {"rule": "true", "fieldPath": ".spec.x"},
+            {"rule": "true", "fieldPath": ".spec['x']"},
+            {"rule": "true", "fieldPath": ".spec.y"},
+        ],
+    }
     problems = schema_problems(schema)
     assert len(problems) == 2
     assert "'.metadata.name'" in problems[0] and "'.spec.y'" in problems[1]
@@ -85,13 +104,30 @@ def test_an_undeclared_function_is_reported_not_missed():
     assert "undeclared reference" in compile_error("self.x.notAKubernetesFunction()")
 
 
-@pytest.mark.parametrize("pattern,samples", [
-    (PARENT_SEGMENT, ["..", "a/../b", "a/..", "../a", "a/.b", "a..b", "/x/y"]),
-    (FORBIDDEN_MOUNT, ["/etc/tlt", "/", "/etc", "/var/lib", "/tmp/x", ".", "/etc/tlt/x", "/var/lib/tlt2", "a",
-                       "/var/lib/tlt/a", "/var/run/secrets/kubernetes.io/serviceaccount"]),
-    (NON_CANONICAL, ["/etc/tlt/.", "//etc", "a/", "/", "./x", "a/./b", "a.b", ".hidden", "x/.hidden"]),
-    (RUN_NAME_PATTERN, ["a", "a-b", "-a", "a-", "A", "a1"]),
-])
+@pytest.mark.parametrize(
+    "pattern,samples",
+    [
+        (PARENT_SEGMENT, ["..", "a/../b", "a/..", "../a", "a/.b", "a..b", "/x/y"]),
+        (
+            FORBIDDEN_MOUNT,
+            [
+                "/etc/tlt",
+                "/",
+                "/etc",
+                "/var/lib",
+                "/tmp/x",
+                ".",
+                "/etc/tlt/x",
+                "/var/lib/tlt2",
+                "a",
+                "/var/lib/tlt/a",
+                "/var/run/secrets/kubernetes.io/serviceaccount",
+            ],
+        ),
+        (NON_CANONICAL, ["/etc/tlt/.", "//etc", "a/", "/", "./x", "a/./b", "a.b", ".hidden", "x/.hidden"]),
+        (RUN_NAME_PATTERN, ["a", "a-b", "-a", "a-", "A", "a1"]),
+    ],
+)
 def test_cel_string_keeps_the_regex_python_uses(pattern, samples):
     """The pattern reaches CEL's RE2 as Python's `re` reads it (escapes doubled once, not lost)."""
     rule = f"self.matches({cel_string(pattern)})"

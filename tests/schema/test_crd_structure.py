@@ -4,16 +4,17 @@ equal to pydantic's, subresources and printer columns pointing at real fields.""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, get_args, get_origin
+from typing import Any, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
 
 from tlt.spec import run as config
-from tlt.spec.run import RunSpec
 from tlt.spec.crd import CEL_RULES, CRD_FILE, build_crd, build_schema, crd_yaml
 from tlt.spec.crd_validate import CRDValidator
+from tlt.spec.run import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"$ref", "$defs", "definitions", "anyOf", "oneOf", "allOf", "not", "title", "const"}
@@ -182,8 +183,15 @@ def test_printer_columns_point_at_schema_fields():
     (version,) = build_crd()["spec"]["versions"]
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns] == [
-        "Phase", "Step", "Rollout Ready", "Trainers Active", "Slots", "Idle GPU-s", "Harvested GPU-s",
-        "Accept Length", "Age"
+        "Phase",
+        "Step",
+        "Rollout Ready",
+        "Trainers Active",
+        "Slots",
+        "Idle GPU-s",
+        "Harvested GPU-s",
+        "Accept Length",
+        "Age",
     ]
     schema = build_schema()
     for column in columns:

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from invalid_runs import CEL_MESSAGES, INVALID, manifest
 
-from tlt.spec.run import API_GROUP, KIND
-from tlt.spec.manifest_io import SpecError, parse_run
 from tlt.spec.crd import MSG_MODEL, MSG_QUEUED_REPLICAS, MSG_TRAINERS
 from tlt.spec.crd_validate import CEL_SKIPPED, validate_run
+from tlt.spec.manifest_io import SpecError, parse_run
+from tlt.spec.run import API_GROUP, KIND
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = [ROOT / "examples" / "run.yaml", ROOT / "manifests" / "samples" / "run.yaml"]
@@ -57,7 +57,7 @@ def test_cel_rule_says_what_pydantic_says(case):
     doc = manifest(spec)
     message = CEL_MESSAGES[case]
     assert f"{dotted(path)}: {message}" in pydantic_errors(doc)
-    assert f'{path}: Invalid value: {message}' in validate_run(doc).messages()
+    assert f"{path}: Invalid value: {message}" in validate_run(doc).messages()
 
 
 def test_cel_rejection_is_a_422_status_like_the_apiserver():
@@ -67,7 +67,7 @@ def test_cel_rejection_is_a_422_status_like_the_apiserver():
     expected = f'{KIND}.{API_GROUP} "r1" is invalid: spec.drafter: Invalid value: {MSG_TRAINERS}'
     assert status["message"] == expected
     assert status["details"]["causes"] == [
-        {"reason": "FieldValueInvalid", "message": f'Invalid value: {MSG_TRAINERS}', "field": "spec.drafter"}
+        {"reason": "FieldValueInvalid", "message": f"Invalid value: {MSG_TRAINERS}", "field": "spec.drafter"}
     ]
 
 
@@ -91,7 +91,7 @@ def test_blocking_schema_error_skips_cel_and_says_so_like_the_apiserver():
     doc = manifest({"algorithm": {"name": "ppo"}, "drafter": {"minTrainers": 9}})
     assert validate_run(doc).messages() == [
         'spec.algorithm.name: Unsupported value: "ppo": supported values: "grpo"',
-        f'<nil>: Invalid value: null: {CEL_SKIPPED}',
+        f"<nil>: Invalid value: null: {CEL_SKIPPED}",
     ]
 
 
@@ -114,11 +114,23 @@ VALID: list[dict[str, Any]] = [
     {"drafter": {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com", "minTrainers": 2, "maxTrainers": 2}},
     {"dataset": {"source": "file", "path": "/data/gsm8k.jsonl", "answerFormat": "gsm8k"}},
     {"speculative": {"buckets": [2], "ngramMin": 3, "ngramMax": 3, "arms": [{"kind": "ngram"}]}},
-    {"policy": {"podTemplate": {"labels": {"team": "rl"}, "env": [{"name": "HF_TOKEN",
-                                                                   "secretKeyRef": {"name": "hf", "key": "token"}}]}}},
+    {
+        "policy": {
+            "podTemplate": {
+                "labels": {"team": "rl"},
+                "env": [{"name": "HF_TOKEN", "secretKeyRef": {"name": "hf", "key": "token"}}],
+            }
+        }
+    },
     {"schedulingPolicy": {"queue": "team-a", "gang": {"scheduler": "volcano"}}, "suspend": True},
-    {"rollout": {"podTemplate": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-                                 "env": [{"name": "A", "value": "", "secretKeyRef": {"name": "s", "key": "k"}}]}}},
+    {
+        "rollout": {
+            "podTemplate": {
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                "env": [{"name": "A", "value": "", "secretKeyRef": {"name": "s", "key": "k"}}],
+            }
+        }
+    },
 ]
 
 
@@ -146,13 +158,13 @@ def test_longest_run_name_is_accepted_by_both():
 def test_model_is_immutable():
     old, new = manifest({}), manifest({"model": {"maxContext": 2048}})
     assert validate_run(new).ok
-    assert validate_run(new, old=old).messages() == [f'spec.model: Invalid value: {MSG_MODEL}']
+    assert validate_run(new, old=old).messages() == [f"spec.model: Invalid value: {MSG_MODEL}"]
 
 
 def test_replicas_are_immutable_while_queued_and_scale_freely_otherwise():
     queued = {"schedulingPolicy": {"queue": "team-a"}}
     result = validate_run(manifest({**queued, "rollout": {"replicas": 4}}), old=manifest(queued))
-    assert result.messages() == [f'spec: Invalid value: {MSG_QUEUED_REPLICAS}']
+    assert result.messages() == [f"spec: Invalid value: {MSG_QUEUED_REPLICAS}"]
     assert validate_run(manifest({"rollout": {"replicas": 4}}), old=manifest({})).ok
     assert validate_run(manifest({**queued, "algorithm": {"steps": 30}}), old=manifest(queued)).ok
 

@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
 
 from tlt.spec.crd_validate import validate_run
-from tlt.spec.status import PHASES, Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition, status_patch
+from tlt.spec.status import (
+    PHASES,
+    Condition,
+    DrafterStatus,
+    RoleStatus,
+    RunStatus,
+    StepStatus,
+    set_condition,
+    status_patch,
+)
 
-T0 = datetime(2026, 11, 22, 0, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 22, 0, 0, 0, tzinfo=UTC)
 
 
 def full_status() -> RunStatus:
     return RunStatus(
         phase="Running",
-        conditions=[Condition(type="Ready", status="True", observed_generation=3, last_transition_time=T0,
-                              reason="PodsReady", message="all pods ready")],
+        conditions=[
+            Condition(
+                type="Ready",
+                status="True",
+                observed_generation=3,
+                last_transition_time=T0,
+                reason="PodsReady",
+                message="all pods ready",
+            )
+        ],
         observed_generation=3,
         policy=RoleStatus(desired=1, ready=1, failed=0),
         rollout=RoleStatus(desired=2, ready=2, failed=0),
@@ -25,8 +42,14 @@ def full_status() -> RunStatus:
         replicas=2,
         selector="tlt.dev/run=r,tlt.dev/role=rollout",
         step=StepStatus(current=4, total=10, last_step_seconds=12.5),
-        drafter=DrafterStatus(version=3, accept_length=2.4, enabled_slots=["r-rollout-0"], active_trainers=1,
-                              idle_gpu_seconds=30.0, harvested_gpu_seconds=21.5),
+        drafter=DrafterStatus(
+            version=3,
+            accept_length=2.4,
+            enabled_slots=["r-rollout-0"],
+            active_trainers=1,
+            idle_gpu_seconds=30.0,
+            harvested_gpu_seconds=21.5,
+        ),
         restarts=0,
         start_time=T0,
         message="step 4/10",
@@ -34,8 +57,13 @@ def full_status() -> RunStatus:
 
 
 def run_with(status: dict) -> dict:
-    return {"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": "r"},
-            "spec": {}, "status": status}
+    return {
+        "apiVersion": "tlt.dev/v1alpha1",
+        "kind": "TLTTrainingRun",
+        "metadata": {"name": "r"},
+        "spec": {},
+        "status": status,
+    }
 
 
 def test_phases():
@@ -71,8 +99,13 @@ def test_status_round_trips_through_the_patch():
     ],
 )
 def test_bad_condition_rejected_by_model_and_crd(condition, field):
-    good = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z",
-            "reason": "PodsReady", "message": ""}
+    good = {
+        "type": "Ready",
+        "status": "True",
+        "lastTransitionTime": "2026-11-22T00:00:00Z",
+        "reason": "PodsReady",
+        "message": "",
+    }
     bad = {**good, **condition}
     with pytest.raises(ValidationError):
         Condition.model_validate(bad)
@@ -110,8 +143,13 @@ def test_set_condition_appends_new_types_and_keeps_others():
 
 
 def test_one_condition_per_type_in_model_and_crd():
-    cond = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z",
-            "reason": "PodsReady", "message": ""}
+    cond = {
+        "type": "Ready",
+        "status": "True",
+        "lastTransitionTime": "2026-11-22T00:00:00Z",
+        "reason": "PodsReady",
+        "message": "",
+    }
     with pytest.raises(ValidationError, match="one entry per type"):
         RunStatus.model_validate({"conditions": [cond, {**cond, "status": "False"}]})
     messages = validate_run(run_with({"conditions": [cond, {**cond, "status": "False"}]})).messages()

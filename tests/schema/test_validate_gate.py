@@ -26,8 +26,9 @@ def _validate(tmp_path: Path, body: str | bytes, capsys: pytest.CaptureFixture[s
 
 
 def test_a_memory_quantity_of_any_size_is_no_crash(tmp_path, capsys):
-    code, out, err = _validate(tmp_path, HEAD + "spec:\n  rollout:\n    resources:\n      memory: '"
-                               + "9" * 40 + ".5'\n", capsys)
+    code, out, err = _validate(
+        tmp_path, HEAD + "spec:\n  rollout:\n    resources:\n      memory: '" + "9" * 40 + ".5'\n", capsys
+    )
     assert code == 0 and ": ok (" in out
     assert "rollout.resources.memory" in err and "fraction of a byte" in err
 
@@ -53,8 +54,10 @@ def test_a_large_file_under_the_limit_is_parsed_fast(tmp_path, capsys):
 
 
 def test_yaml_merge_keys_are_merged_as_kubectl_does(tmp_path, capsys):
-    body = HEAD + ("spec:\n  policy: &role\n    replicas: 1\n    resources: {cpu: '2', memory: 4Gi}\n"
-                   "  rollout:\n    <<: *role\n    replicas: 3\n")
+    body = HEAD + (
+        "spec:\n  policy: &role\n    replicas: 1\n    resources: {cpu: '2', memory: 4Gi}\n"
+        "  rollout:\n    <<: *role\n    replicas: 3\n"
+    )
     code, out, _ = _validate(tmp_path, body, capsys)
     assert code == 0 and ": ok (" in out
     from tlt.spec.manifest_io import load_run
@@ -75,14 +78,19 @@ def test_generate_name_is_shown_as_the_server_will_complete_it(tmp_path, capsys)
 
 
 def test_a_manifest_without_name_or_generate_name_is_refused_as_the_server_does(tmp_path, capsys):
-    code, _, err = _validate(tmp_path, HEAD.replace("metadata:\n  name: gate\n", "metadata: {}\n") + "spec: {}\n",
-                             capsys)
+    code, _, err = _validate(
+        tmp_path, HEAD.replace("metadata:\n  name: gate\n", "metadata: {}\n") + "spec: {}\n", capsys
+    )
     assert code == 1 and "metadata.name: Required value: name or generateName is required" in err
 
 
 def test_annotations_over_the_servers_limit_are_refused(tmp_path, capsys):
-    big = {"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-           "metadata": {"name": "gate", "annotations": {f"note-{i}": "x" * 1000 for i in range(300)}}, "spec": {}}
+    big = {
+        "apiVersion": "tlt.dev/v1alpha1",
+        "kind": "TLTTrainingRun",
+        "metadata": {"name": "gate", "annotations": {f"note-{i}": "x" * 1000 for i in range(300)}},
+        "spec": {},
+    }
     code, _, err = _validate(tmp_path, yaml.safe_dump(big), capsys)
     assert code == 1 and "metadata.annotations: Too long: may not be more than 262144 bytes" in err
 
@@ -95,8 +103,10 @@ def test_duplicate_arms_are_warned(tmp_path, capsys):
 
 
 def test_a_reference_to_another_runs_secret_is_refused_unless_the_admin_shares_it(tmp_path, capsys, monkeypatch):
-    body = HEAD + ("spec:\n  rollout:\n    podTemplate:\n      env:\n      - name: RAY_TOKEN\n"
-                   "        secretKeyRef: {name: victim-ray-token-ab12c, key: token}\n")
+    body = HEAD + (
+        "spec:\n  rollout:\n    podTemplate:\n      env:\n      - name: RAY_TOKEN\n"
+        "        secretKeyRef: {name: victim-ray-token-ab12c, key: token}\n"
+    )
     code, _, err = _validate(tmp_path, body, capsys)
     assert code == 1 and "spec.rollout.podTemplate.env[0].secretKeyRef.name: Secret 'victim-ray-token-ab12c'" in err
     monkeypatch.setenv("TLT_OPERATOR_SHARED_SECRETS", "victim-ray-token-ab12c")

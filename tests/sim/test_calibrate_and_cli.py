@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from tlt.cli import main
-from tlt.spec.run import RunSpec
 from tlt.sim.accept import AcceptCurve
+from tlt.sim.accuracy_checks import h20_check
 from tlt.sim.calibrate import compare_run, update_cost
 from tlt.sim.measured import MeasuredCost
 from tlt.sim.step import ClusterConfig, Variant, simulate_step
-from tlt.sim.accuracy_checks import h20_check
+from tlt.spec.run import RunSpec
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bench_costs_tiny.json"
 
@@ -26,8 +26,9 @@ def _history(per_token: float, prompt_len: int, held_scale: float, bench: dict) 
     for step, lens in enumerate(lengths, 1):
         update = per_token * (sum(lens) + prompt_len * len(lens))
         predicted = simulate_step(lens, Variant("vanilla"), cost, cluster, [None]).step_seconds
-        history.append({"step": step, "response_lengths": lens, "update_seconds": update,
-                        "step_seconds": predicted * held_scale})
+        history.append(
+            {"step": step, "response_lengths": lens, "update_seconds": update, "step_seconds": predicted * held_scale}
+        )
     return history
 
 
@@ -51,8 +52,13 @@ def test_compare_run_fits_the_update_on_the_first_half_and_scores_the_second(sca
 def test_compare_run_needs_recorded_lengths():
     bench = json.loads(FIXTURE.read_text())
     with pytest.raises(ValueError, match="without --local"):
-        compare_run([{"step": 1, "update_seconds": 1.0, "step_seconds": 2.0}] * 3, bench, RunSpec(),
-                    ClusterConfig(), AcceptCurve())
+        compare_run(
+            [{"step": 1, "update_seconds": 1.0, "step_seconds": 2.0}] * 3,
+            bench,
+            RunSpec(),
+            ClusterConfig(),
+            AcceptCurve(),
+        )
 
 
 def test_h20_switches_sd_off_at_large_batches_and_h100_keeps_drafting():
@@ -65,9 +71,27 @@ def test_h20_switches_sd_off_at_large_batches_and_h100_keeps_drafting():
 
 def test_tlt_simulate_writes_the_table_png_and_json(tmp_path):
     out_json, png = tmp_path / "sim.json", tmp_path / "step.png"
-    rc = main(["simulate", "--trace", "lognormal:median=300,sigma=1,n=64,max=4096", "--hardware", "h20",
-               "--gpus", "8", "--tp", "2", "--steps", "2", "--png", str(png), "--json", str(out_json),
-               "--accept", "alpha0=0.6,tau=50"])
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            "lognormal:median=300,sigma=1,n=64,max=4096",
+            "--hardware",
+            "h20",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--steps",
+            "2",
+            "--png",
+            str(png),
+            "--json",
+            str(out_json),
+            "--accept",
+            "alpha0=0.6,tau=50",
+        ]
+    )
     assert rc == 0
     result = json.loads(out_json.read_text())
     assert set(result["summary"]) == {"vanilla", "static", "tlt"}
@@ -78,9 +102,35 @@ def test_tlt_simulate_writes_the_table_png_and_json(tmp_path):
 
 
 def test_tlt_simulate_rejects_bad_arguments_by_name(tmp_path, capsys):
-    assert main(["simulate", "--trace", "lognormal:median=300,sigma=1,n=8", "--gpus", "6", "--tp", "4",
-                 "--png", str(tmp_path / "x.png")]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                "lognormal:median=300,sigma=1,n=8",
+                "--gpus",
+                "6",
+                "--tp",
+                "4",
+                "--png",
+                str(tmp_path / "x.png"),
+            ]
+        )
+        == 2
+    )
     assert "--gpus must be a positive multiple" in capsys.readouterr().out
-    assert main(["simulate", "--trace", "lognormal:median=300,sigma=1,n=8", "--accept", "beta=1",
-                 "--png", str(tmp_path / "x.png")]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                "lognormal:median=300,sigma=1,n=8",
+                "--accept",
+                "beta=1",
+                "--png",
+                str(tmp_path / "x.png"),
+            ]
+        )
+        == 2
+    )
     assert "--accept keys are" in capsys.readouterr().out

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.spec.run import ArmSpec
-from tlt.sim.accept import accept_length, alpha_for_accept
 from tlt.bench.cost_timing import amdahl
-from tlt.sim.accuracy_checks import (PAPER_ACCEPT, PAPER_SETUPS, implied_sd_share, paper_curve, paper_spec, paper_sweep,
-                              round_speedup)
+from tlt.sim.accept import accept_length, alpha_for_accept
+from tlt.sim.accuracy_checks import (
+    PAPER_ACCEPT,
+    PAPER_SETUPS,
+    implied_sd_share,
+    paper_curve,
+    paper_spec,
+    paper_sweep,
+    round_speedup,
+)
+from tlt.spec.run import ArmSpec
 
 
 @pytest.mark.parametrize("arm", [ArmSpec(kind="chain", depth=4), ArmSpec(kind="tree", depth=8, topk=4)])
@@ -95,4 +102,5 @@ def test_tlt_simulate_validate_writes_the_three_checks(tmp_path):
         row = result["paper"][f"{setup.model}@{setup.gpus}"]
         assert row["published"] == setup.published and row["predicted"] > 1.0
         assert row["implied_sd_share"] == pytest.approx(
-            implied_sd_share(setup.published, 0.85, row["round_speedup_batch1"]))
+            implied_sd_share(setup.published, 0.85, row["round_speedup_batch1"])
+        )

@@ -63,8 +63,9 @@ def test_a_bench_json_needs_the_update_cost_and_its_costs_section(tmp_path):
 
 def test_a_measured_profile_yaml_points_at_its_bench(tmp_path):
     (tmp_path / "bench.json").write_text(FIXTURE.read_text())
-    (tmp_path / "local.yaml").write_text("kind: measured\nbench: bench.json\nupdate_seconds_per_token: 2.0e-3\n"
-                                         "sync_seconds: 0.1\n")
+    (tmp_path / "local.yaml").write_text(
+        "kind: measured\nbench: bench.json\nupdate_seconds_per_token: 2.0e-3\nsync_seconds: 0.1\n"
+    )
     cost = load_cost_model(str(tmp_path / "local.yaml"))
     assert cost.update_seconds(10, 1) == pytest.approx(0.02)
     (tmp_path / "bad.yaml").write_text("kind: roofline\nname: x\n")
@@ -77,9 +78,12 @@ def test_a_measured_profile_yaml_points_at_its_bench(tmp_path):
 def test_bench_run_costs_json_reads_like_the_engine_bench(tmp_path):
     costs = json.loads(FIXTURE.read_text())["costs"]
     run_costs = tmp_path / "costs.json"
-    run_costs.write_text(json.dumps({"verify": costs["verify"],
-                                     "drafter": [{**d, "ratio": 0.2} for d in costs["drafter_step"]]}))
+    run_costs.write_text(
+        json.dumps({"verify": costs["verify"], "drafter": [{**d, "ratio": 0.2} for d in costs["drafter_step"]]})
+    )
     a = load_cost_model(str(FIXTURE), update_cost=(1e-3, 0.0))
     b = load_cost_model(str(run_costs), update_cost=(1e-3, 0.0))
-    assert [a.target_seconds(8, 3, 64), a.drafter_seconds(8, 64)] == [b.target_seconds(8, 3, 64),
-                                                                     b.drafter_seconds(8, 64)]
+    assert [a.target_seconds(8, 3, 64), a.drafter_seconds(8, 64)] == [
+        b.target_seconds(8, 3, 64),
+        b.drafter_seconds(8, 64),
+    ]

@@ -8,11 +8,11 @@ import random
 import pytest
 
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.sim.accept import AcceptCurve, accept_length
 from tlt.sim.replica import Drafting, decode_shard
 from tlt.sim.simulator import build_variants, simulate
 from tlt.sim.step import ClusterConfig, Variant, simulate_step, verification_end
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 
 def test_one_replica_without_sd_is_the_sum_of_its_step_costs(linear_cost):
@@ -66,7 +66,10 @@ def test_slow_verification_extends_the_rollout(linear_cost):
     assert b.rollout_seconds == pytest.approx(a.rollout_seconds + 200.0)
 
 
-def _chain_drafting(alpha: float, threshold: int, arms=(ArmSpec(kind="chain", depth=2),)) -> Drafting:
+CHAIN2 = (ArmSpec(kind="chain", depth=2),)
+
+
+def _chain_drafting(alpha: float, threshold: int, arms=CHAIN2) -> Drafting:
     bandit = BucketedBandit(len(arms), 2, 0.0, 4, random.Random(0))
     return Drafting(tuple(arms), threshold, (1, 4), bandit, alpha, 0.3)
 
@@ -126,7 +129,9 @@ def test_tlt_harvests_idle_time_and_its_drafter_improves_while_static_does_not(l
     assert tlt[-1].rollout_seconds < static[-1].rollout_seconds
     summary = result.summary()
     assert summary["vanilla"]["speedup"] == 1.0
-    assert summary["tlt"]["speedup"] == pytest.approx(summary["vanilla"]["step_seconds"] / summary["tlt"]["step_seconds"])
+    assert summary["tlt"]["speedup"] == pytest.approx(
+        summary["vanilla"]["step_seconds"] / summary["tlt"]["step_seconds"]
+    )
 
 
 def test_variants_take_the_engines_arms_per_mode():

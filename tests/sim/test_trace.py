@@ -25,12 +25,15 @@ def test_pareto_trace_starts_at_its_minimum_and_is_seeded():
     assert a != parametric_trace("pareto:min=100,alpha=1.5,n=500", steps=1, seed=4)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("gamma:k=1", "trace kind must be one of"),
-    ("lognormal:median=5,n=3", "needs sigma"),
-    ("pareto:min=1,alpha=2,n=3,shape=4", "pareto trace takes min, alpha, n"),
-    ("lognormal:median=-5,sigma=1,n=3", "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("gamma:k=1", "trace kind must be one of"),
+        ("lognormal:median=5,n=3", "needs sigma"),
+        ("pareto:min=1,alpha=2,n=3,shape=4", "pareto trace takes min, alpha, n"),
+        ("lognormal:median=-5,sigma=1,n=3", "must be > 0"),
+    ],
+)
 def test_bad_parametric_traces_say_what_is_allowed(text, message):
     with pytest.raises(ValueError, match=message):
         parametric_trace(text, steps=1, seed=0)
@@ -38,7 +41,9 @@ def test_bad_parametric_traces_say_what_is_allowed(text, message):
 
 def test_jsonl_of_lists_or_objects_and_a_run_folder(tmp_path):
     path = tmp_path / "lengths.jsonl"
-    path.write_text("[3, 4]\n\n" + json.dumps({"lengths": [5]}) + "\n" + json.dumps({"response_lengths": [6, 7]}) + "\n")
+    path.write_text(
+        "[3, 4]\n\n" + json.dumps({"lengths": [5]}) + "\n" + json.dumps({"response_lengths": [6, 7]}) + "\n"
+    )
     assert load_trace(str(path), steps=10) == [[3, 4], [5], [6, 7]]
     assert load_trace(str(path), steps=1) == [[3, 4]]
     run = tmp_path / "run"

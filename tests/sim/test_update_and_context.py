@@ -27,8 +27,9 @@ def test_update_tokens_pad_each_sorted_micro_batch_to_its_longest():
 def test_step_update_uses_the_cluster_micro_batches(linear_cost):
     lengths = [10, 1, 30, 5]
     plain = simulate_step(lengths, Variant("vanilla"), linear_cost, ClusterConfig(prompt_len=2), [None])
-    padded = simulate_step(lengths, Variant("vanilla"), linear_cost,
-                           ClusterConfig(prompt_len=2, micro_batch_size=2), [None])
+    padded = simulate_step(
+        lengths, Variant("vanilla"), linear_cost, ClusterConfig(prompt_len=2, micro_batch_size=2), [None]
+    )
     assert plain.update_seconds == pytest.approx(linear_cost.update_per_token * 54)
     assert padded.update_seconds == pytest.approx(linear_cost.update_per_token * 78)
 
@@ -38,12 +39,15 @@ def test_cluster_rejects_unknown_update_layout():
         ClusterConfig(update_layout="zigzag")
 
 
-@pytest.mark.parametrize(("tokens", "seconds", "expected"), [
-    ([100, 200, 300], [3.0, 5.0, 7.0], (1.0, 0.02)),        # exact line
-    ([100, 200], [4.0, 3.0], (3.5, 0.0)),                   # negative slope -> the mean, no per-token term
-    ([100, 200], [0.5, 2.5], (0.0, 3.0 / 300)),             # negative intercept -> proportional
-    ([100, 100], [2.0, 4.0], (3.0, 0.0)),                   # one token count: fixed only
-])
+@pytest.mark.parametrize(
+    ("tokens", "seconds", "expected"),
+    [
+        ([100, 200, 300], [3.0, 5.0, 7.0], (1.0, 0.02)),  # exact line
+        ([100, 200], [4.0, 3.0], (3.5, 0.0)),  # negative slope -> the mean, no per-token term
+        ([100, 200], [0.5, 2.5], (0.0, 3.0 / 300)),  # negative intercept -> proportional
+        ([100, 100], [2.0, 4.0], (3.0, 0.0)),  # one token count: fixed only
+    ],
+)
 def test_fit_update_is_a_nonnegative_least_squares_line(tokens, seconds, expected):
     fixed, per_token = fit_update(tokens, seconds)
     assert fixed == pytest.approx(expected[0])
@@ -59,9 +63,12 @@ def _with_contexts(bench: dict, scales: dict[int, float]) -> dict:
     """The fixture's costs, plus a contexts section whose width-1 and drafter costs are the fixture's x scale."""
     costs = dict(bench["costs"])
     costs["contexts"] = {
-        str(c): {"verify": [{**p, "seconds": p["seconds"] * k} for p in costs["verify"]],
-                 "drafter": [{**d, "seconds": d["seconds"] * k} for d in costs["drafter_step"]]}
-        for c, k in scales.items()}
+        str(c): {
+            "verify": [{**p, "seconds": p["seconds"] * k} for p in costs["verify"]],
+            "drafter": [{**d, "seconds": d["seconds"] * k} for d in costs["drafter_step"]],
+        }
+        for c, k in scales.items()
+    }
     return costs
 
 
@@ -91,22 +98,33 @@ def test_compare_run_recovers_slowdown_overhead_and_fixed_update():
     predicted exactly from the first half's fit."""
     from dataclasses import replace
 
-    from tlt.spec.run import RunSpec
     from tlt.sim.accept import AcceptCurve
     from tlt.sim.calibrate import compare_run
+    from tlt.spec.run import RunSpec
 
     bench = json.loads(FIXTURE.read_text())
     cluster = ClusterConfig(replicas=2, prompt_len=6, micro_batch_size=2)
     base = MeasuredCost.from_bench(bench, 1e-3, 2.0)
-    slow = replace(base, verify=tuple(replace(p, seconds=p.seconds * 1.5) for p in base.verify),
-                   drafter=tuple((b, s * 1.5) for b, s in base.drafter))
+    slow = replace(
+        base,
+        verify=tuple(replace(p, seconds=p.seconds * 1.5) for p in base.verify),
+        drafter=tuple((b, s * 1.5) for b, s in base.drafter),
+    )
     lengths = [[5, 9, 20, 3], [7, 7, 30, 1], [12, 4, 4, 16], [2, 25, 6, 8], [40, 3, 3, 9], [11, 11, 2, 50]]
     history = []
     for step, lens in enumerate(lengths, 1):
         r = simulate_step(lens, Variant("vanilla"), slow, cluster, [None, None])
-        history.append({"step": step, "response_lengths": lens, "update_seconds": r.update_seconds + r.sync_seconds,
-                        "generate_seconds": r.rollout_seconds, "rollout_overhead_seconds": 0.3,
-                        "rollout_seconds": r.rollout_seconds + 0.3, "step_seconds": r.step_seconds + 0.3})
+        history.append(
+            {
+                "step": step,
+                "response_lengths": lens,
+                "update_seconds": r.update_seconds + r.sync_seconds,
+                "generate_seconds": r.rollout_seconds,
+                "rollout_overhead_seconds": 0.3,
+                "rollout_seconds": r.rollout_seconds + 0.3,
+                "step_seconds": r.step_seconds + 0.3,
+            }
+        )
     spec = RunSpec.model_validate({"speculative": {"mode": "off"}})
     out = compare_run(history, bench, spec, cluster, AcceptCurve())
     assert out["decode_slowdown"] == pytest.approx(1.5)
@@ -122,12 +140,35 @@ def test_simulate_cli_fits_fixed_and_padded_update_from_a_run(tmp_path):
 
     run = tmp_path / "run"
     run.mkdir()
-    steps = [{"step": i, "response_lengths": lens, "update_seconds": 1.0 + 0.01 * update_tokens(lens, 4, 16, "sorted")}
-             for i, lens in enumerate([[3, 9, 27], [50, 2, 2], [10, 10, 10]], 1)]
+    steps = [
+        {"step": i, "response_lengths": lens, "update_seconds": 1.0 + 0.01 * update_tokens(lens, 4, 16, "sorted")}
+        for i, lens in enumerate([[3, 9, 27], [50, 2, 2], [10, 10, 10]], 1)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     out = tmp_path / "sim.json"
-    assert main(["simulate", "--trace", str(run), "--hardware", str(FIXTURE), "--calibrate-run", str(run),
-                 "--prompt-len", "4", "--variants", "vanilla", "--steps", "3", "--png", str(tmp_path / "x.png"),
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(run),
+                "--hardware",
+                str(FIXTURE),
+                "--calibrate-run",
+                str(run),
+                "--prompt-len",
+                "4",
+                "--variants",
+                "vanilla",
+                "--steps",
+                "3",
+                "--png",
+                str(tmp_path / "x.png"),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     got = json.loads(out.read_text())["steps"]["vanilla"]
     assert [s["update_seconds"] + s["sync_seconds"] for s in got] == pytest.approx([s["update_seconds"] for s in steps])

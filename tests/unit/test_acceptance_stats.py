@@ -7,8 +7,10 @@ import pytest
 from tlt.rollout.speculative import POSITION_EDGES, AcceptanceStats, position_edge
 
 
-@pytest.mark.parametrize(("position", "edge"), [(0, 0), (31, 0), (32, 32), (63, 32), (64, 64), (127, 64),
-                                                 (128, 128), (255, 128), (256, 256), (10_000, 256)])
+@pytest.mark.parametrize(
+    ("position", "edge"),
+    [(0, 0), (31, 0), (32, 32), (63, 32), (64, 64), (127, 64), (128, 128), (255, 128), (256, 256), (10_000, 256)],
+)
 def test_position_edge_is_the_lower_edge_of_its_range(position, edge):
     assert position_edge(position) == edge and edge in POSITION_EDGES
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
 from tlt.adaptive.adaptive_stepper import AdaptiveStepper, new_bandit
-from tlt.spec.run import ArmSpec, SpeculativeSpec
+from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
@@ -17,9 +16,14 @@ from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import ModelRunner
 from tlt.sim.accept import drafter_steps
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
-ARMS = [ArmSpec(kind="chain", depth=3), ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
-        ArmSpec(kind="ngram", depth=5), ArmSpec(kind="tree", depth=2, topk=3)]
+ARMS = [
+    ArmSpec(kind="chain", depth=3),
+    ArmSpec(kind="tree", depth=4, topk=2, verify_tokens=8),
+    ArmSpec(kind="ngram", depth=5),
+    ArmSpec(kind="tree", depth=2, topk=3),
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +43,9 @@ def test_labels_budgets_and_verify_widths():
     assert [verify_width(a) for a in ARMS] == [4, 9, 6, 7]
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("off", []), ("ngram", [2]), ("static", [0, 1, 2, 3]),
-                                                ("tlt", [0, 1, 2, 3])])
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("off", []), ("ngram", [2]), ("static", [0, 1, 2, 3]), ("tlt", [0, 1, 2, 3])]
+)
 def test_modes_select_arms(mode, expected):
     assert arm_indices(SpeculativeSpec(mode=mode, arms=ARMS)) == expected
 
@@ -51,8 +56,13 @@ def test_ngram_mode_without_an_ngram_arm_is_refused():
 
 
 def test_factory_builds_each_kind_and_eagle_arms_share_one_cache(model):
-    arms = build_arms(SpeculativeSpec(mode="tlt", arms=ARMS), embed=model.get_input_embeddings(),
-                      drafter=_drafter(model), max_batch_size=2, max_context=64)
+    arms = build_arms(
+        SpeculativeSpec(mode="tlt", arms=ARMS),
+        embed=model.get_input_embeddings(),
+        drafter=_drafter(model),
+        max_batch_size=2,
+        max_context=64,
+    )
     kinds = [type(a.drafter) for a in arms]
     assert kinds == [EagleChainDrafter, EagleTreeDrafter, NgramDrafter, EagleTreeDrafter]
     assert arms[0].drafter.k == 3 and arms[2].drafter.k == 5
@@ -62,8 +72,13 @@ def test_factory_builds_each_kind_and_eagle_arms_share_one_cache(model):
 
 
 def test_ngram_mode_needs_no_drafter_and_keeps_spec_indices(model):
-    arms = build_arms(SpeculativeSpec(mode="ngram", arms=ARMS), embed=model.get_input_embeddings(), drafter=None,
-                      max_batch_size=2, max_context=64)
+    arms = build_arms(
+        SpeculativeSpec(mode="ngram", arms=ARMS),
+        embed=model.get_input_embeddings(),
+        drafter=None,
+        max_batch_size=2,
+        max_context=64,
+    )
     assert [(a.index, a.label) for a in arms] == [(2, "ngram-d5")]
 
 
@@ -94,19 +109,31 @@ def test_plain_arm_drafts_nothing_and_counts_as_a_plain_step(model):
 def test_arm_rates_sum_steps_seconds_and_tokens_per_bucket_and_arm():
     from tlt.adaptive.adaptive_stepper import StepRecord, arm_rates, merge_arm_rates
 
-    log = [StepRecord(4, None, None, 4, 4, 1.0),  # above the threshold: not the bandit's
-           StepRecord(2, 1, "chain-d2", 5, 6, 0.5), StepRecord(2, 1, "plain", 2, 2, 0.25),
-           StepRecord(1, 0, "chain-d2", 3, 3, 0.5)]
+    log = [
+        StepRecord(4, None, None, 4, 4, 1.0),  # above the threshold: not the bandit's
+        StepRecord(2, 1, "chain-d2", 5, 6, 0.5),
+        StepRecord(2, 1, "plain", 2, 2, 0.25),
+        StepRecord(1, 0, "chain-d2", 3, 3, 0.5),
+    ]
     table = arm_rates(log, [1, 2])
-    assert table == {"2": {"chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 5},
-                           "plain": {"steps": 1, "seconds": 0.25, "tokens": 2}},
-                     "1": {"chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 3}}}
+    assert table == {
+        "2": {
+            "chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 5},
+            "plain": {"steps": 1, "seconds": 0.25, "tokens": 2},
+        },
+        "1": {"chain-d2": {"steps": 1, "seconds": 0.5, "tokens": 3}},
+    }
     merged = merge_arm_rates([table, table])
     assert merged["2"]["chain-d2"] == {"steps": 2, "seconds": 1.0, "tokens": 10}
 
 
-HISTORY_ARMS = [ArmSpec(kind="history", depth=4), ArmSpec(kind="history", depth=3, topk=2),
-                ArmSpec(kind="mixed", depth=2), ArmSpec(kind="chain", depth=2), ArmSpec(kind="plain")]
+HISTORY_ARMS = [
+    ArmSpec(kind="history", depth=4),
+    ArmSpec(kind="history", depth=3, topk=2),
+    ArmSpec(kind="mixed", depth=2),
+    ArmSpec(kind="chain", depth=2),
+    ArmSpec(kind="plain"),
+]
 
 
 def test_history_and_mixed_arms_labels_widths_and_modes():
@@ -119,13 +146,24 @@ def test_history_and_mixed_arms_labels_widths_and_modes():
 
 def test_history_arms_share_one_store_and_mixed_shares_the_eagle_cache(model):
     store = HistoryStore(max_nodes=1000, min_match=2, max_match=4, max_draft=8)
-    arms = build_arms(SpeculativeSpec(mode="tlt", arms=HISTORY_ARMS), embed=model.get_input_embeddings(),
-                      drafter=_drafter(model), max_batch_size=2, max_context=64, history=store)
+    arms = build_arms(
+        SpeculativeSpec(mode="tlt", arms=HISTORY_ARMS),
+        embed=model.get_input_embeddings(),
+        drafter=_drafter(model),
+        max_batch_size=2,
+        max_context=64,
+        history=store,
+    )
     assert [type(a.drafter) for a in arms[:4]] == [HistoryDrafter, HistoryTreeDrafter, MixedDrafter, EagleChainDrafter]
     assert arms[0].drafter.store is arms[1].drafter.store is arms[2].drafter.store is store
     assert arms[2].drafter.eagle.state is arms[3].drafter.state
-    fresh = build_arms(SpeculativeSpec(mode="ngram", arms=HISTORY_ARMS), embed=model.get_input_embeddings(),
-                       drafter=None, max_batch_size=2, max_context=64)
+    fresh = build_arms(
+        SpeculativeSpec(mode="ngram", arms=HISTORY_ARMS),
+        embed=model.get_input_embeddings(),
+        drafter=None,
+        max_batch_size=2,
+        max_context=64,
+    )
     assert fresh[0].drafter.store is fresh[1].drafter.store  # a new store from speculative.history
 
 
@@ -149,8 +187,13 @@ def test_building_the_arms_allocates_one_drafter_cache(model, monkeypatch):
     monkeypatch.setattr(drafting, "EagleCache", Counting)
     monkeypatch.setattr("tlt.adaptive.arms.EagleCache", Counting)
     arms = [*ARMS, ArmSpec(kind="mixed", depth=3), ArmSpec(kind="history", depth=4)]
-    build_arms(SpeculativeSpec(mode="tlt", arms=arms), embed=model.get_input_embeddings(), drafter=_drafter(model),
-               max_batch_size=2, max_context=64)
+    build_arms(
+        SpeculativeSpec(mode="tlt", arms=arms),
+        embed=model.get_input_embeddings(),
+        drafter=_drafter(model),
+        max_batch_size=2,
+        max_context=64,
+    )
     assert len(built) == 1
 
 
@@ -199,8 +242,14 @@ def test_block_arms_label_width_mode_and_one_drafter_for_every_depth(model):
     assert drafter_steps(arms[2]) == (1, 1), "the simulator charges a block arm one drafter forward"
     assert arm_indices(SpeculativeSpec(mode="ngram", arms=arms)) == [1], "a block drafter is learned"
     block = new_block_drafter(model)
-    built = build_arms(SpeculativeSpec(mode="static", arms=arms), embed=model.get_input_embeddings(), drafter=None,
-                       max_batch_size=2, max_context=64, block=block)
+    built = build_arms(
+        SpeculativeSpec(mode="static", arms=arms),
+        embed=model.get_input_embeddings(),
+        drafter=None,
+        max_batch_size=2,
+        max_context=64,
+        block=block,
+    )
     assert [type(a.drafter) for a in built] == [BlockChainDrafter, NgramDrafter, BlockChainDrafter]
     assert built[0].drafter.drafter is built[2].drafter.drafter is block
     assert [built[0].drafter.k, built[2].drafter.k] == [2, 8]

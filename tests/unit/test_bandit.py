@@ -55,8 +55,9 @@ def test_buckets_keep_separate_statistics():
 
 def test_keeps_exploring_at_rate_epsilon_forever():
     epsilon, arms, rounds = 0.2, 4, 6000
-    bandit = BucketedBandit(num_arms=arms, num_buckets=1, epsilon=epsilon, window=16, rng=random.Random(0),
-                            exploration="uniform")
+    bandit = BucketedBandit(
+        num_arms=arms, num_buckets=1, epsilon=epsilon, window=16, rng=random.Random(0), exploration="uniform"
+    )
     chosen = _run(bandit, 0, [10.0, 20.0, 40.0, 80.0], rounds, random.Random(1))
     late = chosen[1000:]
     off_greedy = sum(arm != 3 for arm in late) / len(late)
@@ -93,8 +94,9 @@ def test_weighted_exploration_spends_fewer_rounds_behind_than_uniform():
     far = [arm for arm, m in enumerate(means) if m < 0.7 * max(means)]
     share = {}
     for rule in ("uniform", "weighted"):
-        bandit = BucketedBandit(num_arms=8, num_buckets=1, epsilon=0.1, window=64, rng=random.Random(0),
-                                exploration=rule)
+        bandit = BucketedBandit(
+            num_arms=8, num_buckets=1, epsilon=0.1, window=64, rng=random.Random(0), exploration=rule
+        )
         late = _run(bandit, 0, means, 12000, random.Random(1))[2000:]
         share[rule] = sum(late.count(arm) for arm in far) / len(late)
         assert all(late.count(arm) > 0 for arm in range(8))
@@ -209,8 +211,13 @@ def test_state_of_another_shape_is_refused():
 
 @pytest.mark.parametrize(
     ("bucket", "arm", "tokens", "seconds", "field"),
-    [(2, 0, 1.0, 1.0, "bucket"), (0, 5, 1.0, 1.0, "arm"), (0, 0, -1.0, 1.0, "accepted_tokens"),
-     (0, 0, 1.0, 0.0, "seconds"), (0, 0, 1.0, float("nan"), "seconds")],
+    [
+        (2, 0, 1.0, 1.0, "bucket"),
+        (0, 5, 1.0, 1.0, "arm"),
+        (0, 0, -1.0, 1.0, "accepted_tokens"),
+        (0, 0, 1.0, 0.0, "seconds"),
+        (0, 0, 1.0, float("nan"), "seconds"),
+    ],
 )
 def test_bad_updates_name_the_argument(bucket, arm, tokens, seconds, field):
     bandit = BucketedBandit(num_arms=2, num_buckets=2, epsilon=0.1, window=4, rng=random.Random(0))
@@ -219,7 +226,9 @@ def test_bad_updates_name_the_argument(bucket, arm, tokens, seconds, field):
 
 
 def test_a_state_saved_before_the_exploration_rule_keeps_the_specs():
-    bandit = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=4, rng=random.Random(0), exploration="uniform")
+    bandit = BucketedBandit(
+        num_arms=2, num_buckets=1, epsilon=0.1, window=4, rng=random.Random(0), exploration="uniform"
+    )
     state = bandit.state_dict()
     del state["exploration"]
     restored = BucketedBandit(num_arms=2, num_buckets=1, epsilon=0.1, window=4, rng=random.Random(0))

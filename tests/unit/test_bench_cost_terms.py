@@ -8,14 +8,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tlt.bench.cost_timing import _clock_for, cost_ratio, drafter_ratio
 from tlt.bench.cost_terms import SHAPES, CostsConfig, break_even, costs_table, model_config, run_costs
+from tlt.bench.cost_timing import _clock_for, cost_ratio, drafter_ratio
 from tlt.cli import main
 from tlt.models.tiny import tiny_config
 
 
-@pytest.mark.parametrize(("shape", "billions"), [("qwen2.5-0.5b", 0.494), ("qwen2.5-1.5b", 1.544),
-                                                 ("qwen2.5-7b", 7.616)])
+@pytest.mark.parametrize(
+    ("shape", "billions"), [("qwen2.5-0.5b", 0.494), ("qwen2.5-1.5b", 1.544), ("qwen2.5-7b", 7.616)]
+)
 def test_shapes_have_the_published_parameter_counts(shape, billions):
     """Built on the meta device (no memory): the counts the model cards publish."""
     with torch.device("meta"):
@@ -51,14 +52,16 @@ def test_only_the_wall_clock_times_a_cuda_device():
 
 @pytest.fixture
 def tiny_config_file(tmp_path):
-    tiny_config("qwen2", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64).save_pretrained(
-        tmp_path)
+    tiny_config(
+        "qwen2", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64
+    ).save_pretrained(tmp_path)
     return tmp_path / "config.json"
 
 
 def test_run_costs_on_a_tiny_config(tiny_config_file):
-    cfg = CostsConfig(shape=None, config=tiny_config_file, dtype="float32", batches=(1, 2), depths=(1, 3),
-                      context=8, repeats=1)
+    cfg = CostsConfig(
+        shape=None, config=tiny_config_file, dtype="float32", batches=(1, 2), depths=(1, 3), context=8, repeats=1
+    )
     result = run_costs(cfg)
     assert result["layers"] == 2 and result["device_name"] is None and result["clock"] == "cpu"
     assert {(p["batch"], p["width"]) for p in result["verify"]} == {(b, w) for b in (1, 2) for w in (1, 2, 4)}
@@ -75,8 +78,29 @@ def test_run_costs_on_a_tiny_config(tiny_config_file):
 
 def test_cli_writes_json_and_refuses_bad_input(tiny_config_file, tmp_path, capsys):
     out = tmp_path / "costs.json"
-    assert main(["bench", "costs", "--config", str(tiny_config_file), "--dtype", "float32", "--batches", "1",
-                 "--depths", "2", "--context", "8", "--repeats", "1", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "costs",
+                "--config",
+                str(tiny_config_file),
+                "--dtype",
+                "float32",
+                "--batches",
+                "1",
+                "--depths",
+                "2",
+                "--context",
+                "8",
+                "--repeats",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     saved = json.loads(out.read_text())
     assert saved["break_even"][0]["depth"] == 2 and "machine" in saved
     assert main(["bench", "costs", "--shape", "nope"]) == 2

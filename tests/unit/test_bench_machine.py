@@ -13,8 +13,10 @@ from tlt.bench.run_cli import machine_line
 
 def test_cpu_model_reads_the_model_name_line(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: avx2\n"
-                    "processor\t: 1\nmodel name\t: AMD EPYC 7B13\n")
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: avx2\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC 7B13\n"
+    )
     assert cpu_model(info) == "AMD EPYC 7B13"
 
 
@@ -43,9 +45,10 @@ def test_weights_hash_is_the_files_sha256_and_changes_with_one_value(tmp_path):
 
 
 def test_machine_line_names_cpu_and_weights():
-    report = {"machine": {"cpu_model": "AMD EPYC", "usable_cpus": 2, "cpu_capability": "AVX2", "torch": "2.13.0"},
-              "workload": {"warmstart": {"weights_sha256": "ab" * 32},
-                           "drafter_warmstart": {"weights_sha256": "cd" * 32}}}
+    report = {
+        "machine": {"cpu_model": "AMD EPYC", "usable_cpus": 2, "cpu_capability": "AVX2", "torch": "2.13.0"},
+        "workload": {"warmstart": {"weights_sha256": "ab" * 32}, "drafter_warmstart": {"weights_sha256": "cd" * 32}},
+    }
     line = machine_line(report)
     assert "AMD EPYC, 2 usable CPUs, AVX2 kernels" in line
     assert "sha256 abababababab, drafter cdcdcdcdcdcd" in line

@@ -48,13 +48,26 @@ def _row(variant: str, batch: int, rates: list[float], outputs: list[list[int]])
 def test_summary_pairs_tlt_adaptive_and_eagle_with_the_faster_vllm_plain_at_each_batch():
     same, other = [[1, 2, 3]], [[1, 2, 7]]
     rates = {  # batch -> variant -> tokens/s per round
-        1: {"vllm-plain-eager": [100, 100], "vllm-plain-compiled": [50, 50], "vllm-eagle": [150, 120],
-            "tlt-plain": [80, 80], "tlt-adaptive": [200, 160]},
-        16: {"vllm-plain-eager": [100, 100], "vllm-plain-compiled": [200, 100], "vllm-eagle": [150, 150],
-             "tlt-plain": [80, 80], "tlt-adaptive": [180, 120]},
+        1: {
+            "vllm-plain-eager": [100, 100],
+            "vllm-plain-compiled": [50, 50],
+            "vllm-eagle": [150, 120],
+            "tlt-plain": [80, 80],
+            "tlt-adaptive": [200, 160],
+        },
+        16: {
+            "vllm-plain-eager": [100, 100],
+            "vllm-plain-compiled": [200, 100],
+            "vllm-eagle": [150, 150],
+            "tlt-plain": [80, 80],
+            "tlt-adaptive": [180, 120],
+        },
     }
-    rows = {(v, b): _row(v, b, r, other if v == "vllm-eagle" else same)
-            for b, by_variant in rates.items() for v, r in by_variant.items()}
+    rows = {
+        (v, b): _row(v, b, r, other if v == "vllm-eagle" else same)
+        for b, by_variant in rates.items()
+        for v, r in by_variant.items()
+    }
     out = summarize({}, rows, (1, 16), {"before": [0.5], "after": [0.7]})
     assert out["vllm_plain_reference"] == {"1": "vllm-plain-eager", "16": "vllm-plain-compiled"}
     assert out["tlt_vs_vllm_plain"] == {"1": pytest.approx(1.8), "16": pytest.approx(1.05)}

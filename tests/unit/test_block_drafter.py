@@ -59,8 +59,12 @@ def test_blocks_stop_at_untrained_positions_and_packed_sequence_boundaries():
     blocks = block_batch(_numbered(1, 6, mask), k=2)
     assert blocks.features[:, 0].tolist() == [1, 2, 3, 4, 5]  # anchors where x[j+1] is a response token
     packed = block_batch(_numbered(1, 6), k=3, segments=[4, 2])
-    assert packed.weight.tolist()[:4] == [[True, True, True], [True, True, True], [True, True, False],
-                                          [True, False, False]]
+    assert packed.weight.tolist()[:4] == [
+        [True, True, True],
+        [True, True, True],
+        [True, True, False],
+        [True, False, False],
+    ]
     with pytest.raises(ValueError, match="segments"):
         block_batch(_numbered(2, 6), k=2, segments=[6])
 
@@ -84,8 +88,14 @@ def test_block_drafter_saves_only_its_own_weights_and_loads_back(policy, tmp_pat
 def _own_greedy_data(policy, prompts: int = 12, new: int = 24) -> tuple[DrafterBatch, list[Request]]:
     """The policy's own greedy continuations of short prompts, aligned for the drafter (response only)."""
     g = torch.Generator().manual_seed(0)
-    requests = [Request(f"p{i}", torch.randint(1, 32, (4,), generator=g).tolist(),
-                        SamplingParams(temperature=0.0, max_new_tokens=new)) for i in range(prompts)]
+    requests = [
+        Request(
+            f"p{i}",
+            torch.randint(1, 32, (4,), generator=g).tolist(),
+            SamplingParams(temperature=0.0, max_new_tokens=new),
+        )
+        for i in range(prompts)
+    ]
     out = Engine(policy, max_batch_size=prompts, max_context=64, return_hidden=False).generate(requests)
     tokens = torch.tensor([c.prompt_ids + c.token_ids for c in out])  # [P, 4 + new] (no stop token)
     mask = torch.zeros_like(tokens, dtype=torch.bool)

@@ -44,8 +44,15 @@ def test_sample_from_engine_completion_pairs_token_t_plus_1_with_state_t():
 def _drafter_and_samples(seed: int, shapes: list[tuple[int, int]]):
     """A float64 drafter bound to a tiny grouped-query policy, and one buffer sample per (prompt, response)."""
     torch.manual_seed(seed)
-    model = tiny_model(vocab_size=32, hidden_size=H, num_layers=1, num_heads=2, num_kv_heads=1,
-                       intermediate_size=32, dtype=torch.float64)
+    model = tiny_model(
+        vocab_size=32,
+        hidden_size=H,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=32,
+        dtype=torch.float64,
+    )
     drafter = EagleDrafter(drafter_config_from_target(model.config)).double()
     drafter.bind_policy(model)
     samples = [sample_from_completion(fake_completion(p, r, f"s{i}"), 1) for i, (p, r) in enumerate(shapes)]
@@ -59,16 +66,20 @@ def test_packed_row_predicts_exactly_what_each_sequence_predicts_alone():
     b = rows[0].batch
     packed_pred = drafter(b.input_ids, b.features, b.position_ids, attention_mask=rows[0].attn_mask)
     alone = [pack([s], row_tokens=64)[0] for s in samples]
-    alone_pred = torch.cat([drafter(a.batch.input_ids, a.batch.features, a.batch.position_ids,
-                                    attention_mask=a.attn_mask) for a in alone], dim=1)
+    alone_pred = torch.cat(
+        [drafter(a.batch.input_ids, a.batch.features, a.batch.position_ids, attention_mask=a.attn_mask) for a in alone],
+        dim=1,
+    )
     torch.testing.assert_close(packed_pred, alone_pred, rtol=0, atol=1e-12)
     # L = P + T - 1 stored tokens align to L - 1 positions; positions restart per sequence
     assert b.position_ids[0].tolist() == [*range(6), *range(9), *range(4)]
 
 
 def test_packing_keeps_rows_within_budget_and_trains_on_response_positions_only():
-    samples = [sample_from_completion(fake_completion(p, r, f"s{i}"), 1)
-               for i, (p, r) in enumerate([(3, 40), (2, 9), (5, 2), (4, 17)])]
+    samples = [
+        sample_from_completion(fake_completion(p, r, f"s{i}"), 1)
+        for i, (p, r) in enumerate([(3, 40), (2, 9), (5, 2), (4, 17)])
+    ]
     assert sample_from_completion(fake_completion(5, 1), 1) is None  # one response token: nothing to train
     rows = pack(samples, row_tokens=16)
     assert all(r.num_positions <= 16 for r in rows)
@@ -129,14 +140,18 @@ def test_segment_attention_equals_the_block_diagonal_mask_in_value_and_gradient(
     assert float(packed_loss(drafter, row)) == pytest.approx(out["mask"][1], rel=1e-12)  # the trainer's path
 
 
-@pytest.mark.parametrize(("segments", "mask", "match"), [
-    ((6, 1, 9), False, "sum to the row.s 20"),
-    ((6, 1, 9, 4), True, "not both"),
-    ((6, 0, 1, 9, 4), False, "positive"),
-])
+@pytest.mark.parametrize(
+    ("segments", "mask", "match"),
+    [
+        ((6, 1, 9), False, "sum to the row.s 20"),
+        ((6, 1, 9, 4), True, "not both"),
+        ((6, 0, 1, 9, 4), False, "positive"),
+    ],
+)
 def test_bad_segments_are_refused(segments, mask, match):
     drafter, row = _packed_setup()
     b = row.batch
     with pytest.raises(ValueError, match=match):
-        drafter(b.input_ids, b.features, b.position_ids, segments=segments,
-                attention_mask=row.attn_mask if mask else None)
+        drafter(
+            b.input_ids, b.features, b.position_ids, segments=segments, attention_mask=row.attn_mask if mask else None
+        )

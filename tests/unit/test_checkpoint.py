@@ -18,10 +18,13 @@ from tlt.runtime.checkpoint import (
 def _ckpt(step: int) -> Checkpoint:
     g = torch.Generator().manual_seed(step)
     w = torch.randn(4, 3, generator=g)
-    opt = {"state": {0: {"exp_avg": torch.randn(4, 3, generator=g), "step": torch.tensor(float(step))}},
-           "param_groups": [{"lr": 1e-3, "params": [0]}]}
-    return Checkpoint(step=step, tensors={"policy": {"w": w}}, objects={"optimizer": opt},
-                      state={"step": step, "seed": 7})
+    opt = {
+        "state": {0: {"exp_avg": torch.randn(4, 3, generator=g), "step": torch.tensor(float(step))}},
+        "param_groups": [{"lr": 1e-3, "params": [0]}],
+    }
+    return Checkpoint(
+        step=step, tensors={"policy": {"w": w}}, objects={"optimizer": opt}, state={"step": step, "seed": 7}
+    )
 
 
 def test_round_trip_is_bitwise(tmp_path):
@@ -30,7 +33,9 @@ def test_round_trip_is_bitwise(tmp_path):
     got = load_latest(tmp_path)
     assert got.step == 3 and got.state == {"step": 3, "seed": 7}
     assert torch.equal(got.tensors["policy"]["w"], saved.tensors["policy"]["w"])
-    assert torch.equal(got.objects["optimizer"]["state"][0]["exp_avg"], saved.objects["optimizer"]["state"][0]["exp_avg"])
+    assert torch.equal(
+        got.objects["optimizer"]["state"][0]["exp_avg"], saved.objects["optimizer"]["state"][0]["exp_avg"]
+    )
 
 
 def test_empty_root_has_no_checkpoint(tmp_path):

@@ -8,18 +8,22 @@ import logging
 import pytest
 import torch
 
-from tlt.spec.run import CheckpointSpec, TLTTrainingRun
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.runtime.checkpoint import LATEST, Checkpoint, CheckpointError, load_latest, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.local import ResumeError
+from tlt.spec.run import CheckpointSpec, TLTTrainingRun
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 
 def _ckpt(step: int) -> Checkpoint:
-    return Checkpoint(step=step, tensors={"policy": {"w": torch.full((16,), float(step))}},
-                      objects={"optimizer": {"step": torch.tensor(step)}}, state={"step": step})
+    return Checkpoint(
+        step=step,
+        tensors={"policy": {"w": torch.full((16,), float(step))}},
+        objects={"optimizer": {"step": torch.tensor(step)}},
+        state={"step": step},
+    )
 
 
 def _saved(root, steps: int, keep: int = 3):
@@ -121,8 +125,12 @@ def test_a_ray_run_checks_its_checkpoint_before_ray_starts(tmp_path, monkeypatch
     monkeypatch.setattr(ray_coordinator, "connect", ray_started)
     tokenizer = build_task_tokenizer()
     save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=1), tokenizer, tmp_path / "policy")
-    run = TLTTrainingRun.model_validate({"metadata": {"name": "early"}, "spec": {
-        "model": {"path": str(tmp_path / "policy")}, "checkpoint": {"onCorrupt": on_corrupt}}})
+    run = TLTTrainingRun.model_validate(
+        {
+            "metadata": {"name": "early"},
+            "spec": {"model": {"path": str(tmp_path / "policy")}, "checkpoint": {"onCorrupt": on_corrupt}},
+        }
+    )
     root = _saved(tmp_path / "out" / "checkpoints", 3)
     _truncate(root / "step-00000003" / "policy.safetensors")
     with pytest.raises(error):

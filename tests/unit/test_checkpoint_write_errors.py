@@ -26,8 +26,12 @@ from tlt.runtime.checkpoint import (
 def _ckpt(step: int, rows: int = 64) -> Checkpoint:
     g = torch.Generator().manual_seed(step)
     opt = {"state": {0: {"exp_avg": torch.randn(rows, 8, generator=g)}}, "param_groups": [{"lr": 1e-3}]}
-    return Checkpoint(step=step, tensors={"policy": {"w": torch.randn(rows, 8, generator=g)}},
-                      objects={"optimizer": opt}, state={"step": step})
+    return Checkpoint(
+        step=step,
+        tensors={"policy": {"w": torch.randn(rows, 8, generator=g)}},
+        objects={"optimizer": opt},
+        state={"step": step},
+    )
 
 
 def _no_space(*args, **kwargs):
@@ -35,8 +39,11 @@ def _no_space(*args, **kwargs):
 
 
 def test_tensor_bytes_counts_every_tensor_in_nested_state():
-    state = {"a": torch.zeros(3, 4), "b": [torch.zeros(2, dtype=torch.float64), (torch.zeros(5, dtype=torch.int8),)],
-             "lr": 0.1}
+    state = {
+        "a": torch.zeros(3, 4),
+        "b": [torch.zeros(2, dtype=torch.float64), (torch.zeros(5, dtype=torch.int8),)],
+        "lr": 0.1,
+    }
     assert tensor_bytes(state) == 3 * 4 * 4 + 2 * 8 + 5
 
 

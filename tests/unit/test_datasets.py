@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tlt.spec.run import DatasetSpec
 from tlt.rl.rewards import gsm8k_match
+from tlt.spec.run import DatasetSpec
 from tlt.tasks.datasets import DatasetError, held_out_indices, load_problems
 
 GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"

@@ -9,11 +9,11 @@ from collections import namedtuple
 import pytest
 import torch
 
-from tlt.spec.run import RunSpec, TLTTrainingRun
-from tlt.drafter.buffer import pack, Sample
+from tlt.drafter.buffer import Sample, pack
 from tlt.rollout.types import Completion
 from tlt.runtime.devices import CPU, GpuPlan, actor_device, completion_to_cpu, gpu_plan, to_cpu, tree_to_cpu
 from tlt.runtime.ray_cluster import _role_options, local_graph_sets, placement
+from tlt.spec.run import RunSpec, TLTTrainingRun
 
 CUDA = torch.device("cuda")
 
@@ -27,8 +27,9 @@ def test_no_gpus_asked_keeps_every_role_on_the_cpu_even_where_gpus_exist():
     assert plan(resources={"CPU": 16, "GPU": 8}, cuda=True) == GpuPlan(CPU, 0.0)
 
 
-@pytest.mark.parametrize(("gpus", "replicas", "share"), [(1, 2, 0.5), (1, 3, 0.3333), (2, 2, 1.0), (8, 2, 1.0),
-                                                          (1, 1, 1.0)])
+@pytest.mark.parametrize(
+    ("gpus", "replicas", "share"), [(1, 2, 0.5), (1, 3, 0.3333), (2, 2, 1.0), (8, 2, 1.0), (1, 1, 1.0)]
+)
 def test_local_rollout_workers_share_the_machines_gpus_at_most_one_each(gpus, replicas, share):
     assert plan(rollout=1, replicas=replicas, resources={"GPU": gpus}).rollout_gpus == share
 
@@ -52,8 +53,9 @@ def test_a_rollout_gpu_the_cluster_lacks_is_refused_naming_the_field():
 
 
 def test_placement_carries_the_gpu_plan_into_the_rollout_actors_options():
-    spec = RunSpec.model_validate({"rollout": {"replicas": 2, "resources": {"gpus": 1}},
-                                   "policy": {"resources": {"gpus": 1}}})
+    spec = RunSpec.model_validate(
+        {"rollout": {"replicas": 2, "resources": {"gpus": 1}}, "policy": {"resources": {"gpus": 1}}}
+    )
     p = placement(spec, {"CPU": 8.0, "GPU": 1.0}, cuda_available=True)
     assert p.gpus == GpuPlan(CUDA, 0.5)
     assert _role_options("rollout", {"CPU": 8.0}, p.rollout_cpus, p.gpus.rollout_gpus)["num_gpus"] == 0.5
@@ -73,8 +75,12 @@ def test_placement_on_a_machine_without_gpus_refuses_a_run_that_asks_for_one():
 def test_the_single_process_loop_refuses_a_policy_gpu_before_loading_anything(tmp_path):
     from tlt.runtime.local import LocalTrainer
 
-    run = TLTTrainingRun.model_validate({"metadata": {"name": "gpu"}, "spec": {
-        "model": {"path": str(tmp_path / "no-such-policy")}, "policy": {"resources": {"gpus": 1}}}})
+    run = TLTTrainingRun.model_validate(
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {"model": {"path": str(tmp_path / "no-such-policy")}, "policy": {"resources": {"gpus": 1}}},
+        }
+    )
     with pytest.raises(ValueError, match=r"policy\.resources\.gpus is 1"):
         LocalTrainer(run, tmp_path / "out")
     assert not (tmp_path / "out" / "checkpoints").exists()
@@ -108,8 +114,14 @@ def test_tree_to_cpu_keeps_an_optimizer_state_loadable():
 
 
 def test_a_completion_already_on_the_cpu_is_handed_over_as_it_is():
-    c = Completion(request_id="r", prompt_ids=[1, 2], token_ids=[3], logprobs=torch.zeros(1),
-                   hidden=torch.zeros(2, 4), finish_reason="length")
+    c = Completion(
+        request_id="r",
+        prompt_ids=[1, 2],
+        token_ids=[3],
+        logprobs=torch.zeros(1),
+        hidden=torch.zeros(2, 4),
+        finish_reason="length",
+    )
     assert completion_to_cpu(c) is c
 
 

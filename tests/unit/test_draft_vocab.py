@@ -7,12 +7,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tlt.spec.run import RunSpec
 from tlt.models.draft_vocab import DraftVocab, DraftVocabTracker, top_tokens
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
+from tlt.spec.run import RunSpec
 
 
 def test_the_most_counted_tokens_are_kept_ascending_ties_to_the_lower_id():
@@ -22,10 +22,15 @@ def test_the_most_counted_tokens_are_kept_ascending_ties_to_the_lower_id():
     assert top_tokens(torch.zeros(4, dtype=torch.long), 2).tolist() == [0, 1]  # nothing counted yet
 
 
-@pytest.mark.parametrize(("size", "always", "match"), [
-    (0, (), r"in \[1, 6\]"), (7, (), r"in \[1, 6\]"), (3, (6,), "outside the vocabulary"),
-    (1, (0, 1), "do not fit"),
-])
+@pytest.mark.parametrize(
+    ("size", "always", "match"),
+    [
+        (0, (), r"in \[1, 6\]"),
+        (7, (), r"in \[1, 6\]"),
+        (3, (6,), "outside the vocabulary"),
+        (1, (0, 1), "do not fit"),
+    ],
+)
 def test_impossible_subsets_are_refused(size, always, match):
     with pytest.raises(ValueError, match=match):
         top_tokens(torch.ones(6, dtype=torch.long), size, always)
@@ -50,9 +55,15 @@ def test_the_head_over_the_subset_is_the_full_heads_there_and_minus_infinity_els
     assert vocab.ids is ids and vocab.rows is rows  # refreshed in place: compiled graphs keep reading them
 
 
-@pytest.mark.parametrize(("ids", "match"), [
-    ([4, 1, 7], "ascending"), ([1, 1, 7], "ascending"), ([1, 4, 10], "outside"), ([1, 4], "3 ids"),
-])
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        ([4, 1, 7], "ascending"),
+        ([1, 1, 7], "ascending"),
+        ([1, 4, 10], "outside"),
+        ([1, 4], "3 ids"),
+    ],
+)
 def test_bad_subsets_are_refused_and_the_old_one_kept(ids, match):
     head = torch.nn.Linear(4, 10, bias=False)
     vocab = DraftVocab(head, 3)
@@ -107,8 +118,10 @@ def test_the_engine_repicks_the_subset_every_generate_and_reports_coverage():
     engine = Engine(model, max_batch_size=2, max_context=32)
     head = model.get_output_embeddings()
     engine.draft_vocab = DraftVocabTracker(DraftVocab(head, 4), head)
-    requests = [Request(f"r{i}", [7, 7, 9, 3], SamplingParams(temperature=1.0, max_new_tokens=6, seed=i,
-                                                               stop_token_ids=(31,))) for i in range(3)]
+    requests = [
+        Request(f"r{i}", [7, 7, 9, 3], SamplingParams(temperature=1.0, max_new_tokens=6, seed=i, stop_token_ids=(31,)))
+        for i in range(3)
+    ]
     out = engine.generate(requests)
     assert engine.draft_vocab.vocab.ids.tolist() == [3, 7, 9, 31]
     inside, total = engine.draft_vocab_coverage

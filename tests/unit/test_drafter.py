@@ -179,7 +179,9 @@ def test_missing_and_extra_keys_are_named(tmp_path):
 def test_loading_for_a_target_of_another_shape_is_refused(tmp_path):
     save_drafter(_bound_drafter(tiny_model("qwen2", hidden_size=64)), tmp_path)
     other = tiny_model("qwen2", hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    with pytest.raises(ValueError, match=r"does not fit the target \(hidden_size: saved 64, target 32.*intermediate_size"):
+    with pytest.raises(
+        ValueError, match=r"does not fit the target \(hidden_size: saved 64, target 32.*intermediate_size"
+    ):
         load_drafter(tmp_path, other)
 
 

@@ -49,8 +49,9 @@ def trainer_for(name: str, model, hub: DrafterHub, seed: int, sync_every: int = 
     drafter = EagleDrafter(drafter_config_from_target(model.config))
     drafter.bind_policy(model)
     lr = hub.optimizer.param_groups[0]["lr"]
-    trainer = SpotTrainer(name, drafter, filled_buffer(model, seed), hub.push_delta, learning_rate=lr,
-                          sync_every=sync_every)
+    trainer = SpotTrainer(
+        name, drafter, filled_buffer(model, seed), hub.push_delta, learning_rate=lr, sync_every=sync_every
+    )
     trainer.load(*hub.pull())
     return trainer
 
@@ -239,7 +240,7 @@ def test_one_trainer_syncing_deltas_trains_as_plain_local_adamw():
     optimizer = make_optimizer(reference, 3e-3)
     reference.train()
     rows = [packed for epoch in range(ack["iterations"]) for packed in trainer.buffer.batches(epoch)]
-    for packed in rows[:ack["iterations"]]:
+    for packed in rows[: ack["iterations"]]:
         local_step(reference, optimizer, packed)
     for name, tensor in reference.state_dict().items():
         torch.testing.assert_close(hub.params()[name], tensor, rtol=0, atol=1e-6, msg=name)

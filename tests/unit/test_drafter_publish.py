@@ -5,36 +5,39 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_drafter_hub import policy, sample_completions, trainer_for
 
 from tlt.drafter.buffer import OnlineBuffer, pack
 from tlt.drafter.hub import DrafterHub
+from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.publish import promote, step_drafters
 from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
-from tlt.drafter.intake import buffer_and_agreement
-from test_drafter_hub import policy, sample_completions, trainer_for
 
 
-@pytest.mark.parametrize("served, candidate, expected", [
-    ((50, 100), (60, 100), True),     # better
-    ((50, 100), (40, 100), False),    # worse
-    ((50, 100), (50, 100), True),     # a tie goes to the newer drafter
-    ((50, 100), (26, 50), True),      # rates, not counts, when totals differ
-    ((50, 100), (24, 50), False),
-    ((0, 0), (10, 10), False),        # nothing scored: nothing changes
-    ((10, 10), (0, 0), False),
-])
+@pytest.mark.parametrize(
+    "served, candidate, expected",
+    [
+        ((50, 100), (60, 100), True),  # better
+        ((50, 100), (40, 100), False),  # worse
+        ((50, 100), (50, 100), True),  # a tie goes to the newer drafter
+        ((50, 100), (26, 50), True),  # rates, not counts, when totals differ
+        ((50, 100), (24, 50), False),
+        ((0, 0), (10, 10), False),  # nothing scored: nothing changes
+        ((10, 10), (0, 0), False),
+    ],
+)
 def test_promote_compares_agreement_rates(served, candidate, expected):
     assert promote(served, candidate) is expected
 
 
 def test_step_drafters_serve_the_validated_one_and_score_the_newest():
     warm, newer = (0, "warm"), (12, "newer")
-    assert step_drafters("validated", None, warm) == (warm, None)        # first step: nothing served yet
-    assert step_drafters("validated", warm, newer) == (warm, newer)      # the served one drafts
-    assert step_drafters("validated", newer, newer) == (newer, None)     # nothing newer to score
-    assert step_drafters("latest", warm, newer) == (newer, None)         # the newest drafts, unscored
+    assert step_drafters("validated", None, warm) == (warm, None)  # first step: nothing served yet
+    assert step_drafters("validated", warm, newer) == (warm, newer)  # the served one drafts
+    assert step_drafters("validated", newer, newer) == (newer, None)  # nothing newer to score
+    assert step_drafters("latest", warm, newer) == (newer, None)  # the newest drafts, unscored
     with pytest.raises(ValueError, match="drafter.publish"):
         step_drafters("best", warm, newer)
 
@@ -93,4 +96,3 @@ def test_the_served_drafter_is_in_the_checkpoint_and_comes_back(tmp_path):
     add_drafter(ckpt, hub.state(), None)  # a run that serves the newest drafter stores none
     save_checkpoint(tmp_path, ckpt)
     assert "served" not in drafter_of(load_latest(tmp_path))[0]
-

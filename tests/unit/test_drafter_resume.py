@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from test_drafter_hub import filled_buffer, policy
 
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.hub import MAX_GRAD_NORM, DrafterHub
@@ -13,7 +14,6 @@ from tlt.drafter.objective import make_optimizer
 from tlt.drafter.trainer import SpotTrainer, local_step
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
-from test_drafter_hub import filled_buffer, policy
 
 LR = 3e-3
 
@@ -88,8 +88,13 @@ def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop):
     if drop == "optimizer":  # the trainer's own AdamW moments
         ckpt.objects["drafter_buffers"][0]["optimizer"] = make_optimizer(EagleDrafter(config), LR).state_dict()
     elif drop == "buffer":
-        ckpt.objects["drafter_buffers"][0]["buffer"] = {**trainer.buffer.state_dict(), "tokens": [], "hidden": [],
-                                                        "prompt_len": [], "step": []}
+        ckpt.objects["drafter_buffers"][0]["buffer"] = {
+            **trainer.buffer.state_dict(),
+            "tokens": [],
+            "hidden": [],
+            "prompt_len": [],
+            "step": [],
+        }
     elif drop == "epoch":
         ckpt.objects["drafter_buffers"][0]["epoch"] = 0
     save_checkpoint(tmp_path, ckpt)

@@ -20,8 +20,12 @@ def _result(agree: int, total: int, cand: tuple[int, int] | None = None) -> dict
 def test_without_a_candidate_the_served_drafter_stays():
     out, served = publish_outcome(SERVED, None, [_result(5, 10)])
     assert served is SERVED
-    assert out == {"drafter_served_version": 3, "drafter_candidate_version": None,
-                   "drafter_candidate_agreement": None, "drafter_promoted": None}
+    assert out == {
+        "drafter_served_version": 3,
+        "drafter_candidate_version": None,
+        "drafter_candidate_agreement": None,
+        "drafter_promoted": None,
+    }
     assert publish_outcome(None, None, [])[0]["drafter_served_version"] is None
 
 
@@ -42,10 +46,14 @@ def test_a_candidate_scored_nowhere_is_not_promoted():
 
 
 def test_step_metrics_weigh_losses_by_optimizer_steps_and_count_only_trainers_that_trained():
-    pushes = [{"steps": 1, "loss": 4.0, "tokens": 100, "version": 7, "trainer": "w1"},
-              {"steps": 3, "loss": 2.0, "tokens": 300, "version": 8, "trainer": "w0"}]
-    acks = [{"was_training": True, "started_at": 10.0, "stopped_at": 12.5, "requested_at": 20.0, "acked_at": 20.25},
-            {"was_training": False, "started_at": 0.0, "stopped_at": 0.0, "requested_at": 20.0, "acked_at": 21.0}]
+    pushes = [
+        {"steps": 1, "loss": 4.0, "tokens": 100, "version": 7, "trainer": "w1"},
+        {"steps": 3, "loss": 2.0, "tokens": 300, "version": 8, "trainer": "w0"},
+    ]
+    acks = [
+        {"was_training": True, "started_at": 10.0, "stopped_at": 12.5, "requested_at": 20.0, "acked_at": 20.25},
+        {"was_training": False, "started_at": 0.0, "stopped_at": 0.0, "requested_at": 20.0, "acked_at": 21.0},
+    ]
     m = drafter_step_metrics([_result(3, 4), _result(1, 4)], acks, pushes)
     assert m["drafter_agreement"] == 0.5
     assert m["drafter_version"] == 8 and m["drafter_updates"] == 4 and m["drafter_tokens"] == 400

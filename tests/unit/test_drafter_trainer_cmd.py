@@ -18,13 +18,18 @@ import yaml
 
 from tlt.cli import main
 from tlt.commands import drafter_trainer, worker
-from tlt.spec.run import RunSpec
+from tlt.drafter.intake import policy_head
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.runtime import ray_sidecar
-from tlt.runtime.ray_sidecar import (SidecarPlacementError, await_trainer_nodes, bound_head, require_trainer_nodes,
-                                     trainer_resource)
-from tlt.drafter.intake import policy_head
+from tlt.runtime.ray_sidecar import (
+    SidecarPlacementError,
+    await_trainer_nodes,
+    bound_head,
+    require_trainer_nodes,
+    trainer_resource,
+)
+from tlt.spec.run import RunSpec
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 HEAD = "policy-0.demo-workers:6379"
@@ -32,14 +37,30 @@ SIDECAR = {"placement": "sidecar", "deviceClassName": "gpu.nvidia.com"}
 
 
 def contract_env(pod: str = "demo-rollout-3", role: str = "rollout") -> dict[str, str]:
-    return {"TLT_RUN_NAME": "demo", "TLT_ROLE": role, "TLT_RANK": "3", "TLT_POD_NAME": pod,
-            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD, "RAY_AUTH_TOKEN": "t0k"}
+    return {
+        "TLT_RUN_NAME": "demo",
+        "TLT_ROLE": role,
+        "TLT_RANK": "3",
+        "TLT_POD_NAME": pod,
+        "TLT_NAMESPACE": "ml",
+        "TLT_POD_IP": "10.1.2.3",
+        "TLT_HEAD_ADDRESS": HEAD,
+        "RAY_AUTH_TOKEN": "t0k",
+    }
 
 
 def spec_file(tmp_path: Path, drafter: dict[str, Any]) -> Path:
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun",
-                                    "metadata": {"name": "demo"}, "spec": {"drafter": drafter}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "demo"},
+                "spec": {"drafter": drafter},
+            }
+        )
+    )
     return path
 
 
@@ -49,9 +70,25 @@ def args_for(spec: Path) -> argparse.Namespace:
 
 def test_sidecar_joins_the_head_as_a_second_node_with_its_workers_trainer_resource():
     assert drafter_trainer.sidecar_ray_start_args("rollout-3", HEAD, "10.1.2.3") == [
-        *RAY, "start", "--address", HEAD, "--node-ip-address", "10.1.2.3", "--disable-usage-stats",
-        "--resources", json.dumps({"tlt_trainer_rollout-3": 1}), "--temp-dir", "/tmp/ray-drafter-trainer",
-        "--dashboard-agent-listen-port", "0", "--min-worker-port", "0", "--max-worker-port", "0", "--block"]
+        *RAY,
+        "start",
+        "--address",
+        HEAD,
+        "--node-ip-address",
+        "10.1.2.3",
+        "--disable-usage-stats",
+        "--resources",
+        json.dumps({"tlt_trainer_rollout-3": 1}),
+        "--temp-dir",
+        "/tmp/ray-drafter-trainer",
+        "--dashboard-agent-listen-port",
+        "0",
+        "--min-worker-port",
+        "0",
+        "--max-worker-port",
+        "0",
+        "--block",
+    ]
 
 
 def test_sidecar_node_keeps_clear_of_the_rollout_containers_node():
@@ -74,11 +111,14 @@ def test_environment_gives_the_worker_name_of_the_rollout_pod():
     assert drafter_trainer.sidecar_worker(contract_env()) == ("rollout-3", HEAD, "10.1.2.3")
 
 
-@pytest.mark.parametrize("env,message", [
-    (contract_env(role="verifier"), "TLT_ROLE is 'verifier' but --role is 'rollout'"),
-    (contract_env(pod="demo-verifier-3"), "TLT_POD_NAME.*not a rollout pod name"),
-    ({**contract_env(), "TLT_HEAD_ADDRESS": "policy-0"}, "TLT_HEAD_ADDRESS"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        (contract_env(role="verifier"), "TLT_ROLE is 'verifier' but --role is 'rollout'"),
+        (contract_env(pod="demo-verifier-3"), "TLT_POD_NAME.*not a rollout pod name"),
+        ({**contract_env(), "TLT_HEAD_ADDRESS": "policy-0"}, "TLT_HEAD_ADDRESS"),
+    ],
+)
 def test_environment_of_another_role_or_a_bad_one_is_refused(env, message):
     with pytest.raises(worker.EnvError, match=message):
         drafter_trainer.sidecar_worker(env)
@@ -127,8 +167,9 @@ class FakeProcess:
 
 
 @pytest.mark.parametrize("ray_code,exit_code", [(1, 1), (0, 1), (-9, -9)])
-def test_sidecar_runs_ray_start_as_a_list_without_shell_and_fails_when_it_returns(monkeypatch, tmp_path,
-                                                                                   ray_code, exit_code):
+def test_sidecar_runs_ray_start_as_a_list_without_shell_and_fails_when_it_returns(
+    monkeypatch, tmp_path, ray_code, exit_code
+):
     FakeProcess.calls, FakeProcess.code = [], ray_code
     monkeypatch.setattr(subprocess, "Popen", FakeProcess)
     assert drafter_trainer.run(args_for(spec_file(tmp_path, SIDECAR)), contract_env()) == exit_code
@@ -153,10 +194,12 @@ def test_sidecar_placement_needs_a_trainer_node_per_rollout_worker_and_names_the
     with pytest.raises(SidecarPlacementError, match="drafter.placement.*found 0 of 2.*'in-container'"):
         require_trainer_nodes(spec, {"CPU": 4.0, "tlt_rollout": 2.0})
     with pytest.raises(SidecarPlacementError, match="missing tlt_trainer_rollout-1"):
-        require_trainer_nodes(spec, {"tlt_trainer_rollout-0": 1.0, "tlt_trainer_rollout-7": 1.0},
-                              ["rollout-0", "rollout-1"])
-    require_trainer_nodes(spec, {"tlt_trainer_rollout-0": 1.0, "tlt_trainer_rollout-1": 1.0},
-                          ["rollout-0", "rollout-1"])
+        require_trainer_nodes(
+            spec, {"tlt_trainer_rollout-0": 1.0, "tlt_trainer_rollout-7": 1.0}, ["rollout-0", "rollout-1"]
+        )
+    require_trainer_nodes(
+        spec, {"tlt_trainer_rollout-0": 1.0, "tlt_trainer_rollout-1": 1.0}, ["rollout-0", "rollout-1"]
+    )
 
 
 def test_coordinator_waits_for_a_restarting_sidecar_only_when_asked(monkeypatch):
@@ -167,7 +210,9 @@ def test_coordinator_waits_for_a_restarting_sidecar_only_when_asked(monkeypatch)
     with pytest.raises(SidecarPlacementError):
         await_trainer_nodes(spec, {"tlt_rollout": 1.0}, ["rollout-0"])
     assert await_trainer_nodes(spec, {"tlt_rollout": 1.0}, ["rollout-0"], timeout=60) == {
-        "tlt_rollout": 1.0, "tlt_trainer_rollout-0": 1.0}
+        "tlt_rollout": 1.0,
+        "tlt_trainer_rollout-0": 1.0,
+    }
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -10,20 +10,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from _models_helpers import char_tokenizer
 from safetensors.torch import load_file, save_file
 
 from tlt.cli import main as tlt_main
 from tlt.drafter.async_ckpt import AsyncCheckpointer
 from tlt.drafter.evaluate import evaluate_drafter
-from tlt.drafter.export import (SERVED_DIR, SERVED_INFO, export_eagle, load_eagle, resolve_checkpoint,
-                                write_served_drafter)
-from tlt.models.drafter import load_drafter
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
+from tlt.drafter.export import (
+    SERVED_DIR,
+    SERVED_INFO,
+    export_eagle,
+    load_eagle,
+    resolve_checkpoint,
+    write_served_drafter,
+)
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, save_drafter
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.tasks.problem import Problem
-
-from _models_helpers import char_tokenizer
 
 # What vLLM's EagleLlamaForCausalLM maps onto its draft model, written out independently of the code.
 VLLM_EAGLE_KEYS = {
@@ -115,8 +119,9 @@ def test_a_run_folder_exports_its_served_drafter_and_its_drafter_folder_the_hubs
     writer.close()
     with pytest.raises(FileNotFoundError, match=f"run folder '{run}' has no {SERVED_DIR}/.*pass '{run / 'drafter'}'"):
         resolve_checkpoint(run)
-    write_served_drafter(run, (1, make_drafter(policy, seed=3).state_dict()), policy.config, publish="validated",
-                         step=2)
+    write_served_drafter(
+        run, (1, make_drafter(policy, seed=3).state_dict()), policy.config, publish="validated", step=2
+    )
     folder = write_served_drafter(run, (2, served.state_dict()), policy.config, publish="validated", step=3)
     assert folder == run / SERVED_DIR and sorted(p.name for p in run.iterdir()) == ["drafter", SERVED_DIR]
     assert json.loads((folder / SERVED_INFO).read_text()) == {"version": 2, "publish": "validated", "step": 3}
@@ -197,12 +202,33 @@ def test_cli_export_drafter(tmp_path: Path, capsys):
     policy = tiny_model("llama", seed=1, vocab_size=len(tokenizer))
     save_policy(policy, tokenizer, tmp_path / "policy")
     save_drafter(make_drafter(policy), tmp_path / "ckpt")
-    code = tlt_main(["export-drafter", str(tmp_path / "ckpt"), "--target", str(tmp_path / "policy"),
-                     "--out", str(tmp_path / "eagle"), "--dtype", "bfloat16"])
+    code = tlt_main(
+        [
+            "export-drafter",
+            str(tmp_path / "ckpt"),
+            "--target",
+            str(tmp_path / "policy"),
+            "--out",
+            str(tmp_path / "eagle"),
+            "--dtype",
+            "bfloat16",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert "9 tensors" in capsys.readouterr().out
     assert load_eagle(tmp_path / "eagle", policy.config).fc.weight.dtype == torch.bfloat16
-    assert tlt_main(["export-drafter", str(tmp_path / "nothing"), "--target", str(tmp_path / "policy"),
-                     "--out", str(tmp_path / "x")]) == 1
+    assert (
+        tlt_main(
+            [
+                "export-drafter",
+                str(tmp_path / "nothing"),
+                "--target",
+                str(tmp_path / "policy"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "no drafter checkpoint" in err and "drafter-served/" in err and "LATEST" in err

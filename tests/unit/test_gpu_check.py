@@ -28,11 +28,16 @@ def test_distribution_names_compare_as_pip_compares_them(tmp_path):
 
 def _foreign(modules: list[str], allowed: set[str]) -> dict[str, list[str]]:
     """foreign_distributions in a fresh process (it sees only the imports it makes itself)."""
-    code = ("import json, sys\nfrom tlt.bench import gpu_check as g\n"
-            f"seen = g.recorded_imports(lambda: g.collect_and_import([], {modules!r}))\n"
-            f"print(json.dumps(g.foreign_distributions(seen, set({sorted(allowed)!r}))))")
-    return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                     timeout=120).stdout.splitlines()[-1])
+    code = (
+        "import json, sys\nfrom tlt.bench import gpu_check as g\n"
+        f"seen = g.recorded_imports(lambda: g.collect_and_import([], {modules!r}))\n"
+        f"print(json.dumps(g.foreign_distributions(seen, set({sorted(allowed)!r}))))"
+    )
+    return json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        ).stdout.splitlines()[-1]
+    )
 
 
 def test_foreign_distributions_are_what_the_project_needs_and_the_device_lacks():
@@ -61,8 +66,15 @@ def test_warm_starts_are_missing_until_policy_and_drafter_are_in_the_cache(tmp_p
         path.write_text(json.dumps({"settings": entry["drafter_settings"]}))
     assert gpu_check.missing_warm_starts(WORKLOAD) == []
     full = expected[0]["drafter_settings"]  # the workload's drafterWarmstart, as drafter_warm_start trains it
-    assert full == {"policy": expected[0]["folder"].name, "prompts": 256, "steps": 150, "batch": 32, "lr": 3.0e-3,
-                    "max_new_tokens": 256, "seed": 0}
+    assert full == {
+        "policy": expected[0]["folder"].name,
+        "prompts": 256,
+        "steps": 150,
+        "batch": 32,
+        "lr": 3.0e-3,
+        "max_new_tokens": 256,
+        "seed": 0,
+    }
 
 
 def test_tree_bytes_counts_tracked_and_untracked_files_but_not_ignored_ones(tmp_path):

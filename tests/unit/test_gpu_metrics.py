@@ -25,8 +25,14 @@ def _answer(*series: tuple[dict[str, str], str]) -> dict:
 
 def _dcgm(pod: str, gpu: str, value: str, namespace: str = "team") -> tuple[dict[str, str], str]:
     """A DCGM series as Prometheus stores it after the scrape rename of the workload's labels."""
-    labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": gpu, "exported_pod": pod,
-              "exported_namespace": namespace, "pod": "dcgm-exporter-x1", "namespace": "gpu-operator"}
+    labels = {
+        "__name__": "DCGM_FI_DEV_GPU_UTIL",
+        "gpu": gpu,
+        "exported_pod": pod,
+        "exported_namespace": namespace,
+        "pod": "dcgm-exporter-x1",
+        "namespace": "gpu-operator",
+    }
     return labels, value
 
 
@@ -49,8 +55,13 @@ def test_plain_pod_and_namespace_labels_work_with_either_configuration():
 
 
 def test_series_without_pod_other_namespace_or_nan_are_skipped_and_values_clipped():
-    payload = _answer(({"gpu": "0", "exported_namespace": "team"}, "90"), _dcgm("a", "0", "NaN"),
-                      _dcgm("b", "0", "250"), _dcgm("c", "0", "-3"), _dcgm("d", "0", "20", namespace="other"))
+    payload = _answer(
+        ({"gpu": "0", "exported_namespace": "team"}, "90"),
+        _dcgm("a", "0", "NaN"),
+        _dcgm("b", "0", "250"),
+        _dcgm("c", "0", "-3"),
+        _dcgm("d", "0", "20", namespace="other"),
+    )
     assert parse_utilization(payload, QUERY, "team") == {"b": 1.0, "c": 0.0}
 
 

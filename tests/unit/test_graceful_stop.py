@@ -45,10 +45,13 @@ def test_outside_the_main_thread_nothing_is_installed():
 
 def test_the_lines_a_stopped_run_prints():
     assert stopped_line("r", "SIGTERM", 3, 10, "/c/step-00000003") == (
-        "stopped r on SIGTERM after step 3/10; checkpoint /c/step-00000003; rerun the same command to resume from it")
+        "stopped r on SIGTERM after step 3/10; checkpoint /c/step-00000003; rerun the same command to resume from it"
+    )
     assert "nothing to save" in stopped_line("r", "SIGINT", 0, 10, None)
     stop = GracefulStop()
     assert write_failed(stop, OSError("disk full")) == (1, "error: disk full")
     stop.signum = signal.SIGTERM
-    assert write_failed(stop, OSError("disk full")) == (EXIT_TERMINATED,
-                                                        "stopped on SIGTERM without a checkpoint: disk full")
+    assert write_failed(stop, OSError("disk full")) == (
+        EXIT_TERMINATED,
+        "stopped on SIGTERM without a checkpoint: disk full",
+    )

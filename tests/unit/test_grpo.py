@@ -67,8 +67,7 @@ def test_aggregations(mode, value):
 def test_micro_batch_sums_equal_the_whole_batch(mode):
     whole = aggregate(LOSS, MASK, mode)
     parts = sum(
-        aggregate(LOSS[i : i + 1], MASK[i : i + 1], mode, num_tokens=MASK.sum().item(), num_seqs=2)
-        for i in range(2)
+        aggregate(LOSS[i : i + 1], MASK[i : i + 1], mode, num_tokens=MASK.sum().item(), num_seqs=2) for i in range(2)
     )
     assert parts.item() == pytest.approx(whole.item())
 
@@ -82,8 +81,17 @@ def test_grpo_loss_adds_weighted_kl():
     logp = torch.log(torch.tensor([[0.5, 0.5]]))
     ref = torch.log(torch.tensor([[0.25, 0.5]]))
     mask = torch.ones(1, 2)
-    terms = grpo_loss(logp, logp.clone(), torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.2,
-                      loss_agg="token-mean", kl_coef=0.1, ref_logp=ref)
+    terms = grpo_loss(
+        logp,
+        logp.clone(),
+        torch.tensor([1.0]),
+        mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        loss_agg="token-mean",
+        kl_coef=0.1,
+        ref_logp=ref,
+    )
     kl = (0.5 + math.log(2) - 1) / 2
     assert terms.policy_loss.item() == pytest.approx(-1.0)
     assert terms.kl.item() == pytest.approx(kl)
@@ -93,13 +101,28 @@ def test_grpo_loss_adds_weighted_kl():
 
 def test_grpo_loss_gradient_pushes_up_positive_advantage_tokens():
     logp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
-    terms = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]), clip_low=0.2,
-                      clip_high=0.2, loss_agg="token-mean")
+    terms = grpo_loss(
+        logp,
+        logp.detach(),
+        torch.tensor([1.0]),
+        torch.tensor([[1.0, 0.0]]),
+        clip_low=0.2,
+        clip_high=0.2,
+        loss_agg="token-mean",
+    )
     terms.loss.backward()
     assert logp.grad[0, 0] < 0 and logp.grad[0, 1] == 0, "masked tokens get no gradient"
 
 
 def test_kl_needs_reference():
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), clip_low=0.2,
-                  clip_high=0.2, loss_agg="token-mean", kl_coef=0.1)
+        grpo_loss(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.zeros(1),
+            torch.ones(1, 1),
+            clip_low=0.2,
+            clip_high=0.2,
+            loss_agg="token-mean",
+            kl_coef=0.1,
+        )

@@ -40,8 +40,9 @@ def test_accuracy_counts_full_rewards_and_reward_is_the_mean():
     problems = heldout_problems(spec)
     answers = [p.answer for p in problems]
     texts = [f"<answer>{answers[0]}</answer>", "<answer>no idea</answer>"]
-    completions = [Completion(f"eval-p{i}", [], tokenizer.encode(t), torch.zeros(0), None, "stop")
-                   for i, t in enumerate(texts)]
+    completions = [
+        Completion(f"eval-p{i}", [], tokenizer.encode(t), torch.zeros(0), None, "stop") for i, t in enumerate(texts)
+    ]
     got = eval_metrics(completions, problems, tokenizer, spec.dataset.answer_format, None, 1.5)
     assert got == {"eval_reward_mean": 0.5, "eval_accuracy": 0.5, "eval_samples": 2, "eval_seconds": 1.5}
 

@@ -23,9 +23,13 @@ def _seq(rid: str, prompt: list[int], tokens: list[int], finished: bool = False)
 
 
 def _batch(running: list[Sequence], done: list[Sequence] = ()) -> SimpleNamespace:
-    return SimpleNamespace(sequences=running, all_sequences=[*running, *done], device=torch.device("cpu"),
-                           last_token=torch.tensor([s.tokens[-1] if s.tokens else s.request.prompt_ids[-1]
-                                                    for s in running]), uniform_buf=None)
+    return SimpleNamespace(
+        sequences=running,
+        all_sequences=[*running, *done],
+        device=torch.device("cpu"),
+        last_token=torch.tensor([s.tokens[-1] if s.tokens else s.request.prompt_ids[-1] for s in running]),
+        uniform_buf=None,
+    )
 
 
 def _store(**kw) -> HistoryStore:

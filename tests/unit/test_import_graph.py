@@ -7,19 +7,29 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"tlt": ROOT / "tlt", "tlt_operator": ROOT / "operator" / "tlt_operator",
-            "tlt_components": ROOT / "components" / "tlt_components"}
+PACKAGES = {
+    "tlt": ROOT / "tlt",
+    "tlt_operator": ROOT / "operator" / "tlt_operator",
+    "tlt_components": ROOT / "components" / "tlt_components",
+}
 # Lower layers never import higher ones; the operator reads the spec and nothing else of the trainer
 # (its image has no torch).
 LAYERS = {
-    "tlt.spec": 0, "tlt.progress": 0,
-    "tlt.models": 1, "tlt.rl": 1, "tlt.monitoring": 1,
-    "tlt.rollout": 2, "tlt.tasks": 2,
-    "tlt.drafter": 3, "tlt.adaptive": 3,
+    "tlt.spec": 0,
+    "tlt.progress": 0,
+    "tlt.models": 1,
+    "tlt.rl": 1,
+    "tlt.monitoring": 1,
+    "tlt.rollout": 2,
+    "tlt.tasks": 2,
+    "tlt.drafter": 3,
+    "tlt.adaptive": 3,
     "tlt.runtime": 4,
     "tlt.bench": 5,
     "tlt.sim": 6,
-    "tlt.commands": 7, "tlt.cli": 7, "tlt_components": 7,
+    "tlt.commands": 7,
+    "tlt.cli": 7,
+    "tlt_components": 7,
 }
 OPERATOR_MAY_IMPORT = {"tlt.spec", "tlt_operator"}
 
@@ -125,8 +135,9 @@ def test_no_layer_imports_one_above_it():
             continue
         if here not in LAYERS:
             continue
-        upward += [(module, t) for t in targets
-                   if _layer_key(t) != here and LAYERS.get(_layer_key(t), -1) > LAYERS[here]]
+        upward += [
+            (module, t) for t in targets if _layer_key(t) != here and LAYERS.get(_layer_key(t), -1) > LAYERS[here]
+        ]
     assert upward == []
 
 

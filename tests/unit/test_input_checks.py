@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.spec.run import RunSpec
 from tlt.models.loading import model_folder_problems, save_policy, weights_problem
 from tlt.models.tiny import tiny_model
-from tlt.runtime.local import local_speculative
 from tlt.runtime.input_checks import input_problems, metrics_port_problem
+from tlt.runtime.local import local_speculative
+from tlt.spec.run import RunSpec
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 RECORDS = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(5)]
@@ -45,8 +45,11 @@ def _jsonl(path: Path, records: list[dict]) -> Path:
 def _run_file(tmp_path: Path, model: Path | str, data: Path | None = None, **dataset) -> Path:
     data = data if data is not None else _jsonl(tmp_path / "d.jsonl", RECORDS)
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"spec": {"model": {"path": str(model)},
-                                             "dataset": {"source": "file", "path": str(data), **dataset}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"spec": {"model": {"path": str(model)}, "dataset": {"source": "file", "path": str(data), **dataset}}}
+        )
+    )
     return path
 
 
@@ -74,14 +77,18 @@ def test_a_model_folder_that_does_not_exist_never_reaches_the_hub(tmp_path, caps
     assert "Repo id" not in line
     # the same with --show-prompt, which loads the tokenizer
     assert _refused(_run_file(tmp_path, "org/Model-7B"), capsys, "--show-prompt", "1").endswith(
-        "model folder 'org/Model-7B' does not exist (a local folder is required; hub ids are not fetched)")
+        "model folder 'org/Model-7B' does not exist (a local folder is required; hub ids are not fetched)"
+    )
 
 
-@pytest.mark.parametrize(("removed", "message"), [
-    ("config.json", "has no config.json"),
-    ("model.safetensors", "no weights in"),
-    ("tokenizer.json", "no tokenizer in"),
-])
+@pytest.mark.parametrize(
+    ("removed", "message"),
+    [
+        ("config.json", "has no config.json"),
+        ("model.safetensors", "no weights in"),
+        ("tokenizer.json", "no tokenizer in"),
+    ],
+)
 def test_a_folder_without_config_weights_or_tokenizer_is_one_line(tmp_path, model, capsys, removed, message):
     (model / removed).unlink()
     line = _refused(_run_file(tmp_path, model), capsys)
@@ -111,8 +118,9 @@ def test_weights_that_are_not_safetensors_or_a_shard_that_is_missing(tmp_path, m
     (model / "model.safetensors").write_bytes(b"not a safetensors file")
     assert "model.safetensors is not a safetensors file" in weights_problem(model)
     (model / "model.safetensors").unlink()
-    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002"
-                                                                                   ".safetensors"}}))
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})
+    )
     assert "names shards that are not in the folder: model-00001-of-00002.safetensors" in weights_problem(model)
 
 
@@ -161,10 +169,13 @@ def test_held_out_evaluation_without_held_out_problems(tmp_path, model, capsys):
     assert "spec.algorithm.evalEvery: 2 needs held-out problems" in line and "dataset.evalPath" in line
 
 
-@pytest.mark.parametrize(("template", "error"), [
-    ("{{ raise_exception('this model has no system role') }}", "TemplateError: this model has no system role"),
-    ("{% for m in messages %}{{ m['content'] }", "TemplateSyntaxError: unexpected '}' at template line 1"),
-])
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("{{ raise_exception('this model has no system role') }}", "TemplateError: this model has no system role"),
+        ("{% for m in messages %}{{ m['content'] }", "TemplateSyntaxError: unexpected '}' at template line 1"),
+    ],
+)
 def test_a_chat_template_that_raises_or_does_not_parse(tmp_path, model, capsys, template, error):
     tokenizer = build_task_tokenizer()
     tokenizer.chat_template = template
@@ -195,7 +206,7 @@ def test_mode_off_unquoted_says_it_was_read_as_a_boolean(tmp_path, capsys):
     assert main(["validate", str(path)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [  # the schema's header, then one line per error
         f"{path}: 1 error(s)",
-        '  spec.speculative.mode: read as the boolean false (YAML reads unquoted on/off/yes/no/true/false as '
+        "  spec.speculative.mode: read as the boolean false (YAML reads unquoted on/off/yes/no/true/false as "
         """booleans); quote it: "off"; allowed: 'off', 'ngram', 'static' or 'tlt'""",
     ]
 
@@ -211,23 +222,27 @@ def test_a_busy_metrics_port_is_a_warning_in_validate_and_refused_by_train(tmp_p
     with _busy_port() as listener:
         port = listener.getsockname()[1]
         path = tmp_path / "run.yaml"
-        path.write_text(yaml.safe_dump({"spec": {"monitoring": {"loggers": ["jsonl", "prometheus"],
-                                                                "metricsPort": port}}}))
+        path.write_text(
+            yaml.safe_dump({"spec": {"monitoring": {"loggers": ["jsonl", "prometheus"], "metricsPort": port}}})
+        )
         assert main(["validate", str(path)]) == 0
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"{path}: warning: spec.monitoring.metricsPort: port {port} is in use on this machine; stop "
-                       "what listens there or set monitoring.metricsPort to a free port (1024-65535) (tlt train here "
-                       "would refuse to start)"]
+        assert err == [
+            f"{path}: warning: spec.monitoring.metricsPort: port {port} is in use on this machine; stop "
+            "what listens there or set monitoring.metricsPort to a free port (1024-65535) (tlt train here "
+            "would refuse to start)"
+        ]
         assert main(["train", str(path), "--local", "--out", str(tmp_path / "out")]) == 2
         assert f"spec.monitoring.metricsPort: port {port} is in use" in capsys.readouterr().err
         assert not (tmp_path / "out").exists()
-    assert metrics_port_problem(RunSpec.model_validate({"monitoring": {"metricsPort": port}})) is None, \
+    assert metrics_port_problem(RunSpec.model_validate({"monitoring": {"metricsPort": port}})) is None, (
         "without the prometheus logger the port is not used"
+    )
 
 
 def test_the_prometheus_logger_names_the_busy_port(tmp_path):
-    from tlt.spec.run import MonitoringSpec
     from tlt.monitoring import build_loggers
+    from tlt.spec.run import MonitoringSpec
 
     with _busy_port() as listener:
         port = listener.getsockname()[1]
@@ -248,12 +263,16 @@ def test_local_runs_learned_drafter_modes_as_ngram_or_off_saying_so():
     spec = RunSpec().speculative  # mode tlt, with an ngram arm among the default arms
     mapped, note = local_speculative(spec)
     assert mapped.mode == "ngram" and spec.mode == "tlt"
-    assert note.startswith("speculative.mode 'tlt' needs the learned drafter, which --local does not run: running "
-                           "speculative.mode 'ngram' instead")
+    assert note.startswith(
+        "speculative.mode 'tlt' needs the learned drafter, which --local does not run: running "
+        "speculative.mode 'ngram' instead"
+    )
     static = spec.model_copy(update={"mode": "static", "arms": [a for a in spec.arms if a.kind != "ngram"]})
     assert local_speculative(static)[0].mode == "off"
     for mode in ("off", "ngram"):
-        assert local_speculative(spec.model_copy(update={"mode": mode})) == (spec.model_copy(update={"mode": mode}),
-                                                                              None)
+        assert local_speculative(spec.model_copy(update={"mode": mode})) == (
+            spec.model_copy(update={"mode": mode}),
+            None,
+        )
     with pytest.raises(ValueError, match="speculative.mode 'ngram' needs an arm of kind 'ngram'"):
         local_speculative(static.model_copy(update={"mode": "ngram"}))

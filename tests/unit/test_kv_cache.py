@@ -12,8 +12,13 @@ from tlt.rollout.types import Request, SamplingParams
 
 def make_cache(rows=4, capacity=4, max_capacity=64):
     return KVCache(
-        num_layers=2, num_kv_heads=2, head_dim=3, max_batch_size=rows, capacity=capacity,
-        max_capacity=max_capacity, dtype=torch.float64,
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=3,
+        max_batch_size=rows,
+        capacity=capacity,
+        max_capacity=max_capacity,
+        dtype=torch.float64,
     )
 
 
@@ -28,8 +33,16 @@ def test_write_puts_each_token_at_its_slot():
 
 
 def test_static_cache_is_allocated_at_max_capacity_and_never_reallocated():
-    cache = KVCache(num_layers=2, num_kv_heads=2, head_dim=3, max_batch_size=2, capacity=4, max_capacity=16,
-                    dtype=torch.float32, static=True)
+    cache = KVCache(
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=3,
+        max_batch_size=2,
+        capacity=4,
+        max_capacity=16,
+        dtype=torch.float32,
+        static=True,
+    )
     before = [t.data_ptr() for t in cache.k + cache.v]
     cache.ensure_capacity(16)
     assert cache.capacity == 16 and [t.data_ptr() for t in cache.k + cache.v] == before

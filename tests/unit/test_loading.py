@@ -83,7 +83,9 @@ def test_unsupported_model_type_is_refused_naming_the_supported_ones(tmp_path, m
     config = json.loads(config_file.read_text())
     config["model_type"] = model_type
     config_file.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=rf"model_type {model_type!r} .* is not supported; allowed: llama, qwen2, qwen3"):
+    with pytest.raises(
+        ValueError, match=rf"model_type {model_type!r} .* is not supported; allowed: llama, qwen2, qwen3"
+    ):
         load_policy(folder)
     assert SUPPORTED_MODEL_TYPES == ("llama", "qwen2", "qwen3")
 
@@ -92,7 +94,9 @@ def test_tokenizer_larger_than_embedding_is_refused(tmp_path):
     tokenizer = char_tokenizer()
     folder = _saved_policy(tmp_path, vocab_size=len(tokenizer) - 1)
     rows = len(tokenizer) - 1
-    with pytest.raises(ValueError, match=rf"has {len(tokenizer)} tokens but the model's embedding has only {rows} rows"):
+    with pytest.raises(
+        ValueError, match=rf"has {len(tokenizer)} tokens but the model's embedding has only {rows} rows"
+    ):
         load_policy(folder)
 
 

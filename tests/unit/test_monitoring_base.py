@@ -10,13 +10,21 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tlt.spec.run import MonitoringSpec
 from tlt.monitoring import Loggers, MissingBackendError, build_loggers, scalars, sd_on_fraction
+from tlt.spec.run import MonitoringSpec
 
 
 def test_scalars_keep_finite_numbers_and_add_the_on_fraction():
-    step = {"step": 3, "reward_mean": 0.5, "accept_length": None, "ok": True, "trace": [1, 2],
-            "worker_states": {"a": 1}, "loss": float("nan"), "sd_arms": {"plain": 1, "chain-d4": 3}}
+    step = {
+        "step": 3,
+        "reward_mean": 0.5,
+        "accept_length": None,
+        "ok": True,
+        "trace": [1, 2],
+        "worker_states": {"a": 1},
+        "loss": float("nan"),
+        "sd_arms": {"plain": 1, "chain-d4": 3},
+    }
     assert scalars(step) == {"step": 3.0, "reward_mean": 0.5, "sd_on_fraction": 0.75}
 
 

@@ -10,27 +10,53 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tlt.monitoring.prometheus import PrometheusLogger
 
-STEP = {"step": 2, "step_seconds": 3.0, "rollout_seconds": 2.0, "tail_seconds": 0.5, "tokens_per_second": 400.0,
-        "accept_length": 2.5, "idle_seconds": 1.5, "harvested_seconds": 1.0, "stop_latency_max": 0.02,
-        "drafter_loss": 1.25, "drafter_version": 7, "reward_mean": 0.75, "generated_tokens": 800,
-        "response_length_p50": 90, "response_length_p90": 200, "response_length_max": 300,
-        "response_lengths": [90, 200, 300], "sd_arms": {"plain": 1, "chain-d4": 3},
-        "sd_arm_rates": {"4": {"chain-d4": {"steps": 3, "seconds": 0.3, "tokens": 9}},
-                         "16": {"plain": {"steps": 1, "seconds": 0.1, "tokens": 1}}}}
+STEP = {
+    "step": 2,
+    "step_seconds": 3.0,
+    "rollout_seconds": 2.0,
+    "tail_seconds": 0.5,
+    "tokens_per_second": 400.0,
+    "accept_length": 2.5,
+    "idle_seconds": 1.5,
+    "harvested_seconds": 1.0,
+    "stop_latency_max": 0.02,
+    "drafter_loss": 1.25,
+    "drafter_version": 7,
+    "reward_mean": 0.75,
+    "generated_tokens": 800,
+    "response_length_p50": 90,
+    "response_length_p90": 200,
+    "response_length_max": 300,
+    "response_lengths": [90, 200, 300],
+    "sd_arms": {"plain": 1, "chain-d4": 3},
+    "sd_arm_rates": {
+        "4": {"chain-d4": {"steps": 3, "seconds": 0.3, "tokens": 9}},
+        "16": {"plain": {"steps": 1, "seconds": 0.1, "tokens": 1}},
+    },
+}
 
 
 def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_endpoint_serves_the_step():
     logger = PrometheusLogger(0, addr="127.0.0.1")
     try:
-        logger.log_step({**STEP, "step": 1, "idle_seconds": 0.5, "sd_arm_rates": {"64": {"tree-d4k2v8": {
-            "steps": 5, "seconds": 1.0, "tokens": 20}}}})
+        logger.log_step(
+            {
+                **STEP,
+                "step": 1,
+                "idle_seconds": 0.5,
+                "sd_arm_rates": {"64": {"tree-d4k2v8": {"steps": 5, "seconds": 1.0, "tokens": 20}}},
+            }
+        )
         logger.log_step(STEP)
         got = _samples(logger.port)
     finally:
@@ -49,8 +75,9 @@ def test_metrics_endpoint_serves_the_step():
     assert got[("tlt_step_duration_seconds_count", ())] == 2 and got[("tlt_step_duration_seconds_sum", ())] == 6.0
     assert got[("tlt_rollout_tail_duration_seconds_count", ())] == 2
     arms = {labels: v for (name, labels), v in got.items() if name == "tlt_sd_arm_steps"}
-    assert arms == {(("arm", "chain-d4"), ("bucket", "4")): 3, (("arm", "plain"), ("bucket", "16")): 1}, \
+    assert arms == {(("arm", "chain-d4"), ("bucket", "4")): 3, (("arm", "plain"), ("bucket", "16")): 1}, (
         "the arm table is the last step's: step 1's bucket 64 is gone"
+    )
 
 
 def test_names_follow_prometheus_conventions():

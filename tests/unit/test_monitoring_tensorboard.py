@@ -14,8 +14,8 @@ import pytest  # noqa: E402
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from tlt.spec.run import MonitoringSpec  # noqa: E402
 from tlt.monitoring import build_loggers  # noqa: E402
+from tlt.spec.run import MonitoringSpec  # noqa: E402
 
 
 def _figure(path: Path) -> Path:
@@ -29,9 +29,16 @@ def _figure(path: Path) -> Path:
 def test_scalars_histogram_and_figures_read_back(tmp_path: Path):
     loggers = build_loggers(MonitoringSpec(loggers=["tensorboard"]), tmp_path)
     for step in (1, 2, 3):
-        loggers.log_step({"step": step, "reward_mean": step / 10, "tokens_per_second": 100.0 * step,
-                          "accept_length": None, "sd_arms": {"plain": 1, "chain-d4": step},
-                          "response_lengths": [4, 8, 8 * step]})
+        loggers.log_step(
+            {
+                "step": step,
+                "reward_mean": step / 10,
+                "tokens_per_second": 100.0 * step,
+                "accept_length": None,
+                "sd_arms": {"plain": 1, "chain-d4": step},
+                "response_lengths": [4, 8, 8 * step],
+            }
+        )
     loggers.log_figures([_figure(tmp_path / "lengths.png")], 3)
     loggers.close()
 

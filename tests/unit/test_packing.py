@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from tlt.spec.run import AlgorithmSpec
 from tlt.models.tiny import tiny_model
 from tlt.rl.packing import forward_inputs, micro_batches
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 from tlt.runtime.rl_step import policy_logprobs
+from tlt.spec.run import AlgorithmSpec
 
 
 def _long_tail_batch(count: int = 10, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
@@ -94,7 +94,9 @@ def test_sorted_and_packed_updates_equal_the_padded_update(loss_agg):
 def test_policy_logprobs_land_in_batch_order_in_every_layout():
     model = tiny_model(seed=13, dtype=torch.float64)
     batch = _rollout_batch(model)
-    outs = {layout: policy_logprobs(model, batch, AlgorithmSpec(micro_batch_size=4, update_layout=layout), pad_id=0)
-            for layout in ("padded", "sorted", "packed")}
+    outs = {
+        layout: policy_logprobs(model, batch, AlgorithmSpec(micro_batch_size=4, update_layout=layout), pad_id=0)
+        for layout in ("padded", "sorted", "packed")
+    }
     for layout in ("sorted", "packed"):
         torch.testing.assert_close(outs[layout], outs["padded"], atol=1e-12, rtol=0)

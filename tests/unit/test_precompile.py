@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tlt.spec.manifest_io import load_run
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rollout.compiled import compile_available
 from tlt.runtime.precompile import GraphSet, graph_sets, jobs, lanes, marker_key, marker_path, precompile
+from tlt.spec.manifest_io import load_run
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
@@ -26,8 +26,9 @@ NO_COMPILER = compile_available(torch.device("cpu"))
 
 def _policy(folder: Path, layers: int = 1) -> str:
     tokenizer = build_task_tokenizer()
-    model = tiny_model("qwen2", vocab_size=max(64, len(tokenizer)), num_layers=layers, hidden_size=48, seed=3,
-                       dtype=torch.float32)
+    model = tiny_model(
+        "qwen2", vocab_size=max(64, len(tokenizer)), num_layers=layers, hidden_size=48, seed=3, dtype=torch.float32
+    )
     save_policy(model, tokenizer, folder)
     return str(folder)
 
@@ -48,8 +49,16 @@ def _spec(mode: str = "tlt", compile_: str = "on", engine: str = "tlt"):
 
 
 def _set(drafter: bool = False, hidden: bool = True, depths: tuple[int, ...] = (), path: str = "p") -> GraphSet:
-    return GraphSet(policy_path=path, dtype="float32", rows=4, max_context=64, hidden=hidden, drafter=drafter,
-                    chain_depths=depths, threads=1)
+    return GraphSet(
+        policy_path=path,
+        dtype="float32",
+        rows=4,
+        max_context=64,
+        hidden=hidden,
+        drafter=drafter,
+        chain_depths=depths,
+        threads=1,
+    )
 
 
 @pytest.mark.skipif(NO_COMPILER is not None, reason=str(NO_COMPILER))
@@ -177,8 +186,9 @@ def test_a_worker_started_after_precompile_compiles_nothing_cold(policy, tmp_pat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     spec = _spec("tlt")
     # plain, chain-2 (its coupled graphs: the run samples) and the tree (the drafter step at width > 1)
-    spec.speculative.arms = [a for a in spec.speculative.arms if a.kind in ("plain", "tree") or
-                             (a.kind == "chain" and a.depth == 2)]
+    spec.speculative.arms = [
+        a for a in spec.speculative.arms if a.kind in ("plain", "tree") or (a.kind == "chain" and a.depth == 2)
+    ]
     rows = 4
     sets = graph_sets(spec, policy, rows=rows, threads=1)
     report = precompile(sets, processes=2)

@@ -16,7 +16,7 @@ from tlt.tasks.prompt_format import PromptError, encode_prompt, render_prompt, t
 from tlt.tasks.tokenizer import build_task_tokenizer  # noqa: E402
 
 needs_gsm8k = pytest.mark.skipif(not GSM8K.is_file(), reason=f"GSM8K test split not at {GSM8K}")
-GSM8K_TEMPLATE = "{question}\nLet's think step by step and output the final answer after \"####\"."
+GSM8K_TEMPLATE = '{question}\nLet\'s think step by step and output the final answer after "####".'
 
 
 def test_template_fields_and_render():
@@ -25,8 +25,9 @@ def test_template_fields_and_render():
     assert render_prompt("{question} ({topic}) {{x}}", record, "r0") == "2+2? (sums) {x}"
 
 
-@pytest.mark.parametrize(("template", "message"), [("{}", "needs a name"), ("{0}", "needs a name"),
-                                                   ("{question", "not a valid template")])
+@pytest.mark.parametrize(
+    ("template", "message"), [("{}", "needs a name"), ("{0}", "needs a name"), ("{question", "not a valid template")]
+)
 def test_bad_templates_are_refused(template: str, message: str):
     with pytest.raises(PromptError, match=message):
         render_prompt(template, {"question": "x"}, "r0")
@@ -49,8 +50,10 @@ def test_chat_prompt_is_apply_chat_template_with_the_generation_prompt():
     problem = Problem(render_prompt(GSM8K_TEMPLATE, {"question": question}, "r0"), "18", chat=True, system="Be brief.")
     ids = encode_prompt(tokenizer, problem)
     text = tokenizer.decode(ids, skip_special_tokens=False)
-    assert text == (f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{problem.prompt}<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{problem.prompt}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>") and tokenizer.chat_template == CHAT_TEMPLATE
     no_system = encode_prompt(tokenizer, Problem(problem.prompt, "18", chat=True))
     assert tokenizer.decode(no_system).startswith("<|im_start|>user\n")
@@ -100,12 +103,15 @@ def test_a_crashing_or_non_float_reward_fails_its_sample_only(plugins_on_path):
     assert value == 0.0 and "returned 'yes' (str)" in error.error
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    ("reward_plugin", "must be 'module:function'"),
-    ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-    ("reward_plugin:missing", "has no attribute 'missing'"),
-    ("reward_plugin:NOT_CALLABLE", "is a int, not a function"),
-])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("reward_plugin", "must be 'module:function'"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("reward_plugin:missing", "has no attribute 'missing'"),
+        ("reward_plugin:NOT_CALLABLE", "is a int, not a function"),
+    ],
+)
 def test_a_bad_reward_target_is_a_clear_error(plugins_on_path, target: str, message: str):
     with pytest.raises(RewardPluginError, match=message):
         load_reward(target)

@@ -11,18 +11,18 @@ import time
 import pytest
 from rich.console import Console
 
-from tlt.spec.run import RunSpec
 from tlt.models.tiny import tiny_model
+from tlt.rollout.decode_step import FinishWatcher
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
+from tlt.runtime import k8s_slots
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.ray_cluster import placement
 from tlt.runtime.rl_step import shards, trains_drafter
-from tlt.runtime.spot_trainers import SlotSource
-from tlt.runtime import k8s_slots
-from tlt.rollout.decode_step import FinishWatcher
 from tlt.runtime.shard_generation import release_kv_cache
+from tlt.runtime.spot_trainers import SlotSource
 from tlt.runtime.worker_state import worker_identity
+from tlt.spec.run import RunSpec
 
 
 def spec(**sections) -> RunSpec:
@@ -91,8 +91,9 @@ def test_finished_responses_leave_the_engine_before_the_batch_ends():
     engine = Engine(model, max_batch_size=4, max_context=64, return_hidden=True)
     requests = [Request(f"r{n}", [1, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=n)) for n in (3, 6, 12)]
     streamed: list[tuple[str, list[int], int]] = []
-    engine.stepper = FinishWatcher(engine.stepper, lambda seq: streamed.append(
-        (seq.request.request_id, list(seq.tokens), len(streamed))))
+    engine.stepper = FinishWatcher(
+        engine.stepper, lambda seq: streamed.append((seq.request.request_id, list(seq.tokens), len(streamed)))
+    )
     completions = engine.generate(requests)
     assert [rid for rid, _, _ in streamed] == ["r3", "r6", "r12"], "each response streams once, as it finishes"
     assert {rid: toks for rid, toks, _ in streamed} == {c.request_id: c.token_ids for c in completions}
@@ -107,11 +108,39 @@ def test_live_display_shows_phase_worker_states_and_restarts():
     display = LiveDisplay("demo", total_steps=3, console=console)
     with display:
         display.event({"type": "phase", "step": 2, "phase": "rollout"})
-        display.event({"type": "workers", "step": 2, "workers": [
-            {"worker": "rollout-0", "state": "TRAINING", "since": time.time(), "running": 0, "trainer_iterations": 7},
-            {"worker": "rollout-1", "state": "GENERATING", "since": time.time(), "running": 3, "trainer_iterations": 0}]})
-        display.event({"type": "restart", "step": 2, "failed_step": 2, "resumed_step": 1, "restarts": 1, "limit": 3,
-                       "error": "ActorDiedError"})
+        display.event(
+            {
+                "type": "workers",
+                "step": 2,
+                "workers": [
+                    {
+                        "worker": "rollout-0",
+                        "state": "TRAINING",
+                        "since": time.time(),
+                        "running": 0,
+                        "trainer_iterations": 7,
+                    },
+                    {
+                        "worker": "rollout-1",
+                        "state": "GENERATING",
+                        "since": time.time(),
+                        "running": 3,
+                        "trainer_iterations": 0,
+                    },
+                ],
+            }
+        )
+        display.event(
+            {
+                "type": "restart",
+                "step": 2,
+                "failed_step": 2,
+                "resumed_step": 1,
+                "restarts": 1,
+                "limit": 3,
+                "error": "ActorDiedError",
+            }
+        )
         text = "\n".join(str(part) for part in display.render().renderables)
     assert "step 2/3" in text and "rollout" in text
     assert "restart 1/3 from checkpoint step 1" in text
@@ -125,8 +154,9 @@ def test_role_pods_get_one_actor_each_with_that_pods_cpus():
     """On a cluster of role pods the rollout actor fits ONE rollout pod, not a share of the cluster."""
     from tlt.runtime.ray_cluster import _role_options
 
-    s = RunSpec.model_validate({"rollout": {"replicas": 2, "resources": {"cpu": "8"}},
-                                "verifier": {"replicas": 1, "resources": {"cpu": "2"}}})
+    s = RunSpec.model_validate(
+        {"rollout": {"replicas": 2, "resources": {"cpu": "8"}}, "verifier": {"replicas": 1, "resources": {"cpu": "2"}}}
+    )
     cluster = {"CPU": 18.0, "tlt_rollout": 2.0, "tlt_verifier": 1.0}
     plan = placement(s, cluster)
     assert plan.rollout_cpus == 8.0 and plan.rollout_threads == 8

@@ -11,9 +11,17 @@ from tlt.runtime.report import percentile, step_split, summarize, write_report
 
 def step(n: int, *, acks: list[tuple[float, float]] = (), agreement: float | None = 0.3) -> dict:
     return {
-        "step": n, "reward_mean": 0.1 * n, "rollout_seconds": 4.0, "tail_seconds": 1.5, "update_seconds": 2.0,
-        "step_seconds": 7.0, "idle_seconds": 3.0, "harvested_seconds": 2.5, "drafter_updates": 4,
-        "drafter_agreement": agreement, "response_lengths": [3, 5, 40],
+        "step": n,
+        "reward_mean": 0.1 * n,
+        "rollout_seconds": 4.0,
+        "tail_seconds": 1.5,
+        "update_seconds": 2.0,
+        "step_seconds": 7.0,
+        "idle_seconds": 3.0,
+        "harvested_seconds": 2.5,
+        "drafter_updates": 4,
+        "drafter_agreement": agreement,
+        "response_lengths": [3, 5, 40],
         "trainer_acks": [{"requested_at": r, "acked_at": a} for r, a in acks],
     }
 

@@ -82,7 +82,9 @@ def test_drafter_shaped_layer_with_identity_input_norm_runs_through_run_layers()
     pos = torch.arange(3)[None, :]
     rope = model.model.rotary_emb(x, pos)
     with torch.no_grad():
-        got = model.model.norm(run_layers([layer], x, rope, runner.cache.k, runner.cache.v, pos, causal_mask(torch.tensor([0]), 3, 3)))
+        got = model.model.norm(
+            run_layers([layer], x, rope, runner.cache.k, runner.cache.v, pos, causal_mask(torch.tensor([0]), 3, 3))
+        )
         expected = model.model(inputs_embeds=x, output_hidden_states=True).hidden_states[-1]
     torch.testing.assert_close(got, expected, atol=1e-9, rtol=0)
 

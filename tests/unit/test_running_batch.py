@@ -12,13 +12,26 @@ from tlt.rollout.types import Request, SamplingParams
 
 
 def _batch(temperatures: list[float], limit: int = 12) -> RunningBatch:
-    seqs = [Sequence(Request(f"r{i}", [1, 2, 3], SamplingParams(temperature=t, max_new_tokens=limit, seed=10 + i)),
-                     limit=limit) for i, t in enumerate(temperatures)]
-    cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=2, max_batch_size=len(seqs), capacity=32, max_capacity=32,
-                    dtype=torch.float32)
+    seqs = [
+        Sequence(
+            Request(f"r{i}", [1, 2, 3], SamplingParams(temperature=t, max_new_tokens=limit, seed=10 + i)), limit=limit
+        )
+        for i, t in enumerate(temperatures)
+    ]
+    cache = KVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=2,
+        max_batch_size=len(seqs),
+        capacity=32,
+        max_capacity=32,
+        dtype=torch.float32,
+    )
     cache.start(len(seqs))
     cache.advance([3] * len(seqs))  # the prompts' slots
-    return RunningBatch(seqs, cache, hidden_size=4, return_hidden=False, dtype=torch.float32, device=torch.device("cpu"))
+    return RunningBatch(
+        seqs, cache, hidden_size=4, return_hidden=False, dtype=torch.float32, device=torch.device("cpu")
+    )
 
 
 def _commit(batch: RunningBatch, counts: list[int]) -> None:
@@ -32,7 +45,7 @@ def test_window_is_each_rows_next_uniforms_and_follows_commits():
     _commit(batch, [2, 1, 3])
     window = batch.uniform_window(4)
     for b, start in enumerate([2, 1, 3]):
-        assert torch.equal(window[b], batch.uniform_buf[b, start:start + 4])
+        assert torch.equal(window[b], batch.uniform_buf[b, start : start + 4])
     # a wider read after a narrower one in the same step, and any offsets, read the same positions
     assert torch.equal(batch.uniform_window(2), window[:, :2])
     assert torch.equal(batch.uniform_window(11)[:, :4], window)
@@ -56,8 +69,9 @@ def test_a_greedy_batch_has_no_uniforms():
         batch.uniform_window(1)
 
 
-def _reference(buf: torch.Tensor, rows: list[int], start: list[int], values: torch.Tensor, counts: list[int],
-               scratch: bool) -> torch.Tensor:
+def _reference(
+    buf: torch.Tensor, rows: list[int], start: list[int], values: torch.Tensor, counts: list[int], scratch: bool
+) -> torch.Tensor:
     """A loop: row b's first counts[b] values (all K where every column fits: scratch past the count)."""
     out = buf.clone()
     for b, row in enumerate(rows):

@@ -15,20 +15,37 @@ from tlt.rollout.types import Request, SamplingParams
 
 
 def _row(variant: str, batch: int, tokens_per_s: float, temperature: float = 1.0, accept: float = 1.0) -> dict:
-    return {"variant": variant, "batch": batch, "temperature": temperature, "tokens_per_s": tokens_per_s,
-            "accept_length": accept}
+    return {
+        "variant": variant,
+        "batch": batch,
+        "temperature": temperature,
+        "tokens_per_s": tokens_per_s,
+        "accept_length": accept,
+    }
 
 
 def test_block_vs_best_chain_divides_the_best_block_by_the_best_chain_per_batch():
-    rows = [_row("chain-2", 1, 100.0), _row("chain-4-argmax", 1, 120.0), _row("block-2", 1, 90.0),
-            _row("block-8", 1, 150.0), _row("chain-2", 4, 80.0), _row("block-4", 4, 40.0),
-            _row("block-8", 1, 999.0, temperature=0.0), _row("tree-k2-d4-b8", 1, 500.0), _row("chain-2", 8, 10.0)]
+    rows = [
+        _row("chain-2", 1, 100.0),
+        _row("chain-4-argmax", 1, 120.0),
+        _row("block-2", 1, 90.0),
+        _row("block-8", 1, 150.0),
+        _row("chain-2", 4, 80.0),
+        _row("block-4", 4, 40.0),
+        _row("block-8", 1, 999.0, temperature=0.0),
+        _row("tree-k2-d4-b8", 1, 500.0),
+        _row("chain-2", 8, 10.0),
+    ]
     assert block_vs_best_chain(rows, (1, 4, 8), 1.0) == {"1": pytest.approx(150 / 120), "4": pytest.approx(0.5)}
 
 
 def test_history_summary_ratios_per_batch():
-    rows = [_row("ngram-4", 1, 50.0, accept=2.0), _row("history-4", 1, 60.0, accept=3.0), _row("chain-2", 1, 80.0),
-            _row("mixed-4", 1, 100.0)]
+    rows = [
+        _row("ngram-4", 1, 50.0, accept=2.0),
+        _row("history-4", 1, 60.0, accept=3.0),
+        _row("chain-2", 1, 80.0),
+        _row("mixed-4", 1, 100.0),
+    ]
     out = history_summary(rows, ["ngram-4", "history-4", "chain-2", "mixed-4"], (1,), 1.0, 4, 4)
     assert out == {"history_vs_ngram_accept": {"1": 1.5}, "mixed_vs_best_single": {"1": 1.25}}
 
@@ -42,8 +59,9 @@ def test_bench_block_rows_on_a_tiny_model_feed_block_vs_best_chain():
     eagle.bind_policy(policy)
     block = new_block_drafter(policy, block_size=4)
     cfg = SdBenchConfig(chain_depths=(2,), block_depths=(2, 4), repeats=1)
-    requests = [Request(f"r{i}", [3 + i, 4, 5], SamplingParams(temperature=1.0, max_new_tokens=12, seed=i))
-                for i in range(2)]
+    requests = [
+        Request(f"r{i}", [3 + i, 4, 5], SamplingParams(temperature=1.0, max_new_tokens=12, seed=i)) for i in range(2)
+    ]
     rows = []
     for variant in ("plain", "chain-2", "block-2", "block-4"):
         row = SdRow(variant, 2, 1.0, len(requests))

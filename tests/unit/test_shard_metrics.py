@@ -9,19 +9,47 @@ from tlt.rollout.types import Completion, StepMetrics
 from tlt.runtime.shard_metrics import shard_rollout_metrics
 
 
-def _result(finished_at: float, generate: float, trace: list[StepMetrics], row_steps: int, accepted: int,
-            arms: dict[str, int], streamed: int) -> dict:
-    return {"finished_at": finished_at, "generate_seconds": generate, "trace": trace, "sd_row_steps": row_steps,
-            "sd_accepted": accepted, "sd_arms": arms, "sd_arm_rates": {}, "streamed": streamed}
+def _result(
+    finished_at: float,
+    generate: float,
+    trace: list[StepMetrics],
+    row_steps: int,
+    accepted: int,
+    arms: dict[str, int],
+    streamed: int,
+) -> dict:
+    return {
+        "finished_at": finished_at,
+        "generate_seconds": generate,
+        "trace": trace,
+        "sd_row_steps": row_steps,
+        "sd_accepted": accepted,
+        "sd_arms": arms,
+        "sd_arm_rates": {},
+        "streamed": streamed,
+    }
 
 
 def test_the_slowest_shard_sets_the_tail_and_every_shard_counts_in_the_totals():
     completions = [Completion(f"r{i}", [1], [5] * n, torch.zeros(n), None, "stop") for i, n in enumerate((3, 1, 4, 2))]
-    fast = _result(11.0, 0.9, [StepMetrics(0, 2, 2, 4, 0, 0.2), StepMetrics(1, 2, 2, 2, 1, 0.3),
-                               StepMetrics(2, 1, 1, 1, 1, 0.4)], row_steps=0, accepted=0, arms={}, streamed=2)
-    slow = _result(14.0, 3.5, [StepMetrics(0, 2, 2, 4, 0, 0.5), StepMetrics(1, 2, 4, 6, 1, 1.0),
-                               StepMetrics(2, 1, 3, 3, 1, 2.0)], row_steps=3, accepted=4,
-                   arms={"chain-d2": 2, "plain": 1}, streamed=2)
+    fast = _result(
+        11.0,
+        0.9,
+        [StepMetrics(0, 2, 2, 4, 0, 0.2), StepMetrics(1, 2, 2, 2, 1, 0.3), StepMetrics(2, 1, 1, 1, 1, 0.4)],
+        row_steps=0,
+        accepted=0,
+        arms={},
+        streamed=2,
+    )
+    slow = _result(
+        14.0,
+        3.5,
+        [StepMetrics(0, 2, 2, 4, 0, 0.5), StepMetrics(1, 2, 4, 6, 1, 1.0), StepMetrics(2, 1, 3, 3, 1, 2.0)],
+        row_steps=3,
+        accepted=4,
+        arms={"chain-d2": 2, "plain": 1},
+        streamed=2,
+    )
     fast["sd_by_position"], slow["sd_by_position"] = {"0": [2, 3]}, {"128": [1, 1], "0": [2, 0]}
     out = shard_rollout_metrics(completions, torch.tensor([[1.0, 0.0], [0.0, 0.0]]), [fast, slow], 10.0, 15.0)
     assert out["sd_by_position"] == {"0": [4, 3], "128": [1, 1]}  # both shards' counts, ranges in order
@@ -63,8 +91,9 @@ def test_workers_step_splits_are_pooled_when_they_report_them():
     b = {**_result(2.5, 1.0, trace, 0, 0, {}, 0), "step_split": {"plain": {"1": {"steps": 3, "total": 4.0}}}}
     out = shard_rollout_metrics(completions * 2, torch.tensor([[1.0], [0.0]]), [a, b], 0.0, 3.0)
     assert out["step_split"] == {"plain": {"1": {"steps": 4, "total": 3.5}}}
-    assert "step_split" not in shard_rollout_metrics(completions, torch.tensor([[1.0]]),
-                                                     [_result(2.0, 1.0, trace, 0, 0, {}, 1)], 0.0, 2.0)
+    assert "step_split" not in shard_rollout_metrics(
+        completions, torch.tensor([[1.0]]), [_result(2.0, 1.0, trace, 0, 0, {}, 1)], 0.0, 2.0
+    )
 
 
 def test_the_slowest_workers_overhead_is_split_into_its_parts():

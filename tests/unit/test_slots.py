@@ -22,8 +22,14 @@ IDLE, BUSY = 0.05, 0.9
 
 
 def _spec(**knobs) -> DrafterSpec:
-    base = dict(idle_window_seconds=10, busy_window_seconds=5, cooldown_seconds=30,
-                min_trainers=0, max_trainers=2, idle_utilization=0.2)
+    base = dict(
+        idle_window_seconds=10,
+        busy_window_seconds=5,
+        cooldown_seconds=30,
+        min_trainers=0,
+        max_trainers=2,
+        idle_utilization=0.2,
+    )
     return DrafterSpec(**(base | knobs))
 
 
@@ -32,8 +38,9 @@ def _pod(name: str, state: str | None = None, since: float | None = None, util=(
     return PodObservation(name, state, since, samples)
 
 
-def _poll_utilisation(spec: DrafterSpec, series: dict[str, list[float]], poll: float = 5.0,
-                      state: SlotState | None = None) -> list[frozenset[str]]:
+def _poll_utilisation(
+    spec: DrafterSpec, series: dict[str, list[float]], poll: float = 5.0, state: SlotState | None = None
+) -> list[frozenset[str]]:
     """Feed per-poll utilisation readings (no reported state) through history and the decision."""
     state, history, enabled = state or SlotState(), {}, []
     for i in range(len(next(iter(series.values())))):
@@ -58,9 +65,17 @@ def _poll_utilisation(spec: DrafterSpec, series: dict[str, list[float]], poll: f
         (_pod("p", None, None, [(6.0, BUSY), (2.0, IDLE)]), Verdict.BUSY, 6.0),
         (_pod("p"), Verdict.UNKNOWN, None),
     ],
-    ids=["generating-is-rollout-load", "training-is-trainer-load", "idle-report", "old-busy-sample-ignored",
-         "idle-after-busy-sample", "idle-report-but-gpu-busy", "util-only-idle", "util-only-unsorted",
-         "nothing-known"],
+    ids=[
+        "generating-is-rollout-load",
+        "training-is-trainer-load",
+        "idle-report",
+        "old-busy-sample-ignored",
+        "idle-after-busy-sample",
+        "idle-report-but-gpu-busy",
+        "util-only-idle",
+        "util-only-unsorted",
+        "nothing-known",
+    ],
 )
 def test_truth_table_combines_reported_state_and_utilisation(pod, verdict, since):
     assert classify(pod, idle_utilization=0.2)[:2] == (verdict, since)
@@ -170,8 +185,10 @@ def test_unknown_pods_keep_their_slot():
 def test_training_pod_with_a_busy_gpu_stays_enabled_but_idle_report_with_busy_gpu_does_not():
     spec = _spec(cooldown_seconds=0)
     state = SlotState(frozenset({"t", "i"}), {})
-    pods = [_pod("t", "TRAINING", 0.0, [(10.0, BUSY), (20.0, BUSY)]),
-            _pod("i", "IDLE", 0.0, [(10.0, BUSY), (20.0, BUSY)])]
+    pods = [
+        _pod("t", "TRAINING", 0.0, [(10.0, BUSY), (20.0, BUSY)]),
+        _pod("i", "IDLE", 0.0, [(10.0, BUSY), (20.0, BUSY)]),
+    ]
     decision = decide_slots(pods, state, 20.0, spec)
     assert decision.enabled == {"t"}
 

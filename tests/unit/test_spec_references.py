@@ -3,8 +3,8 @@ shares; every other reference is refused with its field path."""
 
 from __future__ import annotations
 
-from tlt.spec.run import RunSpec
 from tlt.spec.references import SharedNames, reference_problems
+from tlt.spec.run import RunSpec
 
 
 def _spec(env: list[dict], account: str | None = None) -> RunSpec:
@@ -35,7 +35,8 @@ def test_a_borrowed_service_account_is_refused():
 
 
 def test_the_admins_lists_allow_named_ones_only():
-    shared = SharedNames.from_environment({"TLT_OPERATOR_SHARED_SECRETS": " hf , regcred",
-                                           "TLT_OPERATOR_SERVICE_ACCOUNTS": "tlt-worker"})
+    shared = SharedNames.from_environment(
+        {"TLT_OPERATOR_SHARED_SECRETS": " hf , regcred", "TLT_OPERATOR_SERVICE_ACCOUNTS": "tlt-worker"}
+    )
     assert reference_problems("job", _spec(_secret("hf"), "tlt-worker"), shared) == []
     assert len(reference_problems("job", _spec(_secret("other"), "admin"), shared)) == 2

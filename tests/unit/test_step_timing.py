@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from tlt.rollout.step_timing import StepSplit, merge_tables, range_of, seconds_by_range
 from tlt.models.tiny import tiny_model
+from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import SpeculativeStepper
-from tlt.rollout.decode_step import PlainStepper
+from tlt.rollout.step_timing import StepSplit, merge_tables, range_of, seconds_by_range
 from tlt.rollout.types import Request, SamplingParams
 
 
 def _requests(n: int, new: int) -> list[Request]:
-    return [Request(f"r{i}", [3, 4, 5, 3, 4, 5, 3, 4], SamplingParams(temperature=0.0, max_new_tokens=new))
-            for i in range(n)]
+    return [
+        Request(f"r{i}", [3, 4, 5, 3, 4, 5, 3, 4], SamplingParams(temperature=0.0, max_new_tokens=new))
+        for i in range(n)
+    ]
 
 
 def test_every_decode_step_is_counted_once_with_its_parts_and_the_patches_are_undone():
@@ -64,12 +66,18 @@ def test_range_of_names_the_running_batch_range():
 
 def test_seconds_by_range_sums_each_running_batch_into_its_range():
     assert seconds_by_range({1: 1.0, 3: 0.5, 4: 0.25, 16: 2.0, 40: 1.0}) == {
-        "1": 1.0, "2-4": 0.75, "5-8": 0, "9-16": 2.0, "17+": 1.0}
+        "1": 1.0,
+        "2-4": 0.75,
+        "5-8": 0,
+        "9-16": 2.0,
+        "17+": 1.0,
+    }
 
 
 def test_merge_tables_weights_each_part_by_its_steps():
     a = {"plain": {"1": {"steps": 1, "total": 3.0, "host": 1.0}}}
     b = {"plain": {"1": {"steps": 3, "total": 1.0, "host": 0.5}, "2-4": {"steps": 2, "total": 4.0}}}
-    assert merge_tables([a, b]) == {"plain": {"1": {"steps": 4, "host": 0.625, "total": 1.5},
-                                              "2-4": {"steps": 2, "total": 4.0}}}
+    assert merge_tables([a, b]) == {
+        "plain": {"1": {"steps": 4, "host": 0.625, "total": 1.5}, "2-4": {"steps": 2, "total": 4.0}}
+    }
     assert merge_tables([]) == {}

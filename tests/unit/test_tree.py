@@ -44,16 +44,23 @@ def test_build_tree_orders_siblings_by_score_and_remaps_parents():
 def test_build_tree_is_ancestor_closed_when_child_ties_parent():
     # child of candidate 1 has log-prob 0: it ties its parent's score but must not displace it
     tree = build_tree(
-        torch.tensor([0]), torch.tensor([[5, 6, 7]]), torch.tensor([[-1, -1, 1]]),
-        torch.tensor([[-0.5, -0.7, 0.0]]), budget=2,
+        torch.tensor([0]),
+        torch.tensor([[5, 6, 7]]),
+        torch.tensor([[-1, -1, 1]]),
+        torch.tensor([[-0.5, -0.7, 0.0]]),
+        budget=2,
     )
     assert tree.tokens.tolist() == [[0, 5, 6]]
 
 
 def test_build_tree_marks_invalid_candidates_and_their_children_invalid():
     tree = build_tree(
-        torch.tensor([0]), torch.tensor([[5, 6, 7]]), torch.tensor([[-1, -1, 1]]),
-        torch.tensor([[-0.5, -0.1, -0.1]]), budget=3, cand_valid=torch.tensor([[True, False, True]]),
+        torch.tensor([0]),
+        torch.tensor([[5, 6, 7]]),
+        torch.tensor([[-1, -1, 1]]),
+        torch.tensor([[-0.5, -0.1, -0.1]]),
+        budget=3,
+        cand_valid=torch.tensor([[True, False, True]]),
     )
     assert tree.tokens.tolist() == [[0, 5, 0, 0]]
     assert tree.valid.tolist() == [[True, True, False, False]]
@@ -105,7 +112,9 @@ def test_tree_positions_follow_depth_not_slot():
 
 
 def test_compaction_moves_accepted_branch_next_to_the_root():
-    src, dst, keep = compaction_slots(torch.tensor([[2, 4, -1, -1], [1, 3, -1, -1]]), torch.tensor([2, 1]), torch.tensor([3, 5]))
+    src, dst, keep = compaction_slots(
+        torch.tensor([[2, 4, -1, -1], [1, 3, -1, -1]]), torch.tensor([2, 1]), torch.tensor([3, 5])
+    )
     assert keep.tolist() == [[True, True, False, False], [True, False, False, False]]
     assert src[keep].tolist() == [5, 7, 6]
     assert dst[keep].tolist() == [4, 5, 6]

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from tlt.spec.run import AlgorithmSpec
 from tlt.models.tiny import tiny_model
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
+from tlt.spec.run import AlgorithmSpec
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 4, 4, 4, 4, 8]]
 RESPONSES = [[10, 11, 2], [12, 13, 14, 15, 16, 2], [17]]

@@ -8,11 +8,11 @@ import copy
 import pytest
 import torch
 
-from tlt.spec.run import AlgorithmSpec
 from tlt.models.tiny import tiny_model
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
 from tlt.rollout.types import Completion
 from tlt.runtime import rl_step
+from tlt.spec.run import AlgorithmSpec
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 4, 4, 4, 4, 8], [1, 3]]
 RESPONSES = [[10, 11, 2], [12, 13, 14, 15, 16, 2], [17], [18, 19, 20, 2]]
@@ -44,8 +44,9 @@ def test_first_pass_old_logprobs_give_the_recomputed_update(epochs, layout):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         metrics[mode] = policy_update(model, opt, batch, algo, old_from_first_pass=mode == "first-pass")
         models[mode], batches[mode] = model, batch
-    torch.testing.assert_close(batches["first-pass"].old_logprobs, batches["recomputed"].old_logprobs,
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        batches["first-pass"].old_logprobs, batches["recomputed"].old_logprobs, atol=1e-12, rtol=0
+    )
     for (name, a), b in zip(models["recomputed"].named_parameters(), models["first-pass"].parameters()):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0, msg=name)
     assert metrics["first-pass"] == pytest.approx(metrics["recomputed"], abs=1e-9)
@@ -56,10 +57,18 @@ def test_learn_runs_one_forward_per_micro_batch_and_epoch_and_reports_the_engine
     policy = tiny_model(seed=4, dtype=torch.float64)
     algo = AlgorithmSpec(micro_batch_size=2, ppo_epochs=2, group_size=2)
     batch = _batch(policy)
-    completions = [Completion(f"r{i}", p, r, batch.old_logprobs[i, : len(r)].float() + 1e-4, None, "stop")
-                   for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES))]
+    completions = [
+        Completion(f"r{i}", p, r, batch.old_logprobs[i, : len(r)].float() + 1e-4, None, "stop")
+        for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES))
+    ]
     calls = _counting_forwards(policy)
-    out = rl_step.learn(policy, torch.optim.SGD(policy.parameters(), lr=0.1), completions,
-                      torch.tensor([[1.0, 0.0], [0.0, 1.0]]), algo, pad_id=0)
+    out = rl_step.learn(
+        policy,
+        torch.optim.SGD(policy.parameters(), lr=0.1),
+        completions,
+        torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        algo,
+        pad_id=0,
+    )
     assert calls[0] == 2 * 2  # 2 micro-batches x 2 epochs
     assert out["logprob_gap"] == pytest.approx(1e-4, rel=1e-2)

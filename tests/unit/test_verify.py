@@ -124,9 +124,7 @@ def test_deterministic_chain_rejected_token_is_removed_from_the_resample():
 
 def test_deterministic_chain_without_drafts_samples_from_first_position():
     g = torch.Generator().manual_seed(0)
-    verdict = verify_deterministic_chain(
-        one_hot([3, 1, 1]), torch.tensor([[3, 1]]), g, n_draft=torch.tensor([0])
-    )
+    verdict = verify_deterministic_chain(one_hot([3, 1, 1]), torch.tensor([[3, 1]]), g, n_draft=torch.tensor([0]))
     assert verdict.n_accepted.tolist() == [0] and verdict.next_token.tolist() == [3]
 
 
@@ -164,7 +162,9 @@ def test_tree_deterministic_first_token_marginal_equals_target():
     parents = torch.tensor([[-1, 0, 0]]).expand(n, 3)
     p = torch.stack([p0, torch.full((V,), 0.25, dtype=torch.float64), torch.full((V,), 0.25, dtype=torch.float64)])
     verdict = verify_tree(p.expand(n, 3, V), tokens, parents, g)
-    first = torch.where(verdict.n_accepted > 0, tokens.gather(1, verdict.path[:, :1].clamp_min(0))[:, 0], verdict.next_token)
+    first = torch.where(
+        verdict.n_accepted > 0, tokens.gather(1, verdict.path[:, :1].clamp_min(0))[:, 0], verdict.next_token
+    )
     assert within(freq(first), p0, n)
     # after rejecting both siblings the residual holds only tokens 0 and 2
     rejected = verdict.n_accepted == 0
@@ -180,4 +180,6 @@ def test_tree_with_padding_nodes_ignores_them():
 
 def test_tree_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="tree verification"):
-        verify_tree(torch.zeros(1, 3, V), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), None)
+        verify_tree(
+            torch.zeros(1, 3, V), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), None
+        )

@@ -9,16 +9,17 @@ import pytest
 import yaml
 
 from tlt.cli import main
-from tlt.spec.run import RunSpec
 from tlt.rollout.vllm import availability
 from tlt.rollout.vllm.availability import VllmUnavailable, require_vllm, rollout_engine_problem
+from tlt.spec.run import RunSpec
 
 
 @pytest.fixture
 def no_vllm(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(availability.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(
+        availability.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
 
 
 def test_the_engine_defaults_to_tlt_and_takes_vllm():

@@ -10,12 +10,12 @@ import torch
 import yaml
 
 from tlt.cli import main
-from tlt.spec.run import RunSpec
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts, vllm_spec_problem
 from tlt.runtime.ray_vllm_worker import with_features
+from tlt.spec.run import RunSpec
 
 
 def vllm_spec(**over) -> RunSpec:
@@ -24,21 +24,32 @@ def vllm_spec(**over) -> RunSpec:
 
 
 def test_the_draft_length_is_the_deepest_learned_drafter_arm():
-    spec = vllm_spec(speculative={"arms": [{"kind": "chain", "depth": 2}, {"kind": "tree", "depth": 3, "topk": 2},
-                                           {"kind": "ngram", "depth": 8}, {"kind": "plain"}]})
+    spec = vllm_spec(
+        speculative={
+            "arms": [
+                {"kind": "chain", "depth": 2},
+                {"kind": "tree", "depth": 3, "topk": 2},
+                {"kind": "ngram", "depth": 8},
+                {"kind": "plain"},
+            ]
+        }
+    )
     assert eagle_draft_tokens(spec.speculative) == 3  # ngram's 8 is not the drafter's
 
 
 def test_a_spec_without_a_learned_drafter_arm_is_refused_naming_the_arms():
-    spec = vllm_spec(speculative={"mode": "tlt", "arms": [{"kind": "ngram", "depth": 4}, {"kind": "plain"}]},
-                     algorithm={"temperature": 0.0})
+    spec = vllm_spec(
+        speculative={"mode": "tlt", "arms": [{"kind": "ngram", "depth": 4}, {"kind": "plain"}]},
+        algorithm={"temperature": 0.0},
+    )
     with pytest.raises(ValueError, match=r"speculative\.arms has no arm of kind chain, tree, mixed"):
         eagle_draft_tokens(spec.speculative)
     assert "speculative.arms" in vllm_spec_problem(spec, cuda=True)
 
 
-@pytest.mark.parametrize("mode, threshold, drafts", [("off", 8, False), ("static", 8, True), ("tlt", 8, True),
-                                                     ("tlt", 0, False)])
+@pytest.mark.parametrize(
+    "mode, threshold, drafts", [("off", 8, False), ("static", 8, True), ("tlt", 8, True), ("tlt", 0, False)]
+)
 def test_vllm_drafts_with_a_learned_drafter_that_may_draft(mode, threshold, drafts):
     assert vllm_drafts(vllm_spec(speculative={"mode": mode, "threshold": threshold}).speculative) is drafts
 
@@ -65,8 +76,9 @@ def test_the_kv_cache_holds_every_row_at_full_context():
 
 def test_features_over_a_finished_rollout_are_the_engines_hidden_states():
     policy = tiny_model("llama", seed=3, num_layers=2).eval()
-    requests = [Request(f"r{i}", [1, 5 + i, 9, 4], SamplingParams(temperature=1.0, max_new_tokens=12, seed=i))
-                for i in range(3)]
+    requests = [
+        Request(f"r{i}", [1, 5 + i, 9, 4], SamplingParams(temperature=1.0, max_new_tokens=12, seed=i)) for i in range(3)
+    ]
     completions = Engine(policy, max_batch_size=3, max_context=64, return_hidden=True).generate(requests)
     for completion in completions:
         mine = with_features(policy, dataclasses.replace(completion, hidden=None)).hidden
@@ -77,9 +89,11 @@ def test_features_over_a_finished_rollout_are_the_engines_hidden_states():
 def test_train_refuses_vllm_settings_it_cannot_honour_before_starting(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("tlt.commands.train.rollout_engine_problem", lambda engine: None)  # as if installed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    cases = [({"speculative": {"mode": "ngram"}}, [], "speculative.mode 'ngram'"),
-             ({}, [], "algorithm.temperature 1.0"),
-             ({"algorithm": {"temperature": 0.0}}, ["--local"], "drop --local")]
+    cases = [
+        ({"speculative": {"mode": "ngram"}}, [], "speculative.mode 'ngram'"),
+        ({}, [], "algorithm.temperature 1.0"),
+        ({"algorithm": {"temperature": 0.0}}, ["--local"], "drop --local"),
+    ]
     for body, flags, message in cases:
         path = tmp_path / "run.yaml"
         path.write_text(yaml.safe_dump({"spec": {"rollout": {"engine": "vllm"}, **body}}))

@@ -16,9 +16,9 @@ import yaml
 
 from tlt.cli import main
 from tlt.commands import worker
-from tlt.spec.manifest_io import load_run
 from tlt.runtime import ray_train
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
+from tlt.spec.manifest_io import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "run.yaml"
@@ -27,9 +27,17 @@ HEAD = "policy-0.demo-workers:6379"
 
 
 def contract_env(role: str = "rollout", rank: str = "1") -> dict[str, str]:
-    return {"TLT_RUN_NAME": "demo", "TLT_ROLE": role, "TLT_RANK": rank, "TLT_POD_NAME": f"demo-{role}-{rank}",
-            "TLT_NAMESPACE": "ml", "TLT_POD_IP": "10.1.2.3", "TLT_HEAD_ADDRESS": HEAD, "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": "t0k"}
+    return {
+        "TLT_RUN_NAME": "demo",
+        "TLT_ROLE": role,
+        "TLT_RANK": rank,
+        "TLT_POD_NAME": f"demo-{role}-{rank}",
+        "TLT_NAMESPACE": "ml",
+        "TLT_POD_IP": "10.1.2.3",
+        "TLT_HEAD_ADDRESS": HEAD,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": "t0k",
+    }
 
 
 def args_for(role: str, spec: Path = SPEC, out: Path = Path("/var/lib/tlt")) -> argparse.Namespace:
@@ -38,20 +46,51 @@ def args_for(role: str, spec: Path = SPEC, out: Path = Path("/var/lib/tlt")) -> 
 
 def test_head_args_start_the_gcs_on_the_head_address_port():
     assert worker.ray_start_args("policy", 0, HEAD, "10.1.2.3") == [
-        *RAY, "start", "--head", "--port", "6379", "--node-ip-address", "10.1.2.3", "--disable-usage-stats",
-        "--num-cpus", "0", "--num-gpus", "0", "--include-dashboard", "false", "--block"]
+        *RAY,
+        "start",
+        "--head",
+        "--port",
+        "6379",
+        "--node-ip-address",
+        "10.1.2.3",
+        "--disable-usage-stats",
+        "--num-cpus",
+        "0",
+        "--num-gpus",
+        "0",
+        "--include-dashboard",
+        "false",
+        "--block",
+    ]
 
 
 @pytest.mark.parametrize("role,resource", [("rollout", "tlt_rollout"), ("verifier", "tlt_verifier")])
 def test_rollout_and_verifier_join_the_head_with_their_role_resource(role, resource):
     assert worker.ray_start_args(role, 2, HEAD, "10.1.2.4") == [
-        *RAY, "start", "--address", HEAD, "--node-ip-address", "10.1.2.4", "--disable-usage-stats",
-        "--resources", json.dumps({resource: 1}), "--block"]
+        *RAY,
+        "start",
+        "--address",
+        HEAD,
+        "--node-ip-address",
+        "10.1.2.4",
+        "--disable-usage-stats",
+        "--resources",
+        json.dumps({resource: 1}),
+        "--block",
+    ]
 
 
 def test_policy_ranks_above_zero_join_as_plain_nodes():
     assert worker.ray_start_args("policy", 1, HEAD, "10.1.2.5") == [
-        *RAY, "start", "--address", HEAD, "--node-ip-address", "10.1.2.5", "--disable-usage-stats", "--block"]
+        *RAY,
+        "start",
+        "--address",
+        HEAD,
+        "--node-ip-address",
+        "10.1.2.5",
+        "--disable-usage-stats",
+        "--block",
+    ]
 
 
 def test_node_resources_are_the_ones_the_coordinator_asks_for():
@@ -79,8 +118,10 @@ def test_missing_environment_variables_are_all_named():
         worker.read_env(env, "rollout")
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"TLT_RANK": "x"}, "TLT_RANK"), ({"TLT_ROLE": "verifier"}, "TLT_ROLE"), ({"TLT_HEAD_ADDRESS": "nohost"}, "port")])
+@pytest.mark.parametrize(
+    "change,message",
+    [({"TLT_RANK": "x"}, "TLT_RANK"), ({"TLT_ROLE": "verifier"}, "TLT_ROLE"), ({"TLT_HEAD_ADDRESS": "nohost"}, "port")],
+)
 def test_bad_environment_values_are_refused(change, message):
     with pytest.raises(worker.EnvError, match=message):
         worker.read_env({**contract_env(), **change}, "rollout")
@@ -112,9 +153,12 @@ def test_the_head_needs_the_auth_mode_in_its_own_environment(processes):
 
 
 def test_missing_nodes_counts_pods_not_yet_joined():
-    spec = load_run(SPEC).spec.model_copy(update={
-        "rollout": load_run(SPEC).spec.rollout.model_copy(update={"replicas": 3}),
-        "verifier": load_run(SPEC).spec.verifier.model_copy(update={"replicas": 1})})
+    spec = load_run(SPEC).spec.model_copy(
+        update={
+            "rollout": load_run(SPEC).spec.rollout.model_copy(update={"replicas": 3}),
+            "verifier": load_run(SPEC).spec.verifier.model_copy(update={"replicas": 1}),
+        }
+    )
     assert worker.missing_nodes(spec, {"CPU": 8.0, "tlt_rollout": 1.0}) == {"tlt_rollout": 2, "tlt_verifier": 1}
     assert worker.missing_nodes(spec, {"tlt_rollout": 3.0, "tlt_verifier": 1.0}) == {}
 
@@ -201,15 +245,21 @@ def _head_started(monkeypatch, processes, calls: list[Any]) -> None:
 def test_head_starts_ray_trains_in_process_and_stops_ray(monkeypatch, processes, tmp_path, train_code):
     calls: list[Any] = []
     _head_started(monkeypatch, processes, calls)
-    monkeypatch.setattr(ray_train, "train_ray", lambda run, out, address, stopped_exit: calls.append(
-        ("train", out, address, stopped_exit)) or train_code)
+    monkeypatch.setattr(
+        ray_train,
+        "train_ray",
+        lambda run, out, address, stopped_exit: calls.append(("train", out, address, stopped_exit)) or train_code,
+    )
     assert worker.run(args_for("policy", out=tmp_path), contract_env("policy", "0")) == train_code
     [(argv, kwargs)] = processes.calls
     assert argv == worker.ray_start_args("policy", 0, HEAD, "10.1.2.3")
     assert kwargs.get("shell", False) is False
     # a head stopped by SIGTERM after its checkpoint exits 143, never 0 (the pod's Succeeded: the run's)
-    assert calls == [("head", "10.1.2.3", 6379), ("nodes", "10.1.2.3:6379"),
-                     ("train", tmp_path, "10.1.2.3:6379", 128 + signal.SIGTERM)]
+    assert calls == [
+        ("head", "10.1.2.3", 6379),
+        ("nodes", "10.1.2.3:6379"),
+        ("train", tmp_path, "10.1.2.3:6379", 128 + signal.SIGTERM),
+    ]
     assert processes.started[0].terminated, "the Ray head was left running"
 
 

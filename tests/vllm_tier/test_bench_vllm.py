@@ -37,8 +37,9 @@ def test_every_variant_runs_at_every_batch(result):
 
 
 def test_all_variants_give_the_same_greedy_tokens(result):
-    mismatched = {(r["variant"], r["batch"]): r["first_mismatch"] for r in result["vllm"]["rows"]
-                  if r["mismatched_requests"]}
+    mismatched = {
+        (r["variant"], r["batch"]): r["first_mismatch"] for r in result["vllm"]["rows"] if r["mismatched_requests"]
+    }
     assert not mismatched
 
 
@@ -51,8 +52,13 @@ def test_speculative_variants_report_their_accept_length(result):
 
 
 def test_ratios_and_the_goal_are_there_for_every_batch(result):
-    for key in ("tlt_vs_vllm_plain", "tlt_vs_vllm_plain_range", "vllm_eagle_vs_plain", "vllm_plain_reference",
-                "goal_met"):
+    for key in (
+        "tlt_vs_vllm_plain",
+        "tlt_vs_vllm_plain_range",
+        "vllm_eagle_vs_plain",
+        "vllm_plain_reference",
+        "goal_met",
+    ):
         assert set(result[key]) == {"1", "4"}, key
     assert all(low <= high for low, high in result["tlt_vs_vllm_plain_range"].values())
     threads = result["vllm"]["threads"]

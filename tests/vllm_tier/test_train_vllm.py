@@ -20,10 +20,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed: this tier runs in .ve
 import ray  # noqa: E402
 
 from tlt.cli import main  # noqa: E402
-from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.rollout.engine import Engine  # noqa: E402
 from tlt.runtime import rl_step  # noqa: E402
 from tlt.runtime.ray_coordinator import RayTrainer  # noqa: E402
+from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.tasks.warmstart import load_policy, reduced_config, warm_start  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -39,8 +39,14 @@ def spec(**speculative) -> dict:
     return {
         "model": {"dtype": "float32", "maxContext": 160},
         "dataset": {"builtin": {"numTrain": 32, "numEval": 8}},
-        "algorithm": {"steps": 2, "promptsPerStep": 4, "groupSize": 2, "maxNewTokens": 48, "microBatchSize": 8,
-                      "temperature": speculative.pop("temperature", 0.0)},
+        "algorithm": {
+            "steps": 2,
+            "promptsPerStep": 4,
+            "groupSize": 2,
+            "maxNewTokens": 48,
+            "microBatchSize": 8,
+            "temperature": speculative.pop("temperature", 0.0),
+        },
         "rollout": {"replicas": 2, "engine": "vllm"},
         "verifier": {"replicas": 1},
         "speculative": {"mode": "tlt", "arms": [{"kind": "chain", "depth": 3}], **speculative},
@@ -81,10 +87,13 @@ def test_a_sampled_run_with_a_shadow_drafter_trains_without_drafting(tmp_path):
     assert sum(m["drafter_updates"] for m in history) > 0
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"speculative": {"mode": "ngram"}}, r"speculative\.mode 'ngram'"),
-    ({"algorithm": {"temperature": 1.0}}, r"algorithm\.temperature 1\.0.*vLLM's CPU build"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"speculative": {"mode": "ngram"}}, r"speculative\.mode 'ngram'"),
+        ({"algorithm": {"temperature": 1.0}}, r"algorithm\.temperature 1\.0.*vLLM's CPU build"),
+    ],
+)
 def test_train_refuses_what_vllm_cannot_honour_naming_the_field(tmp_path, capsys, edit, message):
     import re
 

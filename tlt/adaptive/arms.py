@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.block import BlockChainDrafter
@@ -33,6 +32,7 @@ from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, NgramDr
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 LEARNED_KINDS = ("chain", "tree", "mixed")
 HISTORY_KINDS = ("history", "mixed")
@@ -84,8 +84,10 @@ def arm_indices(spec: SpeculativeSpec) -> list[int]:
     if spec.mode == "ngram":
         chosen = [i for i in usable if spec.arms[i].kind in MODEL_FREE_KINDS]
         if not any(spec.arms[i].kind != "plain" for i in chosen):
-            raise ValueError("speculative.mode 'ngram' needs at least one arm of kind 'ngram' or 'history' "
-                             "(with speculative.history.enabled) in speculative.arms")
+            raise ValueError(
+                "speculative.mode 'ngram' needs at least one arm of kind 'ngram' or 'history' "
+                "(with speculative.history.enabled) in speculative.arms"
+            )
         return chosen
     return usable
 
@@ -107,8 +109,11 @@ def drafter_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
     trees = [spec.arms[i] for i in arm_indices(spec) if spec.arms[i].kind == "tree"]
     widths = {2} if trees else set()
     widths |= {min(t.topk, 2) for t in trees if t.depth > 1}
-    return {"chain_depths": depths, "guesses": (["coupled" if sampled else "argmax"] if depths else []),
-            "step_widths": sorted(widths)}
+    return {
+        "chain_depths": depths,
+        "guesses": (["coupled" if sampled else "argmax"] if depths else []),
+        "step_widths": sorted(widths),
+    }
 
 
 def uses_history(spec: SpeculativeSpec) -> bool:
@@ -150,8 +155,10 @@ def build_arms(
             f"speculative.mode {spec.mode!r} with arms of kind chain/tree needs the learned drafter; none was given"
         )
     if block is None and any(spec.arms[i].kind in BLOCK_KINDS for i in indices):
-        raise ValueError(f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; none was "
-                         "given (`tlt train` does not build one yet: drop the block arms from speculative.arms)")
+        raise ValueError(
+            f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; none was "
+            "given (`tlt train` does not build one yet: drop the block arms from speculative.arms)"
+        )
     scratch = max((_scratch(spec.arms[i]) for i in indices), default=0)
     shared = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch) if needs_drafter else None
     if history is None and any(spec.arms[i].kind in HISTORY_KINDS for i in indices):
@@ -197,14 +204,25 @@ def _drafter(
     if drafter is None or shared is None:
         raise ValueError(f"arm kind {arm.kind!r} needs the learned drafter")
     if arm.kind == "mixed" and history is not None:
-        eagle = EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context,
-                                  state=shared)
+        eagle = EagleChainDrafter(
+            drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context, state=shared
+        )
         return MixedDrafter(history, eagle, arm.depth)
     if arm.kind == "chain":
-        return EagleChainDrafter(drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context,
-                                 state=shared)
+        return EagleChainDrafter(
+            drafter, embed, arm.depth, max_batch_size=max_batch_size, max_context=max_context, state=shared
+        )
     if arm.kind == "tree":
-        return EagleTreeDrafter(drafter, embed, topk=arm.topk, depth=arm.depth, budget=tree_budget(arm),
-                                max_batch_size=max_batch_size, max_context=max_context, state=shared)
-    raise ValueError(f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'block', 'plain', "
-                     f"got {arm.kind!r}")
+        return EagleTreeDrafter(
+            drafter,
+            embed,
+            topk=arm.topk,
+            depth=arm.depth,
+            budget=tree_budget(arm),
+            max_batch_size=max_batch_size,
+            max_context=max_context,
+            state=shared,
+        )
+    raise ValueError(
+        f"arm kind must be one of 'chain', 'tree', 'ngram', 'history', 'mixed', 'block', 'plain', got {arm.kind!r}"
+    )

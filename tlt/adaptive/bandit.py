@@ -61,7 +61,12 @@ class BucketedBandit:
     the arm of an exploring round ("weighted" by its shortfall behind the best, or "uniform")."""
 
     def __init__(
-        self, num_arms: int, num_buckets: int, epsilon: float, window: int, rng: random.Random,
+        self,
+        num_arms: int,
+        num_buckets: int,
+        epsilon: float,
+        window: int,
+        rng: random.Random,
         exploration: Exploration = "weighted",
     ) -> None:
         if num_arms < 1:
@@ -183,8 +188,9 @@ class BucketedBandit:
             )
         self.epsilon = float(state["epsilon"])
         if state.get("exploration", self.exploration) not in EXPLORATIONS:
-            raise ValueError(f"bandit state: exploration must be one of {list(EXPLORATIONS)}, "
-                             f"got {state['exploration']!r}")
+            raise ValueError(
+                f"bandit state: exploration must be one of {list(EXPLORATIONS)}, got {state['exploration']!r}"
+            )
         self.exploration = state.get("exploration", self.exploration)  # a state saved before it: the spec's
         self.window = int(state["window"])
         if "rounds" in state:

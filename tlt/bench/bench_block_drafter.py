@@ -16,13 +16,27 @@ from tlt.models.block_drafter import BlockDrafter, load_block_drafter, new_block
 from tlt.progress import phase
 
 
-def trained_block_drafter(cfg: DrafterBudget, block: int, layers: int, folder: Path, policy: PreTrainedModel,
-                          tokenizer: PreTrainedTokenizerBase) -> tuple[BlockDrafter, dict]:
+def trained_block_drafter(
+    cfg: DrafterBudget,
+    block: int,
+    layers: int,
+    folder: Path,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+) -> tuple[BlockDrafter, dict]:
     """A block drafter of block size `block` and `layers` layers trained for cfg.drafter_steps on the policy's
     own T=1 samples; info has its per-offset agreement on a held-out batch (`block_agreement`)."""
-    settings = {"policy": folder.name, "prompts": cfg.drafter_prompts, "steps": cfg.drafter_steps,
-                "batch": cfg.drafter_batch, "lr": cfg.drafter_lr, "max_new_tokens": cfg.max_new_tokens,
-                "seed": cfg.seed, "block_size": block, "layers": layers}
+    settings = {
+        "policy": folder.name,
+        "prompts": cfg.drafter_prompts,
+        "steps": cfg.drafter_steps,
+        "batch": cfg.drafter_batch,
+        "lr": cfg.drafter_lr,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+        "block_size": block,
+        "layers": layers,
+    }
 
     def train() -> tuple[BlockDrafter, dict]:
         requests = drafter_requests(cfg, folder, tokenizer)
@@ -32,10 +46,14 @@ def trained_block_drafter(cfg: DrafterBudget, block: int, layers: int, folder: P
         drafter = new_block_drafter(policy, block, layers)
         with phase("block drafter warm start: training", cfg.drafter_steps) as update:
             losses = BlockTraining(drafter, batches, cfg.drafter_lr).train(
-                cfg.drafter_steps, lambda step, loss: update(step, f"loss {loss:.3f}"))
+                cfg.drafter_steps, lambda step, loss: update(step, f"loss {loss:.3f}")
+            )
         held = block_batch(drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0], block)
-        return drafter, {"train_seconds": time.perf_counter() - started, "loss_first": losses[0],
-                         "loss_last": losses[-1], "train_agreement_by_offset": block_agreement(drafter, held)}
+        return drafter, {
+            "train_seconds": time.perf_counter() - started,
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "train_agreement_by_offset": block_agreement(drafter, held),
+        }
 
-    return cached_drafter(folder, "bench-block-drafter", settings, train,
-                          lambda path: load_block_drafter(path, policy))
+    return cached_drafter(folder, "bench-block-drafter", settings, train, lambda path: load_block_drafter(path, policy))

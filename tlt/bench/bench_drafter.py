@@ -68,8 +68,9 @@ def drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -
 def drafter_requests(cfg: DrafterBudget, folder: Path, tokenizer: PreTrainedTokenizerBase) -> list[Request]:
     """The warm-start prompts: `drafter_prompts` task prompts other than the timed ones, sampled at T=1."""
     problems = generate(cfg.drafter_prompts, cfg.seed + 7_777_777, countdown_task(folder))
-    return make_requests(tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
-                         seed=cfg.seed + 7_777_777)
+    return make_requests(
+        tokenizer, problems, max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed + 7_777_777
+    )
 
 
 def own_samples(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
@@ -80,12 +81,19 @@ def own_samples(policy: PreTrainedModel, requests: list[Request], batch: int) ->
     return batches
 
 
-def trained_drafter(cfg: DrafterBudget, folder: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-                    ) -> tuple[EagleDrafter, dict]:
+def trained_drafter(
+    cfg: DrafterBudget, folder: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[EagleDrafter, dict]:
     """An EAGLE drafter trained on the policy's own outputs, cached next to the policy by its settings."""
-    settings = {"policy": folder.name, "prompts": cfg.drafter_prompts, "steps": cfg.drafter_steps,
-                "batch": cfg.drafter_batch, "lr": cfg.drafter_lr, "max_new_tokens": cfg.max_new_tokens,
-                "seed": cfg.seed}
+    settings = {
+        "policy": folder.name,
+        "prompts": cfg.drafter_prompts,
+        "steps": cfg.drafter_steps,
+        "batch": cfg.drafter_batch,
+        "lr": cfg.drafter_lr,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+    }
 
     def train() -> tuple[EagleDrafter, dict]:
         requests = drafter_requests(cfg, folder, tokenizer)
@@ -95,14 +103,18 @@ def trained_drafter(cfg: DrafterBudget, folder: Path, policy: PreTrainedModel, t
         drafter = EagleDrafter(drafter_config_from_target(policy.config))
         drafter.bind_policy(policy)
         with phase("drafter warm start: training", cfg.drafter_steps) as update:
-            losses = train_drafter_steps(drafter, batches, cfg.drafter_steps, cfg.drafter_lr,
-                                         lambda step, loss: update(step, f"loss {loss:.3f}"))
+            losses = train_drafter_steps(
+                drafter, batches, cfg.drafter_steps, cfg.drafter_lr, lambda step, loss: update(step, f"loss {loss:.3f}")
+            )
         held = drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0]
         with torch.no_grad():
             pred = drafter(held.input_ids, held.features, held.position_ids)
             agree = (drafter.logits(pred).argmax(-1) == drafter.logits(held.target).argmax(-1)) & held.mask
-        return drafter, {"train_seconds": time.perf_counter() - started, "loss_first": losses[0],
-                         "loss_last": losses[-1],
-                         "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1)}
+        return drafter, {
+            "train_seconds": time.perf_counter() - started,
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "train_top1_agreement": agree.sum().item() / max(held.mask.sum().item(), 1),
+        }
 
     return cached_drafter(folder, "bench-drafter", settings, train, lambda path: load_drafter(path, policy))

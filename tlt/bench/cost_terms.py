@@ -28,18 +28,49 @@ import torch
 from rich.table import Table
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from tlt.bench.cost_timing import CostPoint, DrafterCost, cost_ratio, drafter_ratio, measure_costs, measure_drafter_costs
+from tlt.bench.cost_timing import (
+    CostPoint,
+    DrafterCost,
+    cost_ratio,
+    drafter_ratio,
+    measure_costs,
+    measure_drafter_costs,
+)
 from tlt.models.loading import resolve_dtype
 from tlt.models.tiny import tiny_config
 
 # Published shapes (their config.json on the Hub), as tiny_config arguments. Weights are random.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(family="qwen2", hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(family="qwen2", hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
-                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(family="qwen2", hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4,
-                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(
+        family="qwen2",
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        family="qwen2",
+        hidden_size=1536,
+        num_layers=28,
+        num_heads=12,
+        num_kv_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        family="qwen2",
+        hidden_size=3584,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -82,8 +113,9 @@ def random_model(config: PretrainedConfig, device: torch.device, dtype: torch.dt
     return model.eval()
 
 
-def break_even(verify: list[CostPoint], drafter: list[DrafterCost], batch: int, depth: int,
-               draft_vocab: int = 0) -> float:
+def break_even(
+    verify: list[CostPoint], drafter: list[DrafterCost], batch: int, depth: int, draft_vocab: int = 0
+) -> float:
     """Accept length (tokens a step keeps, the target's own included) at which a chain of `depth` drafts
     costs what plain decoding does at `batch` rows: verify_ratio(batch, depth + 1) + depth x drafter_ratio
     (the drafter's head over `draft_vocab` tokens, 0: the whole vocabulary)."""
@@ -110,22 +142,52 @@ def run_costs(cfg: CostsConfig) -> dict[str, Any]:
     model = random_model(config, device, resolve_dtype(cfg.dtype))
     clock = "wall" if device.type == "cuda" else "cpu"
     widths = sorted({d + 1 for d in cfg.depths})
-    verify = measure_costs(model, batches=list(cfg.batches), widths=widths, context=cfg.context,
-                           repeats=cfg.repeats, clock=clock, compile=cfg.compile)
+    verify = measure_costs(
+        model,
+        batches=list(cfg.batches),
+        widths=widths,
+        context=cfg.context,
+        repeats=cfg.repeats,
+        clock=clock,
+        compile=cfg.compile,
+    )
     if max(cfg.draft_vocabs) >= config.vocab_size:
-        raise ValueError(f"--draft-vocab sizes must be below the shape's vocabulary ({config.vocab_size}), "
-                         f"got {max(cfg.draft_vocabs)}")
-    drafter = measure_drafter_costs(model, batches=list(cfg.batches), context=cfg.context, repeats=cfg.repeats,
-                                    clock=clock, compile=cfg.compile, draft_vocabs=tuple(cfg.draft_vocabs))
+        raise ValueError(
+            f"--draft-vocab sizes must be below the shape's vocabulary ({config.vocab_size}), "
+            f"got {max(cfg.draft_vocabs)}"
+        )
+    drafter = measure_drafter_costs(
+        model,
+        batches=list(cfg.batches),
+        context=cfg.context,
+        repeats=cfg.repeats,
+        clock=clock,
+        compile=cfg.compile,
+        draft_vocabs=tuple(cfg.draft_vocabs),
+    )
     return {
-        "shape": cfg.shape, "config": str(cfg.config) if cfg.config else None, "model_type": config.model_type,
-        "layers": config.num_hidden_layers, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+        "shape": cfg.shape,
+        "config": str(cfg.config) if cfg.config else None,
+        "model_type": config.model_type,
+        "layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "device": cfg.device, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "dtype": cfg.dtype, "context": cfg.context, "repeats": cfg.repeats, "compile": cfg.compile, "clock": clock,
-        "verify": [asdict(p) for p in verify], "drafter": [asdict(d) for d in drafter],
-        "break_even": [{"batch": b, "depth": d, "draft_vocab": n, "accept_length": break_even(verify, drafter, b, d, n)}
-                       for b in cfg.batches for n in dict.fromkeys(cfg.draft_vocabs) for d in cfg.depths],
+        "device": cfg.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "dtype": cfg.dtype,
+        "context": cfg.context,
+        "repeats": cfg.repeats,
+        "compile": cfg.compile,
+        "clock": clock,
+        "verify": [asdict(p) for p in verify],
+        "drafter": [asdict(d) for d in drafter],
+        "break_even": [
+            {"batch": b, "depth": d, "draft_vocab": n, "accept_length": break_even(verify, drafter, b, d, n)}
+            for b in cfg.batches
+            for n in dict.fromkeys(cfg.draft_vocabs)
+            for d in cfg.depths
+        ],
     }
 
 
@@ -133,16 +195,26 @@ def costs_table(result: dict[str, Any]) -> Table:
     """`run_costs`'s result as a table: per batch, the target's one-token step, the drafter's relative cost and
     the break-even accept length of each chain depth."""
     depths = sorted({r["depth"] for r in result["break_even"]})
-    table = Table(title=f"{result['shape'] or result['config']} ({result['parameters'] / 1e6:.0f}M parameters) on "
-                  f"{result['device_name'] or result['device']}, {result['dtype']}, context {result['context']}"
-                  f"{', compiled' if result['compile'] else ''}: break-even accept length by chain depth")
+    table = Table(
+        title=f"{result['shape'] or result['config']} ({result['parameters'] / 1e6:.0f}M parameters) on "
+        f"{result['device_name'] or result['device']}, {result['dtype']}, context {result['context']}"
+        f"{', compiled' if result['compile'] else ''}: break-even accept length by chain depth"
+    )
     for col in ("rows", "target ms", "draft vocab", "drafter / target", *(f"d={d}" for d in depths)):
         table.add_column(col, justify="right")
     for d in result["drafter"]:
         b, n = d["batch"], d.get("draft_vocab", 0)
         target = next(p["seconds"] for p in result["verify"] if p["batch"] == b and p["width"] == 1)
-        even = {r["depth"]: r["accept_length"] for r in result["break_even"]
-                if r["batch"] == b and r.get("draft_vocab", 0) == n}
-        table.add_row(str(b), f"{target * 1e3:.2f}", str(n or result["vocab_size"]), f"{d['ratio']:.3f}",
-                      *(f"{even[x]:.2f}" for x in depths))
+        even = {
+            r["depth"]: r["accept_length"]
+            for r in result["break_even"]
+            if r["batch"] == b and r.get("draft_vocab", 0) == n
+        }
+        table.add_row(
+            str(b),
+            f"{target * 1e3:.2f}",
+            str(n or result["vocab_size"]),
+            f"{d['ratio']:.3f}",
+            *(f"{even[x]:.2f}" for x in depths),
+        )
     return table

@@ -4,7 +4,8 @@ Speculative decoding pays while verifying k + 1 tokens costs little more than de
 while the running batch is small. `measure_costs` times the engine's own forward (runner + LM
 head) over a cache filled to `context` slots, for every (batch, width) pair, the widths of a batch
 interleaved within each repeat so machine load hits them alike (batches one after another: a ratio
-compares widths within a batch, and a call after a larger batch's reads slow). On a shared machine wall time mostly measures
+compares widths within a batch, and a call after a larger batch's reads slow). On a shared machine wall time mostly
+measures
 the scheduler: by default the clock is this process's CPU time (exact with one torch thread,
 which also avoids OpenMP threads spinning while their partner is descheduled) and the estimate
 is the fastest repeat (interference only adds time); the per-repeat ratios give the spread.
@@ -59,8 +60,13 @@ def forward_fn(runner: ModelRunner, batch: int, width: int, context: int):
     return go
 
 
-def _timed_rounds(fns: dict, repeats: int, now: Callable[[], float], sync: Callable[[], None] = lambda: None,
-                  block: Callable[[Any], Any] = lambda key: key[0]) -> dict:
+def _timed_rounds(
+    fns: dict,
+    repeats: int,
+    now: Callable[[], float],
+    sync: Callable[[], None] = lambda: None,
+    block: Callable[[Any], Any] = lambda key: key[0],
+) -> dict:
     """Block by block (keys grouped by `block(key)`, by default their first element: the batch), `repeats`
     rounds of the block's fns; in each, every fn called twice in a row and the second call timed: key ->
     [seconds]. A decode loop runs a shape back to back; a call timed right after another shape's pays for
@@ -117,15 +123,21 @@ def measure_costs(
     Width 1 (plain decoding) is always measured. One warm-up round, then per batch `repeats` rounds, each
     running every width twice and timing the second call (`_timed_rounds`: a decode loop runs a shape back
     to back, and a call timed right after another shape's pays for what that one evicted). clock: "cpu"
-    (process CPU time; see the module docstring) or "wall". compile: time the compiled step (as `Engine(compile=True)` runs). Returns one
+    (process CPU time; see the module docstring) or "wall". compile: time the compiled step (as `Engine(compile=True)`
+    runs). Returns one
     CostPoint per pair, batch-major.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     now, sync = _clock_for(clock, model.device)
     widths = sorted(set(widths) | {1})
-    runner = ModelRunner(model, max_batch_size=max(batches), max_context=context + max(widths) + 1,
-                         capacity=context + max(widths) + 1, compile=compile)
+    runner = ModelRunner(
+        model,
+        max_batch_size=max(batches),
+        max_context=context + max(widths) + 1,
+        capacity=context + max(widths) + 1,
+        compile=compile,
+    )
     runner.cache.start(max(batches))
     runner.cache.lengths = [context] * max(batches)  # slots hold zeros: cost does not depend on values
     fns = {(b, w): forward_fn(runner, b, w, context) for b in batches for w in widths}
@@ -214,8 +226,11 @@ def measure_drafter_costs(
         fn()
     sync()
     seconds = _timed_rounds(fns, repeats, now, sync)
-    return [DrafterCost(b, min(seconds[(b, n)]), min(seconds[(b, n)]) / min(seconds[(b, "target")]), n)
-            for b in batches for n in heads]
+    return [
+        DrafterCost(b, min(seconds[(b, n)]), min(seconds[(b, n)]) / min(seconds[(b, "target")]), n)
+        for b in batches
+        for n in heads
+    ]
 
 
 def drafter_ratio(costs: list[DrafterCost], batch: int, draft_vocab: int = 0) -> float:

@@ -26,8 +26,9 @@ def settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_drafter(folder: Path, prefix: str, settings: dict[str, Any], train: Callable[[], tuple[D, dict]],
-                   load: Callable[[Path], D]) -> tuple[D, dict]:
+def cached_drafter(
+    folder: Path, prefix: str, settings: dict[str, Any], train: Callable[[], tuple[D, dict]], load: Callable[[Path], D]
+) -> tuple[D, dict]:
     """(drafter, info): loaded from the cache folder of these settings, or `train()`ed and cached there
     (info gains "settings" and "cache_key")."""
     key = settings_key(settings)

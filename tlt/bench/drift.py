@@ -15,8 +15,14 @@ from transformers import PreTrainedModel
 
 
 @torch.inference_mode()
-def policy_kl(reference: PreTrainedModel, policy: PreTrainedModel, input_ids: Tensor, attention: Tensor,
-              positions: Tensor, temperature: float = 1.0) -> float:
+def policy_kl(
+    reference: PreTrainedModel,
+    policy: PreTrainedModel,
+    input_ids: Tensor,
+    attention: Tensor,
+    positions: Tensor,
+    temperature: float = 1.0,
+) -> float:
     """Mean over `positions` of KL(reference || policy) of the next-token distributions (nats / token).
 
     input_ids: [B, L] right-padded sequences; attention: [B, L] 1 on real tokens; positions: [B, L] bool,
@@ -24,8 +30,10 @@ def policy_kl(reference: PreTrainedModel, policy: PreTrainedModel, input_ids: Te
     scales both models' logits as sampling does (0 is read as 1).
     """
     if input_ids.shape != attention.shape or input_ids.shape != positions.shape:
-        raise ValueError(f"input_ids, attention and positions must have one shape, got {tuple(input_ids.shape)}, "
-                         f"{tuple(attention.shape)}, {tuple(positions.shape)}")
+        raise ValueError(
+            f"input_ids, attention and positions must have one shape, got {tuple(input_ids.shape)}, "
+            f"{tuple(attention.shape)}, {tuple(positions.shape)}"
+        )
     if not bool(positions.any()):
         raise ValueError("positions selects no token: nothing to compare")
     t = temperature if temperature > 0 else 1.0

@@ -52,8 +52,15 @@ class EngineBenchConfig:
     @classmethod
     def quick(cls, repeats: int = 1) -> EngineBenchConfig:
         return cls(
-            hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-            vocab_size=512, prompt_len=16, new_tokens=16, repeats=repeats,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=128,
+            vocab_size=512,
+            prompt_len=16,
+            new_tokens=16,
+            repeats=repeats,
         )
 
 
@@ -73,17 +80,26 @@ class Row:
         return self.tokens / statistics.median(self.seconds)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s,
-                "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)],
-                "tokens_per_cpu_s": self.tokens / min(self.cpu_seconds)}
+        return {
+            **asdict(self),
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)],
+            "tokens_per_cpu_s": self.tokens / min(self.cpu_seconds),
+        }
 
 
 def build_model(cfg: EngineBenchConfig) -> PreTrainedModel:
     config = Qwen2Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        intermediate_size=cfg.intermediate_size, tie_word_embeddings=True,
-        max_position_embeddings=max(512, cfg.prompt_len + cfg.new_tokens), pad_token_id=0, eos_token_id=None,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        tie_word_embeddings=True,
+        max_position_embeddings=max(512, cfg.prompt_len + cfg.new_tokens),
+        pad_token_id=0,
+        eos_token_id=None,
     )
     torch.manual_seed(cfg.seed)
     return Qwen2ForCausalLM(config).eval()
@@ -91,8 +107,14 @@ def build_model(cfg: EngineBenchConfig) -> PreTrainedModel:
 
 def hf_runner(model: PreTrainedModel, cfg: EngineBenchConfig, prompts: torch.Tensor) -> Callable[[], None]:
     gen = GenerationConfig(
-        do_sample=cfg.temperature > 0, temperature=cfg.temperature or None, top_p=cfg.top_p, top_k=0,
-        max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, eos_token_id=None, pad_token_id=0,
+        do_sample=cfg.temperature > 0,
+        temperature=cfg.temperature or None,
+        top_p=cfg.top_p,
+        top_k=0,
+        max_new_tokens=cfg.new_tokens,
+        min_new_tokens=cfg.new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
     )
     mask = torch.ones_like(prompts)
 
@@ -152,11 +174,15 @@ def run_engine_bench(cfg: EngineBenchConfig, on_row: Callable[[str], None] | Non
         for batch in cfg.batches:
             ours, hf = by_key["tlt", dtype, batch], by_key["hf-generate", dtype, batch]
             per_round = [h / t for t, h in zip(ours.seconds, hf.seconds)]  # interleaved: same load
-            ratios.append({
-                "dtype": dtype, "batch": batch, "tlt_over_hf": ours.tokens_per_s / hf.tokens_per_s,
-                "tlt_over_hf_range": [min(per_round), max(per_round)],
-                "tlt_over_hf_cpu": min(hf.cpu_seconds) / min(ours.cpu_seconds),
-            })
+            ratios.append(
+                {
+                    "dtype": dtype,
+                    "batch": batch,
+                    "tlt_over_hf": ours.tokens_per_s / hf.tokens_per_s,
+                    "tlt_over_hf_range": [min(per_round), max(per_round)],
+                    "tlt_over_hf_cpu": min(hf.cpu_seconds) / min(ours.cpu_seconds),
+                }
+            )
     return {
         "config": {**asdict(cfg), "params": params, "torch": torch.__version__, "threads": torch.get_num_threads()},
         "rows": [r.as_dict() for r in rows],

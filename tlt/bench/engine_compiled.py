@@ -72,17 +72,30 @@ class CompiledBenchConfig:
 
     @classmethod
     def quick(cls, repeats: int = 1) -> CompiledBenchConfig:
-        return cls(shapes=(Shape("tiny-2x32", 2, hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64),),
-                   batches=(1, 2), widths=(1, 3), context=16, hf_tokens=(2, 6), repeats=repeats, sd_new_tokens=8,
-                   compile_probe=False)
+        return cls(
+            shapes=(Shape("tiny-2x32", 2, hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64),),
+            batches=(1, 2),
+            widths=(1, 3),
+            context=16,
+            hf_tokens=(2, 6),
+            repeats=repeats,
+            sd_new_tokens=8,
+            compile_probe=False,
+        )
 
 
 def build_policy(shape: Shape, context: int, seed: int = 0) -> PreTrainedModel:
     config = Qwen2Config(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-        intermediate_size=shape.intermediate_size, max_position_embeddings=max(1024, 2 * context),
-        tie_word_embeddings=True, pad_token_id=0, eos_token_id=None,
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=max(1024, 2 * context),
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=None,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).eval()
@@ -126,7 +139,7 @@ def _interleaved(fns: dict, repeats: int, calls: dict | None = None) -> dict:
         for key, fn in fns.items():
             n = (calls or {}).get(key, 1)
             fn()
-            seconds[key].append(_timed(lambda: [fn() for _ in range(n)]) / n)
+            seconds[key].append(_timed(lambda fn=fn, n=n: [fn() for _ in range(n)]) / n)
     return seconds
 
 
@@ -161,8 +174,10 @@ def bench_shape(shape: Shape, cfg: CompiledBenchConfig, bandwidth: float, on_row
     model = build_policy(shape, cfg.context)
     rows = max(cfg.batches)
     span = cfg.context + max(cfg.widths) + 1
-    runners = {mode: ModelRunner(model, max_batch_size=rows, max_context=span, capacity=span,
-                                 compile=mode == "compiled") for mode in ("eager", "compiled")}
+    runners = {
+        mode: ModelRunner(model, max_batch_size=rows, max_context=span, capacity=span, compile=mode == "compiled")
+        for mode in ("eager", "compiled")
+    }
     fns: dict = {}
     drafter_states = []
     for mode, runner in runners.items():
@@ -187,28 +202,37 @@ def bench_shape(shape: Shape, cfg: CompiledBenchConfig, bandwidth: float, on_row
     recompiles = compiled.compiles + sum(s.compiles for s in drafter_states) - warm_compiles
     guarded = compiled.guarded_calls - warm_guarded  # timed target calls that ran dynamo's full guard check
     lo, hi = cfg.hf_tokens
-    hf_step = {b: [(t2 - t1) / (hi - lo) for t1, t2 in zip(seconds[("hf", b, lo)], seconds[("hf", b, hi)])]
-               for b in cfg.batches}
+    hf_step = {
+        b: [(t2 - t1) / (hi - lo) for t1, t2 in zip(seconds[("hf", b, lo)], seconds[("hf", b, hi)])]
+        for b in cfg.batches
+    }
     med = statistics.median
     per_batch = []
     for b in cfg.batches:
         eager, comp = seconds[("eager", b, 1)], seconds[("compiled", b, 1)]
         bound = step_bytes(model, b, cfg.context) / bandwidth
-        per_batch.append({
-            "batch": b,
-            "eager_ms": med(eager) * 1e3, "compiled_ms": med(comp) * 1e3, "hf_ms": med(hf_step[b]) * 1e3,
-            "bound_ms": bound * 1e3,
-            "compiled_vs_eager": med(eager) / med(comp),
-            "compiled_vs_eager_range": _range([e / c for e, c in zip(eager, comp)]),
-            "compiled_vs_hf": med(hf_step[b]) / med(comp),
-            "compiled_vs_hf_range": _range([h / c for h, c in zip(hf_step[b], comp)]),
-            "bound_ratio": med(comp) / bound,
-            "drafter_over_target": med(seconds[("drafter", b, 1)]) / med(comp),
-            "verify_ratio": {mode: {w: med(seconds[(mode, b, w)]) / med(seconds[(mode, b, 1)]) for w in cfg.widths}
-                             for mode in ("eager", "compiled")},
-            "verify_compiled_vs_eager": {w: med(seconds[("eager", b, w)]) / med(seconds[("compiled", b, w)])
-                                         for w in cfg.widths},
-        })
+        per_batch.append(
+            {
+                "batch": b,
+                "eager_ms": med(eager) * 1e3,
+                "compiled_ms": med(comp) * 1e3,
+                "hf_ms": med(hf_step[b]) * 1e3,
+                "bound_ms": bound * 1e3,
+                "compiled_vs_eager": med(eager) / med(comp),
+                "compiled_vs_eager_range": _range([e / c for e, c in zip(eager, comp)]),
+                "compiled_vs_hf": med(hf_step[b]) / med(comp),
+                "compiled_vs_hf_range": _range([h / c for h, c in zip(hf_step[b], comp)]),
+                "bound_ratio": med(comp) / bound,
+                "drafter_over_target": med(seconds[("drafter", b, 1)]) / med(comp),
+                "verify_ratio": {
+                    mode: {w: med(seconds[(mode, b, w)]) / med(seconds[(mode, b, 1)]) for w in cfg.widths}
+                    for mode in ("eager", "compiled")
+                },
+                "verify_compiled_vs_eager": {
+                    w: med(seconds[("eager", b, w)]) / med(seconds[("compiled", b, w)]) for w in cfg.widths
+                },
+            }
+        )
     return {
         "shape": asdict(shape),
         "params": sum(p.numel() for p in model.parameters()),
@@ -256,9 +280,14 @@ def host_overhead(model: PreTrainedModel, cfg: CompiledBenchConfig) -> dict:
     steps = max(len(step_seconds), 1)
     target_forward = 2 * sum(target) / max(len(target), 1)  # one forward + one LM head per step
     host = max(sum(step_seconds) - sum(target) - sum(calls["drafter"]), 0.0) / steps
-    return {"steps": len(step_seconds), "step_ms": sum(step_seconds) / steps * 1e3,
-            "target_forward_ms": target_forward * 1e3, "drafter_ms_per_step": sum(calls["drafter"]) / steps * 1e3,
-            "host_ms_per_step": host * 1e3, "host_overhead_fraction": host / target_forward}
+    return {
+        "steps": len(step_seconds),
+        "step_ms": sum(step_seconds) / steps * 1e3,
+        "target_forward_ms": target_forward * 1e3,
+        "drafter_ms_per_step": sum(calls["drafter"]) / steps * 1e3,
+        "host_ms_per_step": host * 1e3,
+        "host_overhead_fraction": host / target_forward,
+    }
 
 
 def _time_calls(obj: object, name: str, record: list[float]) -> None:
@@ -281,11 +310,19 @@ def _recording(inner: Callable, record: list[float]) -> Callable:
 
 def compile_probe_seconds(shape: Shape, cfg: CompiledBenchConfig, cache_dir: str) -> dict:
     """Compile the whole shape set of `shape` in a new process with inductor's cache at cache_dir."""
-    payload = json.dumps({"shape": asdict(shape), "batches": list(cfg.batches), "widths": list(cfg.widths),
-                          "context": cfg.context, "threads": cfg.threads})
+    payload = json.dumps(
+        {
+            "shape": asdict(shape),
+            "batches": list(cfg.batches),
+            "widths": list(cfg.widths),
+            "context": cfg.context,
+            "threads": cfg.threads,
+        }
+    )
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
-    out = subprocess.run([sys.executable, "-m", "tlt.bench.compile_probe", payload], capture_output=True, text=True,
-                         env=env, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "tlt.bench.compile_probe", payload], capture_output=True, text=True, env=env, check=False
+    )
     if out.returncode != 0:
         raise RuntimeError(f"compile probe failed ({out.returncode}): {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -307,9 +344,15 @@ def run_compiled_bench(cfg: CompiledBenchConfig, on_row: Callable[[str], None] |
         shapes.append(entry)
     head = shapes[-1]
     return {
-        "compiled": {"config": {**asdict(replace(cfg, shapes=())), "read_bandwidth_gb_s": bandwidth / 1e9,
-                                "torch": torch.__version__},
-                     "shapes": shapes, "headline_shape": head["shape"]["name"]},
+        "compiled": {
+            "config": {
+                **asdict(replace(cfg, shapes=())),
+                "read_bandwidth_gb_s": bandwidth / 1e9,
+                "torch": torch.__version__,
+            },
+            "shapes": shapes,
+            "headline_shape": head["shape"]["name"],
+        },
         "compiled_vs_eager": {r["batch"]: r["compiled_vs_eager"] for r in head["per_batch"]},
         "compiled_vs_hf": {r["batch"]: r["compiled_vs_hf"] for r in head["per_batch"]},
         "bound_ratio": {r["batch"]: r["bound_ratio"] for r in head["per_batch"]},

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.bench.cost_timing import measure_costs
-from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
-from tlt.bench.engine import DTYPES
 from tlt.bench.bench_block_drafter import trained_block_drafter
+from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
+from tlt.bench.cost_timing import measure_costs
+from tlt.bench.engine import DTYPES
 from tlt.bench.sd_summary import block_vs_best_chain, history_summary
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
@@ -87,24 +87,48 @@ class SdBenchConfig:
     seed: int = 0
 
     def drafter_budget(self) -> DrafterBudget:
-        return DrafterBudget(self.max_new_tokens, self.drafter_prompts, self.drafter_steps, self.drafter_batch,
-                             self.drafter_lr, self.seed)
+        return DrafterBudget(
+            self.max_new_tokens,
+            self.drafter_prompts,
+            self.drafter_steps,
+            self.drafter_batch,
+            self.drafter_lr,
+            self.seed,
+        )
+
     threads: int = 2
 
     @classmethod
     def quick(cls, repeats: int = 1) -> SdBenchConfig:
-        return cls(warmstart="reduced", batches=(1, 4), min_prompts=2, max_new_tokens=16, drafter_prompts=16,
-                   drafter_steps=5, drafter_batch=16, cost_widths=(2, 4), cost_context=32, repeats=repeats,
-                   group_size=2, block_depths=(2, 4))
+        return cls(
+            warmstart="reduced",
+            batches=(1, 4),
+            min_prompts=2,
+            max_new_tokens=16,
+            drafter_prompts=16,
+            drafter_steps=5,
+            drafter_batch=16,
+            cost_widths=(2, 4),
+            cost_context=32,
+            repeats=repeats,
+            group_size=2,
+            block_depths=(2, 4),
+        )
 
     def variants(self) -> list[str]:
         topk, depth, budget = self.tree
         # chain-<k>-argmax: the deepest chain drafting the drafter's argmax instead of its coupled guess
         # (the two differ only at T > 0)
-        return ["plain", *(f"chain-{d}" for d in self.chain_depths), f"chain-{max(self.chain_depths)}-argmax",
-                f"tree-k{topk}-d{depth}-b{budget}",
-                f"ngram-{self.ngram[0]}", f"history-{self.history[0]}", f"mixed-{self.history[0]}",
-                *(f"block-{d}" for d in self.block_depths)]
+        return [
+            "plain",
+            *(f"chain-{d}" for d in self.chain_depths),
+            f"chain-{max(self.chain_depths)}-argmax",
+            f"tree-k{topk}-d{depth}-b{budget}",
+            f"ngram-{self.ngram[0]}",
+            f"history-{self.history[0]}",
+            f"mixed-{self.history[0]}",
+            *(f"block-{d}" for d in self.block_depths),
+        ]
 
 
 def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokenizerBase]:
@@ -115,28 +139,46 @@ def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokeni
     return folder, model.eval(), tokenizer
 
 
-def sd_engine(variant: str, cfg: SdBenchConfig, policy: PreTrainedModel, drafter: EagleDrafter, batch: int,
-              context: int, block: BlockDrafter | None = None) -> Engine:
+def sd_engine(
+    variant: str,
+    cfg: SdBenchConfig,
+    policy: PreTrainedModel,
+    drafter: EagleDrafter,
+    batch: int,
+    context: int,
+    block: BlockDrafter | None = None,
+) -> Engine:
     """An engine for one SD variant name from cfg.variants() (`block`: the block variants' drafter)."""
-    engine = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain",
-                    compile=cfg.compile)
+    engine = Engine(
+        policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain", compile=cfg.compile
+    )
     embed = policy.get_input_embeddings()
     if variant.startswith("chain-"):
         depth, _, guess = variant[6:].partition("-")
-        stepper_drafter = EagleChainDrafter(drafter, embed, int(depth), batch, context, compile=cfg.compile,
-                                            guess=guess or "coupled")
+        stepper_drafter = EagleChainDrafter(
+            drafter, embed, int(depth), batch, context, compile=cfg.compile, guess=guess or "coupled"
+        )
     elif variant.startswith("tree-"):
         topk, depth, budget = cfg.tree
-        stepper_drafter = EagleTreeDrafter(drafter, embed, topk=topk, depth=depth, budget=budget,
-                                           max_batch_size=batch, max_context=context, compile=cfg.compile)
+        stepper_drafter = EagleTreeDrafter(
+            drafter,
+            embed,
+            topk=topk,
+            depth=depth,
+            budget=budget,
+            max_batch_size=batch,
+            max_context=context,
+            compile=cfg.compile,
+        )
     elif variant.startswith("ngram-"):
         stepper_drafter = NgramDrafter(*cfg.ngram)
     elif variant.startswith("history-"):
         stepper_drafter = HistoryDrafter(_history_store(cfg, []), cfg.history[0])
     elif variant.startswith("mixed-"):
         k = cfg.history[0]
-        stepper_drafter = MixedDrafter(_history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context,
-                                                                                  compile=cfg.compile), k)
+        stepper_drafter = MixedDrafter(
+            _history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context, compile=cfg.compile), k
+        )
     elif variant.startswith("block-") and block is not None:
         stepper_drafter = BlockChainDrafter(block, int(variant[6:]), compile=cfg.compile)
     elif variant == "plain":
@@ -162,10 +204,19 @@ class SdRow:
 
     def as_dict(self) -> dict:
         median = statistics.median(self.seconds)
-        return {"variant": self.variant, "batch": self.batch, "temperature": self.temperature,
-                "prompts": self.prompts, "tokens": self.tokens, "accept_length": self.accept_length,
-                "mean_running": self.mean_running, "sources": self.sources, "seconds": self.seconds, "tokens_per_s": self.tokens / median,
-                "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)]}
+        return {
+            "variant": self.variant,
+            "batch": self.batch,
+            "temperature": self.temperature,
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "accept_length": self.accept_length,
+            "mean_running": self.mean_running,
+            "sources": self.sources,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens / median,
+            "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)],
+        }
 
 
 def _history_store(cfg: SdBenchConfig, earlier: list[Sequence]) -> HistoryStore:
@@ -178,8 +229,9 @@ def _history_store(cfg: SdBenchConfig, earlier: list[Sequence]) -> HistoryStore:
 
 def _earlier_step(policy: PreTrainedModel, requests: list[Request], batch: int, context: int) -> list[Sequence]:
     """The same requests sampled with other seeds, as finished sequences (an earlier step's responses)."""
-    other = [Request(r.request_id, r.prompt_ids, replace(r.params, seed=(r.params.seed or 0) + 1_000_003))
-             for r in requests]
+    other = [
+        Request(r.request_id, r.prompt_ids, replace(r.params, seed=(r.params.seed or 0) + 1_000_003)) for r in requests
+    ]
     out = Engine(policy, max_batch_size=batch, max_context=context, return_hidden=False).generate(other)
     seqs = []
     for request, c in zip(other, out):
@@ -189,8 +241,9 @@ def _earlier_step(policy: PreTrainedModel, requests: list[Request], batch: int, 
     return seqs
 
 
-def _sd_runner(row: SdRow, engine: Engine, requests: list[Request], cfg: SdBenchConfig,
-               earlier: list[Sequence]) -> Callable[[], float]:
+def _sd_runner(
+    row: SdRow, engine: Engine, requests: list[Request], cfg: SdBenchConfig, earlier: list[Sequence]
+) -> Callable[[], float]:
     def go() -> float:
         running: list[int] = []
         if isinstance(engine.stepper, SpeculativeStepper):
@@ -227,8 +280,13 @@ def _drafter_step_costs(cfg: SdBenchConfig, drafter: EagleDrafter, policy: PreTr
         feats = torch.zeros(b, 1, policy.config.hidden_size, dtype=policy.dtype)
         mask = causal_mask(L, 1, ctx + 1)
 
-        def go(b: int = b, L: torch.Tensor = L, tokens: torch.Tensor = tokens, feats: torch.Tensor = feats,
-               mask: torch.Tensor = mask) -> None:
+        def go(
+            b: int = b,
+            L: torch.Tensor = L,
+            tokens: torch.Tensor = tokens,
+            feats: torch.Tensor = feats,
+            mask: torch.Tensor = mask,
+        ) -> None:
             state.cache.start(b)
             state.drafter.logits(state.forward(tokens, feats, L[:, None], L[:, None], mask))
 
@@ -258,12 +316,12 @@ def _fastest(fns: dict[int, Callable[[], object]], repeats: int) -> list[dict]:
                 t0 = time.perf_counter()
                 go()
                 seconds[b].append(time.perf_counter() - t0)
-    return [{"batch": b, "seconds": min(s[1:]), "seconds_median": statistics.median(s[1:])}
-            for b, s in seconds.items()]
+    return [{"batch": b, "seconds": min(s[1:]), "seconds_median": statistics.median(s[1:])} for b, s in seconds.items()]
 
 
-def _workload_policy(cfg: SdBenchConfig) -> tuple[SdBenchConfig, Path, PreTrainedModel, PreTrainedTokenizerBase,
-                                                    EagleDrafter, dict]:
+def _workload_policy(
+    cfg: SdBenchConfig,
+) -> tuple[SdBenchConfig, Path, PreTrainedModel, PreTrainedTokenizerBase, EagleDrafter, dict]:
     """(cfg with the workload's temperature and compile setting, folder, policy, tokenizer, drafter, its info)
     of `cfg.workload`."""
     from tlt.bench.run import load_workload, warm_drafter
@@ -278,9 +336,13 @@ def _workload_policy(cfg: SdBenchConfig) -> tuple[SdBenchConfig, Path, PreTraine
     spec = workload.spec
     algorithm = spec.get("algorithm", {})
     compiled = resolve_compile(spec.get("rollout", {}).get("compile", "auto"), policy)
-    cfg = replace(cfg, temperatures=(float(algorithm.get("temperature", 1.0)),), compile=compiled,
-                  max_new_tokens=int(algorithm.get("maxNewTokens", cfg.max_new_tokens)),
-                  group_size=int(algorithm.get("groupSize", cfg.group_size)))
+    cfg = replace(
+        cfg,
+        temperatures=(float(algorithm.get("temperature", 1.0)),),
+        compile=compiled,
+        max_new_tokens=int(algorithm.get("maxNewTokens", cfg.max_new_tokens)),
+        group_size=int(algorithm.get("groupSize", cfg.group_size)),
+    )
     return cfg, folder, policy.eval(), tokenizer, load_drafter(path, policy), {**info, "workload": workload.name}
 
 
@@ -292,8 +354,9 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     else:
         folder, policy, tokenizer = _policy(cfg)
         drafter, drafter_info = trained_drafter(cfg.drafter_budget(), folder, policy, tokenizer)
-    block, block_info = trained_block_drafter(cfg.drafter_budget(), max(cfg.block_depths), cfg.block_layers, folder,
-                                              policy, tokenizer)
+    block, block_info = trained_block_drafter(
+        cfg.drafter_budget(), max(cfg.block_depths), cfg.block_layers, folder, policy, tokenizer
+    )
     policy = policy.to(DTYPES[cfg.dtype])
     drafter, block = (copy.deepcopy(d).to(DTYPES[cfg.dtype]) for d in (drafter, block))
     drafter.bind_policy(policy)
@@ -305,8 +368,13 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         for temperature in cfg.temperatures:
             group = cfg.group_size if temperature > 0 else 1
             problems = generate(-(-n // group), cfg.seed + 1, task)
-            requests = make_requests(tokenizer, [p for p in problems for _ in range(group)],
-                                     max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=cfg.seed)
+            requests = make_requests(
+                tokenizer,
+                [p for p in problems for _ in range(group)],
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=temperature,
+                seed=cfg.seed,
+            )
             context = sample_context(policy, requests)
             earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
@@ -325,25 +393,53 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     for row, _ in variants:
         base = plain[row.batch, row.temperature]
         per_round = [(row.tokens / s) / (base.tokens / sb) for s, sb in zip(row.seconds, base.seconds)]
-        ratios.append({"variant": row.variant, "batch": row.batch, "temperature": row.temperature,
-                       "over_plain": row.as_dict()["tokens_per_s"] / base.as_dict()["tokens_per_s"],
-                       "over_plain_range": [min(per_round), max(per_round)],
-                       "outputs_equal_plain": row.outputs == base.outputs})
-    verify = measure_costs(policy, batches=list(cfg.batches), widths=list(cfg.cost_widths),
-                           context=cfg.cost_context, repeats=max(cfg.repeats, 3), clock="wall")
+        ratios.append(
+            {
+                "variant": row.variant,
+                "batch": row.batch,
+                "temperature": row.temperature,
+                "over_plain": row.as_dict()["tokens_per_s"] / base.as_dict()["tokens_per_s"],
+                "over_plain_range": [min(per_round), max(per_round)],
+                "outputs_equal_plain": row.outputs == base.outputs,
+            }
+        )
+    verify = measure_costs(
+        policy,
+        batches=list(cfg.batches),
+        widths=list(cfg.cost_widths),
+        context=cfg.cost_context,
+        repeats=max(cfg.repeats, 3),
+        clock="wall",
+    )
     sd = {
-        "config": {**asdict(cfg), "variants": cfg.variants(), "torch": torch.__version__,
-                   "threads": torch.get_num_threads()},
-        "policy": {"folder": str(folder), "params": sum(p.numel() for p in policy.parameters()),
-                   "warmstart_metrics": load_metadata(folder)["metrics"]},
+        "config": {
+            **asdict(cfg),
+            "variants": cfg.variants(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "policy": {
+            "folder": str(folder),
+            "params": sum(p.numel() for p in policy.parameters()),
+            "warmstart_metrics": load_metadata(folder)["metrics"],
+        },
         "drafter": drafter_info,
         "block_drafter": block_info,
         "rows": [r.as_dict() for r, _ in variants],
         "ratios": ratios,
     }
-    costs = {"clock": "wall", "context": cfg.cost_context, "estimate": "fastest repeat",
-                  "verify": [p.__dict__ for p in verify], "drafter_step": _drafter_step_costs(cfg, drafter, policy),
-             "block_step": _block_step_costs(cfg, block, policy)}
+    costs = {
+        "clock": "wall",
+        "context": cfg.cost_context,
+        "estimate": "fastest repeat",
+        "verify": [p.__dict__ for p in verify],
+        "drafter_step": _drafter_step_costs(cfg, drafter, policy),
+        "block_step": _block_step_costs(cfg, block, policy),
+    }
     temperature = max(cfg.temperatures)  # GRPO samples
-    return {"sd": sd, "costs": costs, "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
-            **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0])}
+    return {
+        "sd": sd,
+        "costs": costs,
+        "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
+        **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0]),
+    }

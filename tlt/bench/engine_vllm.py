@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
+from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
-from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.bench.bench_drafter import countdown_task
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.export import export_eagle
@@ -120,14 +120,20 @@ def first_mismatches(reference: list[list[int]], outputs: list[list[int]]) -> li
 def mismatch_report(reference: list[list[list[int]]], outputs: list[list[list[int]]]) -> tuple[int, dict | None]:
     """(requests that differ over all rounds, the first of them: round, request, position and both tokens
     there, None past an end); reference, outputs: [rounds][N] token id lists."""
-    bad = [(r, *m) for r, (ref, got) in enumerate(zip(reference, outputs, strict=True))
-           for m in first_mismatches(ref, got)]
+    bad = [
+        (r, *m) for r, (ref, got) in enumerate(zip(reference, outputs, strict=True)) for m in first_mismatches(ref, got)
+    ]
     if not bad:
         return 0, None
     r, i, p = bad[0]
     ref, got = reference[r][i], outputs[r][i]
-    return len(bad), {"round": r, "request": i, "position": p, "reference_token": ref[p] if p < len(ref) else None,
-                      "token": got[p] if p < len(got) else None}
+    return len(bad), {
+        "round": r,
+        "request": i,
+        "position": p,
+        "reference_token": ref[p] if p < len(ref) else None,
+        "token": got[p] if p < len(got) else None,
+    }
 
 
 @dataclass
@@ -164,13 +170,22 @@ class Row:
     def as_dict(self, reference: Row) -> dict[str, Any]:
         rates = self.rates()
         mismatched, first = mismatch_report(reference.outputs, self.outputs)
-        out = {"variant": self.variant, "batch": self.batch, "groups": self.groups, "tokens": self.tokens,
-               "seconds": self.seconds, "seconds_median": statistics.median(self.seconds),
-               "seconds_min": min(self.seconds), "seconds_max": max(self.seconds),
-               "tokens_per_s": statistics.median(rates), "tokens_per_s_range": [min(rates), max(rates)],
-               "accept_length": 1 + self.accepted / self.sd_rows if self.sd_rows else None,
-               "compared_requests": sum(map(len, self.outputs)), "mismatched_requests": mismatched,
-               "first_mismatch": first}
+        out = {
+            "variant": self.variant,
+            "batch": self.batch,
+            "groups": self.groups,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "seconds_median": statistics.median(self.seconds),
+            "seconds_min": min(self.seconds),
+            "seconds_max": max(self.seconds),
+            "tokens_per_s": statistics.median(rates),
+            "tokens_per_s_range": [min(rates), max(rates)],
+            "accept_length": 1 + self.accepted / self.sd_rows if self.sd_rows else None,
+            "compared_requests": sum(map(len, self.outputs)),
+            "mismatched_requests": mismatched,
+            "first_mismatch": first,
+        }
         if self.arms:
             out["arms_chosen"] = dict(sorted(self.arms.items()))
         return out
@@ -206,8 +221,16 @@ def _adaptive_runner(spec: Any, engines: dict[int, Engine], drafter: Any) -> Run
 
     def go(batch: int, group: list[Request]) -> Call:
         engine, history, waves = engines[batch], histories[batch], []
-        stepper = rollout_stepper(spec.speculative, engine.runner, drafter, rows=batch, context=engine.max_context,
-                                  bandit=bandits[batch], seed=spec.algorithm.seed, history=history)
+        stepper = rollout_stepper(
+            spec.speculative,
+            engine.runner,
+            drafter,
+            rows=batch,
+            context=engine.max_context,
+            bandit=bandits[batch],
+            seed=spec.algorithm.seed,
+            history=history,
+        )
         engine.stepper = stepper
         engine.wave_observers = [lambda sequences: waves.append(list(sequences))] if history is not None else []
         started = time.perf_counter()
@@ -224,15 +247,18 @@ def _adaptive_runner(spec: Any, engines: dict[int, Engine], drafter: Any) -> Run
     return go
 
 
-def _tlt_engines(policy: Any, batches: tuple[int, ...], context: int, compiled: bool, drafter: Any,
-                 depths: list[int]) -> tuple[dict[str, dict[int, Engine]], dict[str, float]]:
+def _tlt_engines(
+    policy: Any, batches: tuple[int, ...], context: int, compiled: bool, drafter: Any, depths: list[int]
+) -> tuple[dict[str, dict[int, Engine]], dict[str, float]]:
     """{"tlt-plain" / "tlt-adaptive": {batch: engine}}, warmed up (compiled graphs built); their start seconds."""
     engines: dict[str, dict[int, Engine]] = {}
     seconds: dict[str, float] = {}
     for name, adaptive in (("tlt-plain", False), ("tlt-adaptive", True)):
         started = time.perf_counter()
-        engines[name] = {b: Engine(policy, max_batch_size=b, max_context=context, return_hidden=adaptive,
-                                   compile=compiled) for b in batches}
+        engines[name] = {
+            b: Engine(policy, max_batch_size=b, max_context=context, return_hidden=adaptive, compile=compiled)
+            for b in batches
+        }
         for engine in engines[name].values():
             warm_up(engine, drafter if adaptive else None, chain_depths=depths if adaptive else ())
         seconds[name] = time.perf_counter() - started
@@ -248,13 +274,22 @@ def _kv_cache_bytes(config: Any, rows: int, context: int, dtype: torch.dtype) ->
 
 def _threads_record(threads: int, preload: str | None) -> dict[str, Any]:
     """What set the threads: torch's before and after vLLM started, the vLLM and OpenMP variables."""
-    keys = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
-            "OMP_NUM_THREADS")
+    keys = (
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU",
+        "OMP_NUM_THREADS",
+    )
     in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-    return {"torch_threads": threads, "torch_threads_after_vllm_start": torch.get_num_threads(),
-            "vllm_runs": "in this process, on the same torch threads" if in_process else
-            "in its own processes, threads bound by VLLM_CPU_OMP_THREADS_BIND",
-            "env": {k: os.environ.get(k) for k in keys}, "LD_PRELOAD_at_start": preload}
+    return {
+        "torch_threads": threads,
+        "torch_threads_after_vllm_start": torch.get_num_threads(),
+        "vllm_runs": "in this process, on the same torch threads"
+        if in_process
+        else "in its own processes, threads bound by VLLM_CPU_OMP_THREADS_BIND",
+        "env": {k: os.environ.get(k) for k in keys},
+        "LD_PRELOAD_at_start": preload,
+    }
 
 
 def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -279,8 +314,10 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         raise ValueError(f"{cfg.workload}: the vllm part needs the workload's drafterWarmstart (it has none)")
     spec = variant_run(workload, "tlt", 0, drafter_path).spec
     if spec.dataset.source != "builtin":
-        raise ValueError(f"{cfg.workload}: the vllm part draws held-out prompts from the builtin task; "
-                         f"dataset.source is {spec.dataset.source!r}")
+        raise ValueError(
+            f"{cfg.workload}: the vllm part draws held-out prompts from the builtin task; "
+            f"dataset.source is {spec.dataset.source!r}"
+        )
     folder = warm_start(workload.warmstart)
     policy, tokenizer = load_policy(folder, spec.model.dtype)
     drafter = load_drafter(drafter_path, policy).to(policy.dtype).eval()
@@ -289,38 +326,80 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
     compiled = resolve_compile(spec.rollout.compile, policy)
     sizes = {b: requests_per_batch(b, cfg.min_prompts) for b in cfg.batches}
     per_round = max(sizes.values())
-    problems = generate(per_round * (cfg.repeats + 1), spec.dataset.builtin.seed + EVAL_SEED_OFFSET, countdown_task(folder))
-    rounds = [make_requests(tokenizer, problems[r * per_round:(r + 1) * per_round], temperature=0.0,
-                            max_new_tokens=spec.algorithm.max_new_tokens, seed=spec.algorithm.seed)
-              for r in range(cfg.repeats + 1)]
+    problems = generate(
+        per_round * (cfg.repeats + 1), spec.dataset.builtin.seed + EVAL_SEED_OFFSET, countdown_task(folder)
+    )
+    rounds = [
+        make_requests(
+            tokenizer,
+            problems[r * per_round : (r + 1) * per_round],
+            temperature=0.0,
+            max_new_tokens=spec.algorithm.max_new_tokens,
+            seed=spec.algorithm.seed,
+        )
+        for r in range(cfg.repeats + 1)
+    ]
 
     note("starting this engine (plain and adaptive, every batch size)")
-    engines, start_seconds = _tlt_engines(policy, cfg.batches, context, compiled, drafter,
-                                          chain_depths(spec.speculative))
-    runners: dict[str, Runner] = {"tlt-plain": _plain_runner(engines["tlt-plain"]),
-                                  "tlt-adaptive": _adaptive_runner(spec, engines["tlt-adaptive"], drafter)}
+    engines, start_seconds = _tlt_engines(
+        policy, cfg.batches, context, compiled, drafter, chain_depths(spec.speculative)
+    )
+    runners: dict[str, Runner] = {
+        "tlt-plain": _plain_runner(engines["tlt-plain"]),
+        "tlt-adaptive": _adaptive_runner(spec, engines["tlt-adaptive"], drafter),
+    }
     kv_bytes = cfg.kv_cache_bytes or _kv_cache_bytes(policy.config, max(cfg.batches), context, policy.dtype)
-    common = dict(dtype=spec.model.dtype, max_context=context, max_batch_size=max(cfg.batches),
-                  seed=spec.algorithm.seed, memory_fraction=cfg.memory_fraction, kv_cache_bytes=kv_bytes)
+    common = dict(
+        dtype=spec.model.dtype,
+        max_context=context,
+        max_batch_size=max(cfg.batches),
+        seed=spec.algorithm.seed,
+        memory_fraction=cfg.memory_fraction,
+        kv_cache_bytes=kv_bytes,
+    )
     with tempfile.TemporaryDirectory(prefix="tlt-bench-vllm-") as tmp:
         eagle = {"eagle": EagleSetup(str(export_eagle(drafter_path, folder, Path(tmp) / "eagle").path), depth)}
         compiled_error = _start_vllm(cfg, folder, common, eagle, runners, start_seconds, note)
         threads = _threads_record(threads_set, preload)
         rows = _run_rounds(runners, rounds, sizes, cfg.batches, note)
     load["after"] = _load_average()
-    info = {"config": asdict(cfg), "workload": {"path": str(workload.path), "sha256": workload.sha256,
-                                                "name": workload.name, "quick": workload.quick},
-            "policy": {"folder": str(folder), "params": sum(p.numel() for p in policy.parameters()),
-                       "dtype": spec.model.dtype, "context": context, "max_new_tokens": spec.algorithm.max_new_tokens},
-            "drafter": {**(drafter_info or {}), "path": str(drafter_path), "vllm_draft_tokens": depth},
-            "tlt_compile": compiled, "vllm_compiled_error": compiled_error, "threads": threads,
-            "kv_cache_bytes": kv_bytes, "start_seconds": start_seconds, "requests_per_round": sizes, "goal": GOAL,
-            "versions": {"torch": torch.__version__, "vllm": vllm.__version__}}
+    info = {
+        "config": asdict(cfg),
+        "workload": {
+            "path": str(workload.path),
+            "sha256": workload.sha256,
+            "name": workload.name,
+            "quick": workload.quick,
+        },
+        "policy": {
+            "folder": str(folder),
+            "params": sum(p.numel() for p in policy.parameters()),
+            "dtype": spec.model.dtype,
+            "context": context,
+            "max_new_tokens": spec.algorithm.max_new_tokens,
+        },
+        "drafter": {**(drafter_info or {}), "path": str(drafter_path), "vllm_draft_tokens": depth},
+        "tlt_compile": compiled,
+        "vllm_compiled_error": compiled_error,
+        "threads": threads,
+        "kv_cache_bytes": kv_bytes,
+        "start_seconds": start_seconds,
+        "requests_per_round": sizes,
+        "goal": GOAL,
+        "versions": {"torch": torch.__version__, "vllm": vllm.__version__},
+    }
     return summarize(info, rows, cfg.batches, load)
 
 
-def _start_vllm(cfg: VllmBenchConfig, folder: Path, common: dict[str, Any], eagle: dict[str, Any],
-                runners: dict[str, Runner], start_seconds: dict[str, float], note: Callable[[str], None]) -> str | None:
+def _start_vllm(
+    cfg: VllmBenchConfig,
+    folder: Path,
+    common: dict[str, Any],
+    eagle: dict[str, Any],
+    runners: dict[str, Runner],
+    start_seconds: dict[str, float],
+    note: Callable[[str], None],
+) -> str | None:
     """Start the vLLM variants into `runners` (their start seconds into `start_seconds`); returns why the
     compiled mode did not start, or None. Only the compiled mode may fail without failing the run."""
     from tlt.rollout.vllm.engine import VllmEngine
@@ -343,15 +422,20 @@ def _start_vllm(cfg: VllmBenchConfig, folder: Path, common: dict[str, Any], eagl
     return compiled_error
 
 
-def _run_rounds(runners: dict[str, Runner], rounds: list[list[Request]], sizes: dict[int, int],
-                batches: tuple[int, ...], note: Callable[[str], None]) -> dict[tuple[str, int], Row]:
+def _run_rounds(
+    runners: dict[str, Runner],
+    rounds: list[list[Request]],
+    sizes: dict[int, int],
+    batches: tuple[int, ...],
+    note: Callable[[str], None],
+) -> dict[tuple[str, int], Row]:
     """Round 0 untimed, then the timed ones; each round every batch size, every variant (order rotated)."""
     from tlt.bench.run import repeat_order
 
     rows = {(v, b): Row(v, b, sizes[b] // b) for b in batches for v in VARIANTS if v in runners}
     for r, requests in enumerate(rounds):
         for b in batches:
-            groups = [requests[i:i + b] for i in range(0, sizes[b], b)]
+            groups = [requests[i : i + b] for i in range(0, sizes[b], b)]
             for name in repeat_order([v for v in VARIANTS if v in runners], r):
                 note(f"round {r}/{len(rounds) - 1}{' (warm-up)' if r == 0 else ''}: {name} at batch {b}")
                 calls = [runners[name](b, group) for group in groups]
@@ -366,11 +450,18 @@ def _run_rounds(runners: dict[str, Runner], rounds: list[list[Request]], sizes: 
     return rows
 
 
-def summarize(info: dict[str, Any], rows: dict[tuple[str, int], Row], batches: tuple[int, ...],
-              load: dict[str, list[float]]) -> dict[str, Any]:
+def summarize(
+    info: dict[str, Any], rows: dict[tuple[str, int], Row], batches: tuple[int, ...], load: dict[str, list[float]]
+) -> dict[str, Any]:
     """The result: rows as dicts, and per batch the paired ratios against the faster vLLM-plain variant."""
-    out: dict[str, Any] = {"tlt_vs_vllm_plain": {}, "tlt_vs_vllm_plain_range": {}, "vllm_eagle_vs_plain": {},
-                           "vllm_eagle_vs_plain_range": {}, "vllm_plain_reference": {}, "goal_met": {}}
+    out: dict[str, Any] = {
+        "tlt_vs_vllm_plain": {},
+        "tlt_vs_vllm_plain_range": {},
+        "vllm_eagle_vs_plain": {},
+        "vllm_eagle_vs_plain_range": {},
+        "vllm_plain_reference": {},
+        "goal_met": {},
+    }
     for b in batches:
         reference = rows[faster({v: rows[v, b].rates() for v in VLLM_PLAIN if (v, b) in rows}), b]
         out["vllm_plain_reference"][str(b)] = reference.variant

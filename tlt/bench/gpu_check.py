@@ -51,8 +51,10 @@ def cuda_problem(min_free_gib: float) -> str | None:
         return f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)"
     free, total = torch.cuda.mem_get_info()
     if free < min_free_gib * GIB:
-        return (f"{torch.cuda.get_device_name(0)} has {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB; "
-                f"the script needs {min_free_gib:g} GiB (a 7B shape in bfloat16 and its cache)")
+        return (
+            f"{torch.cuda.get_device_name(0)} has {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB; "
+            f"the script needs {min_free_gib:g} GiB (a 7B shape in bfloat16 and its cache)"
+        )
     return None
 
 
@@ -68,11 +70,26 @@ def expected_warm_starts(workload: Path) -> list[dict[str, Any]]:
         w = load_workload(workload, quick=quick)
         key = w.warmstart.cache_key()
         d = w.drafter_warmstart
-        drafter = None if not d else {"policy": key, "prompts": int(d["prompts"]), "steps": int(d["steps"]),
-                                      "batch": int(d["batch"]), "lr": float(d["learningRate"]),
-                                      "max_new_tokens": int(d["maxNewTokens"]), "seed": int(d["seed"])}
-        out.append({"version": "quick" if quick else "full", "folder": cache_root() / "warmstart" / key,
-                    "drafter_settings": drafter})
+        drafter = (
+            None
+            if not d
+            else {
+                "policy": key,
+                "prompts": int(d["prompts"]),
+                "steps": int(d["steps"]),
+                "batch": int(d["batch"]),
+                "lr": float(d["learningRate"]),
+                "max_new_tokens": int(d["maxNewTokens"]),
+                "seed": int(d["seed"]),
+            }
+        )
+        out.append(
+            {
+                "version": "quick" if quick else "full",
+                "folder": cache_root() / "warmstart" / key,
+                "drafter_settings": drafter,
+            }
+        )
     return out
 
 
@@ -89,8 +106,9 @@ def missing_warm_starts(workload: Path) -> list[str]:
         wanted = entry["drafter_settings"]
         found = [json.loads(p.read_text()).get("settings") for p in folder.glob("bench-drafter-*/bench.json")]
         if wanted is not None and wanted not in found:
-            missing.append(f"{entry['version']} warm drafter: no {folder}/bench-drafter-*/bench.json with "
-                           f"settings {wanted}")
+            missing.append(
+                f"{entry['version']} warm drafter: no {folder}/bench-drafter-*/bench.json with settings {wanted}"
+            )
     return missing
 
 
@@ -129,9 +147,12 @@ def machine_description() -> dict[str, Any]:
         "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / GIB, 1) if cuda else None,
         "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
         "driver": driver.strip() if driver else None,
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-        "python": platform.python_version(), "python_executable": sys.executable,
-        "platform": platform.platform(), "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
         "nvidia_smi": _run([smi]) if smi else None,
     }
 
@@ -148,8 +169,11 @@ def wheel_distribution(path: Path) -> str:
 
 def allowed_distributions(device_list: Path, wheels: Path) -> set[str]:
     """The device image's distributions (one a line, `#` comments) and the carried wheels'."""
-    names = {normalize(line.strip()) for line in device_list.read_text().splitlines()
-             if line.strip() and not line.lstrip().startswith("#")}
+    names = {
+        normalize(line.strip())
+        for line in device_list.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    }
     return names | {wheel_distribution(p) for p in wheels.glob("*.whl")}
 
 
@@ -188,8 +212,19 @@ def collect_and_import(collect: list[str], modules: list[str]) -> None:
     if collect:
         import pytest
 
-        rc = pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                          "-W", "ignore::pytest.PytestConfigWarning", *collect])
+        rc = pytest.main(
+            [
+                "--collect-only",
+                "-q",
+                "-m",
+                "gpu",
+                "-p",
+                "no:cacheprovider",
+                "-W",
+                "ignore::pytest.PytestConfigWarning",
+                *collect,
+            ]
+        )
         if rc != 0:
             raise ValueError(f"the gpu tests under {' '.join(collect)} do not collect here (pytest exit {rc})")
     for name in modules:
@@ -227,8 +262,11 @@ def foreign_distributions(importers: dict[str, set[str]], allowed: set[str]) -> 
 
 def tree_bytes(root: Path) -> int:
     """Bytes of the files a device call sends from the checkout at `root`: tracked, and untracked not ignored."""
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout
     return sum((root / p).stat().st_size for p in out.decode().split("\0") if p and (root / p).is_file())
 
 
@@ -274,12 +312,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"imports: {exc}")
             return 1
         foreign = foreign_distributions(importers, allowed_distributions(args.device_list, args.wheels))
-        print("\n".join(f"not on the device: {d} (imported as {', '.join(m)})" for d, m in foreign.items())
-              or "imports: ok")
+        print(
+            "\n".join(f"not on the device: {d} (imported as {', '.join(m)})" for d, m in foreign.items())
+            or "imports: ok"
+        )
         return 1 if foreign else 0
     tree, carry = tree_bytes(args.root), folder_bytes(args.carry)
-    print(json.dumps({"tree_bytes": tree, "carry_bytes": carry, "total_bytes": tree + carry,
-                      "limit_bytes": CALL_LIMIT_BYTES}))
+    print(
+        json.dumps(
+            {"tree_bytes": tree, "carry_bytes": carry, "total_bytes": tree + carry, "limit_bytes": CALL_LIMIT_BYTES}
+        )
+    )
     return 0 if tree + carry <= CALL_LIMIT_BYTES else 1
 
 

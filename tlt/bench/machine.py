@@ -39,16 +39,25 @@ def machine_info() -> dict[str, Any]:
     the vector instruction set torch's CPU kernels use here, the GPU (None without CUDA), torch, Python and the OS."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": usable,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def describe(machine: dict[str, Any] | None) -> str:
     """One line for reports: "CPU model, N usable CPUs, ISA kernels, torch X" (a missing field reads '?')."""
     m = machine or {}
-    return (f"{m.get('cpu_model') or 'unknown CPU'}, {m.get('usable_cpus', '?')} usable CPUs, "
-            f"{m.get('cpu_capability', '?')} kernels, torch {m.get('torch', '?')}")
+    return (
+        f"{m.get('cpu_model') or 'unknown CPU'}, {m.get('usable_cpus', '?')} usable CPUs, "
+        f"{m.get('cpu_capability', '?')} kernels, torch {m.get('torch', '?')}"
+    )
 
 
 def file_sha256(path: Path) -> str:

@@ -54,24 +54,40 @@ class OnlineDrafterBenchConfig:
 
     @classmethod
     def quick(cls) -> OnlineDrafterBenchConfig:
-        return cls(warmstart="reduced", drafter_warmstart={**DRAFTER_WARMSTART, "prompts": 16, "steps": 10,
-                                                             "maxNewTokens": 32},
-                   shapes={"grpo-2x2": (2, 2), "distinct-4x1": (4, 1)}, learning_rates=(1e-3,), steps=2,
-                   updates_per_step=2, report_after=(1, 2), batch_tokens=64, heldout_prompts=4, max_new_tokens=32)
+        return cls(
+            warmstart="reduced",
+            drafter_warmstart={**DRAFTER_WARMSTART, "prompts": 16, "steps": 10, "maxNewTokens": 32},
+            shapes={"grpo-2x2": (2, 2), "distinct-4x1": (4, 1)},
+            learning_rates=(1e-3,),
+            steps=2,
+            updates_per_step=2,
+            report_after=(1, 2),
+            batch_tokens=64,
+            heldout_prompts=4,
+            max_new_tokens=32,
+        )
 
 
-def _rollouts(policy: Any, tokenizer: Any, task: CountdownTask, prompts: int, samples: int, seed: int,
-              max_new_tokens: int) -> list[Completion]:
+def _rollouts(
+    policy: Any, tokenizer: Any, task: CountdownTask, prompts: int, samples: int, seed: int, max_new_tokens: int
+) -> list[Completion]:
     """`prompts` problems x `samples` T=1 responses each, with the policy's hidden states."""
     problems = generate(prompts, seed, task)
     requests = []
     for member in range(samples):
-        for index, request in enumerate(make_requests(tokenizer, problems, max_new_tokens=max_new_tokens,
-                                                      temperature=1.0, seed=seed * 1000 + member)):
+        for index, request in enumerate(
+            make_requests(
+                tokenizer, problems, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed * 1000 + member
+            )
+        ):
             requests.append(replace(request, request_id=f"{seed}-{member}-{index}"))
     longest = max(len(r.prompt_ids) for r in requests) + max_new_tokens + 1
-    engine = Engine(policy, max_batch_size=len(requests), max_context=min(longest, policy.config.max_position_embeddings),
-                    return_hidden=True)
+    engine = Engine(
+        policy,
+        max_batch_size=len(requests),
+        max_context=min(longest, policy.config.max_position_embeddings),
+        return_hidden=True,
+    )
     return engine.generate(requests)
 
 
@@ -81,8 +97,14 @@ def _agreement(drafter: EagleDrafter, hub: DrafterHub, packs: list) -> float:
     return agree / max(total, 1)
 
 
-def train_curve(policy: Any, warm: dict[str, torch.Tensor], steps_data: list[list[Completion]], heldout: list,
-                lr: float, cfg: OnlineDrafterBenchConfig) -> list[dict[str, Any]]:
+def train_curve(
+    policy: Any,
+    warm: dict[str, torch.Tensor],
+    steps_data: list[list[Completion]],
+    heldout: list,
+    lr: float,
+    cfg: OnlineDrafterBenchConfig,
+) -> list[dict[str, Any]]:
     """Held-out agreement of a hub started from `warm` after each step in `cfg.report_after`, training
     `cfg.updates_per_step` updates per step on a buffer fed with that step's completions."""
     hub = DrafterHub(drafter_config_from_target(policy.config), lr, seed=cfg.seed)
@@ -113,8 +135,9 @@ def train_curve(policy: Any, warm: dict[str, torch.Tensor], steps_data: list[lis
     return curve
 
 
-def run_online_drafter_bench(cfg: OnlineDrafterBenchConfig, on_row: Callable[[str], None] = lambda _: None
-                             ) -> dict[str, Any]:
+def run_online_drafter_bench(
+    cfg: OnlineDrafterBenchConfig, on_row: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """Every (step shape, learning rate) curve from one warm drafter; see the module docstring."""
     torch.set_num_threads(cfg.threads)
     warm_cfg = WARMSTARTS[cfg.warmstart]()
@@ -131,15 +154,31 @@ def run_online_drafter_bench(cfg: OnlineDrafterBenchConfig, on_row: Callable[[st
     rows = []
     for shape, (prompts, samples) in cfg.shapes.items():
         on_row(f"rollouts: {shape}")
-        steps_data = [_rollouts(policy, tokenizer, task, prompts, samples, cfg.seed + 1000 * (step + 1) + 17,
-                                cfg.max_new_tokens) for step in range(cfg.steps)]
+        steps_data = [
+            _rollouts(policy, tokenizer, task, prompts, samples, cfg.seed + 1000 * (step + 1) + 17, cfg.max_new_tokens)
+            for step in range(cfg.steps)
+        ]
         for lr in cfg.learning_rates:
             on_row(f"training: {shape}, lr {lr:g}")
             curve = train_curve(policy, warm, steps_data, heldout, lr, cfg)
-            rows.append({"shape": shape, "prompts_per_step": prompts, "samples_per_prompt": samples,
-                         "learning_rate": lr, "curve": curve,
-                         "final_over_warm": curve[-1]["agreement"] / max(curve[0]["agreement"], 1e-9),
-                         "min_over_warm": min(c["agreement"] for c in curve) / max(curve[0]["agreement"], 1e-9)})
-    return {"online_drafter": {"config": asdict(cfg), "policy": str(folder), "drafter": str(drafter_folder),
-                               "drafter_info": drafter_info, "heldout_positions": sum(p.num_trained for p in heldout),
-                               "rows": rows}}
+            rows.append(
+                {
+                    "shape": shape,
+                    "prompts_per_step": prompts,
+                    "samples_per_prompt": samples,
+                    "learning_rate": lr,
+                    "curve": curve,
+                    "final_over_warm": curve[-1]["agreement"] / max(curve[0]["agreement"], 1e-9),
+                    "min_over_warm": min(c["agreement"] for c in curve) / max(curve[0]["agreement"], 1e-9),
+                }
+            )
+    return {
+        "online_drafter": {
+            "config": asdict(cfg),
+            "policy": str(folder),
+            "drafter": str(drafter_folder),
+            "drafter_info": drafter_info,
+            "heldout_positions": sum(p.num_trained for p in heldout),
+            "rows": rows,
+        }
+    }

@@ -1,4 +1,5 @@
-"""`tlt bench run`: the pinned RL workload (`bench/workload.yaml`; the earlier `bench/workload-reduced-v1.yaml` also runs with `--workload`) under each SD variant, side by side.
+"""`tlt bench run`: the pinned RL workload (`bench/workload.yaml`; the earlier `bench/workload-reduced-v1.yaml`
+also runs with `--workload`) under each SD variant, side by side.
 
 Every variant is a real RL run through the project's Ray loop (`RayTrainer`, local cluster), with
 the same policy, engine, dtype, threads, prompts and seeds; only its `speculative` section differs.
@@ -28,24 +29,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
-
 from transformers import PreTrainedModel
 
-from tlt.bench.cost_timing import measure_costs, measure_drafter_costs
 from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
+from tlt.bench.cost_timing import measure_costs, measure_drafter_costs
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
-from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
+from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.drafting import EagleChainDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import rl_step
 from tlt.runtime.devices import gpu_plan
-from tlt.rollout.compiled import resolve_compile
+from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
 
@@ -56,7 +56,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
 WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {
-    "reduced": reduced_config, "default": WarmstartConfig, "deep": deep_config, "deep-v3": deep_v3_config,
+    "reduced": reduced_config,
+    "default": WarmstartConfig,
+    "deep": deep_config,
+    "deep-v3": deep_v3_config,
 }
 # The drafter warm start of bench/workload-deep-v2.yaml and -v3.yaml, also what `tlt demo` starts TLT from.
 DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
@@ -92,8 +95,9 @@ def resolve_warmstart(value: Any, path: Path) -> WarmstartConfig:
             return WarmstartConfig.from_dict(value)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: warmstart: {exc}") from exc
-    raise ValueError(f"{path}: warmstart must be one of {sorted(WARMSTARTS)} or a mapping of warm-start settings, "
-                     f"got {value!r}")
+    raise ValueError(
+        f"{path}: warmstart must be one of {sorted(WARMSTARTS)} or a mapping of warm-start settings, got {value!r}"
+    )
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -123,13 +127,28 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
     if warm is not None:
         unknown = sorted(set(warm) - set(DRAFTER_WARMSTART_KEYS))
         if unknown:
-            raise ValueError(f"{path}: drafterWarmstart: unknown keys {unknown}; allowed: {list(DRAFTER_WARMSTART_KEYS)}")
+            raise ValueError(
+                f"{path}: drafterWarmstart: unknown keys {unknown}; allowed: {list(DRAFTER_WARMSTART_KEYS)}"
+            )
     frozen_in = data.get("frozenIn", ["vanilla"])
     if not isinstance(frozen_in, list) or any(v not in data["variants"] for v in frozen_in):
-        raise ValueError(f"{path}: frozenIn must be a list of variant names from {sorted(data['variants'])}, "
-                         f"got {frozen_in!r}")
-    return Workload(path, hashlib.sha256(raw).hexdigest(), data["name"], warmstart, data["spec"],
-                    data["variants"], n, data["heldout"], data["costs"], quick, warm, tuple(frozen_in))
+        raise ValueError(
+            f"{path}: frozenIn must be a list of variant names from {sorted(data['variants'])}, got {frozen_in!r}"
+        )
+    return Workload(
+        path,
+        hashlib.sha256(raw).hexdigest(),
+        data["name"],
+        warmstart,
+        data["spec"],
+        data["variants"],
+        n,
+        data["heldout"],
+        data["costs"],
+        quick,
+        warm,
+        tuple(frozen_in),
+    )
 
 
 def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None]:
@@ -147,9 +166,14 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple
     tlt keeps training it."""
     folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
-    budget = DrafterBudget(max_new_tokens=int(cfg["maxNewTokens"]), drafter_prompts=int(cfg["prompts"]),
-                           drafter_steps=int(cfg["steps"]), drafter_batch=int(cfg["batch"]),
-                           drafter_lr=float(cfg["learningRate"]), seed=int(cfg["seed"]))
+    budget = DrafterBudget(
+        max_new_tokens=int(cfg["maxNewTokens"]),
+        drafter_prompts=int(cfg["prompts"]),
+        drafter_steps=int(cfg["steps"]),
+        drafter_batch=int(cfg["batch"]),
+        drafter_lr=float(cfg["learningRate"]),
+        seed=int(cfg["seed"]),
+    )
     _, info = trained_drafter(budget, folder, policy.eval(), tokenizer)
     return folder / f"bench-drafter-{info['cache_key']}", info
 
@@ -169,25 +193,35 @@ def heldout_requests(trainer: RayTrainer, workload: Workload) -> list[Request]:
     problems = load_problems(trainer.spec.dataset, "eval")[: cfg["prompts"]]
     stop = (trainer.tokenizer.eos_token_id,) if trainer.tokenizer.eos_token_id is not None else ()
     algo = trainer.spec.algorithm
-    return [Request(f"heldout-{i}", trainer.tokenizer(p.prompt).input_ids,
-                    SamplingParams(algo.temperature, algo.top_p, cfg["maxNewTokens"], stop,
-                                   rl_step.derive_seed("heldout", cfg["seed"], i)))
-            for i, p in enumerate(problems)]
+    return [
+        Request(
+            f"heldout-{i}",
+            trainer.tokenizer(p.prompt).input_ids,
+            SamplingParams(
+                algo.temperature, algo.top_p, cfg["maxNewTokens"], stop, rl_step.derive_seed("heldout", cfg["seed"], i)
+            ),
+        )
+        for i, p in enumerate(problems)
+    ]
 
 
 @torch.inference_mode()
-def accept_length(policy: PreTrainedModel, params: dict[str, torch.Tensor], requests: list[Request],
-                  depth: int) -> float:
+def accept_length(
+    policy: PreTrainedModel, params: dict[str, torch.Tensor], requests: list[Request], depth: int
+) -> float:
     """Accept length of the drafter with `params` on `policy` (a copy is used), one request at a time,
     at one EAGLE chain arm of `depth` drafts."""
     drafter = EagleDrafter(drafter_config_from_target(policy.config)).to(policy.dtype)
     drafter.load_state_dict({k: v.to(policy.dtype) for k, v in params.items()})
     drafter.bind_policy(policy)
-    context = min(policy.config.max_position_embeddings,
-                  max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + depth + 1)
+    context = min(
+        policy.config.max_position_embeddings,
+        max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + depth + 1,
+    )
     engine = Engine(policy, max_batch_size=1, max_context=context, return_hidden=True)
-    stepper = SpeculativeStepper(engine.runner, EagleChainDrafter(drafter, policy.get_input_embeddings(),
-                                                                  depth, 1, context))
+    stepper = SpeculativeStepper(
+        engine.runner, EagleChainDrafter(drafter, policy.get_input_embeddings(), depth, 1, context)
+    )
     engine.stepper = stepper
     engine.generate(requests)
     return stepper.stats.accept_length
@@ -225,8 +259,10 @@ class DriftProbe:
         requests = heldout_requests(trainer, self.workload)
         if self.reference is None:
             self.reference = load_policy(warm_start(self.workload.warmstart))[0].to(dtype).eval()
-            context = min(self.reference.config.max_position_embeddings,
-                          max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + 1)
+            context = min(
+                self.reference.config.max_position_embeddings,
+                max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + 1,
+            )
             engine = Engine(self.reference, max_batch_size=len(requests), max_context=context, return_hidden=False)
             self.batch = response_batch([(c.prompt_ids, c.token_ids) for c in engine.generate(requests)])
         policy = copy.deepcopy(trainer.policy).to("cpu", dtype).eval()  # the reference's device
@@ -240,8 +276,9 @@ class DriftProbe:
         return out
 
 
-def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int,
-                drafter: Path | None = None) -> dict[str, Any]:
+def run_variant(
+    workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int, drafter: Path | None = None
+) -> dict[str, Any]:
     """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
     from tlt.runtime.ray_coordinator import RayTrainer
 
@@ -257,14 +294,40 @@ def run_variant(workload: Workload, variant: str, repeat: int, out_dir: Path, nu
 
     started = time.perf_counter()
     history = trainer.train(on_step=on_step)
-    keep = ("rollout_seconds", "step_seconds", "update_seconds", "generated_tokens", "reward_mean",
-            "response_lengths", "truncation_rate", "accept_length", "sd_row_steps", "sd_by_position", "harvested_seconds",
-            "idle_seconds", "seconds_by_running", "steps_by_running", "tokens_by_running", "sd_arms", "sd_arm_rates", "drafter_updates",
-            "tail_seconds", "generate_seconds", "rollout_overhead_seconds", "rollout_overhead_parts", "step_split")
-    return {"variant": variant, "repeat": repeat, "wall_seconds": time.perf_counter() - started,
-            "steps": [{k: m.get(k) for k in keep} for m in history], "heldout_accept_length": accept,
-            "heldout_kl": [d["heldout_kl"] for d in drift],
-            "frozen_accept_length": [d["frozen_accept_length"] for d in drift]}
+    keep = (
+        "rollout_seconds",
+        "step_seconds",
+        "update_seconds",
+        "generated_tokens",
+        "reward_mean",
+        "response_lengths",
+        "truncation_rate",
+        "accept_length",
+        "sd_row_steps",
+        "sd_by_position",
+        "harvested_seconds",
+        "idle_seconds",
+        "seconds_by_running",
+        "steps_by_running",
+        "tokens_by_running",
+        "sd_arms",
+        "sd_arm_rates",
+        "drafter_updates",
+        "tail_seconds",
+        "generate_seconds",
+        "rollout_overhead_seconds",
+        "rollout_overhead_parts",
+        "step_split",
+    )
+    return {
+        "variant": variant,
+        "repeat": repeat,
+        "wall_seconds": time.perf_counter() - started,
+        "steps": [{k: m.get(k) for k in keep} for m in history],
+        "heldout_accept_length": accept,
+        "heldout_kl": [d["heldout_kl"] for d in drift],
+        "frozen_accept_length": [d["frozen_accept_length"] for d in drift],
+    }
 
 
 def _common_spec(workload: Workload) -> RunSpec:
@@ -281,10 +344,17 @@ def policy_costs(workload: Workload) -> tuple[list[dict[str, Any]], list[dict[st
     model = model.to("cuda" if gpus > 0 else "cpu", resolve_dtype(workload.spec["model"]["dtype"])).eval()
     c = workload.costs
     compiled = resolve_compile(workload.spec.get("rollout", {}).get("compile", "auto"), model)  # as the workers run
-    points = measure_costs(model, batches=list(c["batches"]), widths=list(c["widths"]), context=int(c["context"]),
-                           repeats=int(c["repeats"]), compile=compiled)
-    drafter = measure_drafter_costs(model, batches=list(c["batches"]), context=int(c["context"]),
-                                    repeats=int(c["repeats"]), compile=compiled)
+    points = measure_costs(
+        model,
+        batches=list(c["batches"]),
+        widths=list(c["widths"]),
+        context=int(c["context"]),
+        repeats=int(c["repeats"]),
+        compile=compiled,
+    )
+    drafter = measure_drafter_costs(
+        model, batches=list(c["batches"]), context=int(c["context"]), repeats=int(c["repeats"]), compile=compiled
+    )
     return [p.__dict__ for p in points], [d.__dict__ for d in drafter]
 
 
@@ -307,14 +377,21 @@ def check_devices(workload: Workload) -> None:
     the workload and the field; `tlt.runtime.devices.gpu_plan`)."""
     spec = _common_spec(workload)
     try:
-        gpu_plan(spec.policy.resources.gpus, spec.rollout.resources.gpus, spec.rollout.replicas,
-                 {"GPU": float(torch.cuda.device_count())}, role_pods=False, cuda_available=torch.cuda.is_available())
+        gpu_plan(
+            spec.policy.resources.gpus,
+            spec.rollout.resources.gpus,
+            spec.rollout.replicas,
+            {"GPU": float(torch.cuda.device_count())},
+            role_pods=False,
+            cuda_available=torch.cuda.is_available(),
+        )
     except ValueError as exc:
         raise ValueError(f"{workload.path} (spec): {exc}") from exc
 
 
-def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int = 2,
-              progress: Progress | None = None) -> dict[str, Any]:
+def run_bench(
+    workload: Workload, *, work_dir: Path | None = None, num_cpus: int = 2, progress: Progress | None = None
+) -> dict[str, Any]:
     """Run every variant `workload.repeats` times, interleaved (`repeat_order`); returns the summary
     (see run_summary).
 
@@ -357,8 +434,16 @@ def run_bench(workload: Workload, *, work_dir: Path | None = None, num_cpus: int
 
 
 def workload_info(workload: Workload) -> dict[str, Any]:
-    return {"path": str(workload.path), "sha256": workload.sha256, "name": workload.name, "quick": workload.quick,
-            "warmstart": {"cache_key": workload.warmstart.cache_key(), **dataclasses.asdict(workload.warmstart)},
-            "repeats": workload.repeats, "variants": list(workload.variants), "heldout": workload.heldout,
-            "speculative": {v: _merge(workload.spec, o).get("speculative", {}) for v, o in workload.variants.items()},
-            "algorithm": workload.spec.get("algorithm", {}), "threads": torch.get_num_threads()}
+    return {
+        "path": str(workload.path),
+        "sha256": workload.sha256,
+        "name": workload.name,
+        "quick": workload.quick,
+        "warmstart": {"cache_key": workload.warmstart.cache_key(), **dataclasses.asdict(workload.warmstart)},
+        "repeats": workload.repeats,
+        "variants": list(workload.variants),
+        "heldout": workload.heldout,
+        "speculative": {v: _merge(workload.spec, o).get("speculative", {}) for v, o in workload.variants.items()},
+        "algorithm": workload.spec.get("algorithm", {}),
+        "threads": torch.get_num_threads(),
+    }

@@ -31,8 +31,12 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
             ax_accept.plot(range(1, len(accept) + 1), [float("nan") if a is None else a for a in accept], "o-", label=n)
     frozen = variants["vanilla"].get("frozen_accept_length") or []
     if any(a is not None for a in frozen):
-        ax_accept.plot(range(1, len(frozen) + 1), [float("nan") if a is None else a for a in frozen], "k--",
-                       label="frozen drafter, vanilla's policy")
+        ax_accept.plot(
+            range(1, len(frozen) + 1),
+            [float("nan") if a is None else a for a in frozen],
+            "k--",
+            label="frozen drafter, vanilla's policy",
+        )
     ax_accept.set_xlabel("RL step")
     ax_accept.set_ylabel("held-out accept length (fixed arm)")
     ax_accept.legend()
@@ -45,8 +49,10 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     ax_batch.bar([int(k) for k in by_running], list(by_running.values()))
     ax_batch.set_xlabel("running batch size")
     ax_batch.set_ylabel("vanilla decode seconds")
-    fig.suptitle(f"tlt bench run ({report['workload']['name']}): rollout speedup {report['rollout_speedup']:.2f}x, "
-                 f"end to end {report['e2e_speedup']:.2f}x")
+    fig.suptitle(
+        f"tlt bench run ({report['workload']['name']}): rollout speedup {report['rollout_speedup']:.2f}x, "
+        f"end to end {report['e2e_speedup']:.2f}x"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -30,7 +30,8 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
   the three medians would mix repeats, and read +0.071 of the step for tlt-shadow in a countdown-deep-v6
   run, where no run's rest grew by more than +0.025); interference_by_part: tlt-shadow's part minus
   vanilla's, over vanilla's step time (where the interference fraction comes from; medians, so the
-  parts need not add up to the paired mean exactly); interference_per_token_by_range: tlt-shadow's time per decoded token over
+  parts need not add up to the paired mean exactly); interference_per_token_by_range: tlt-shadow's time per decoded
+  token over
   vanilla's, minus 1, per running-batch range (its trainer runs only in the tail, while a worker whose
   shard is done idles; the rest is what TLT's engine mode costs plain steps).
 """
@@ -42,16 +43,45 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from tlt.bench.cost_timing import CostPoint, DrafterCost, amdahl, cost_ratio, drafter_ratio, ideal_speedup
 from tlt.adaptive.adaptive_stepper import merge_arm_rates
+from tlt.bench.cost_timing import CostPoint, DrafterCost, amdahl, cost_ratio, drafter_ratio, ideal_speedup
 from tlt.rollout.step_timing import merge_tables, seconds_by_range
 from tlt.runtime.shard_metrics import accept_by_position
 from tlt.tasks.evaluate import length_stats
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -106,33 +136,47 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     stats = length_stats(lengths)
     rates = merge_arm_rates([s.get("sd_arm_rates") or {} for r in runs for s in r["steps"]])
     return {
-        "arm_rates": {bucket: {arm: {**cell, "tokens_per_second": cell["tokens"] / cell["seconds"] if cell["seconds"] else None}
-                               for arm, cell in sorted(arms.items())}
-                      for bucket, arms in sorted(rates.items(), key=lambda kv: int(kv[0]))},
+        "arm_rates": {
+            bucket: {
+                arm: {**cell, "tokens_per_second": cell["tokens"] / cell["seconds"] if cell["seconds"] else None}
+                for arm, cell in sorted(arms.items())
+            }
+            for bucket, arms in sorted(rates.items(), key=lambda kv: int(kv[0]))
+        },
         "repeats": len(runs),
         "rollout_seconds": spread(rollout),
         "generate_seconds": spread([sum(s.get("generate_seconds") or 0.0 for s in r["steps"]) for r in runs]),
-        "rollout_overhead_seconds": spread([sum(s.get("rollout_overhead_seconds") or 0.0 for s in r["steps"])
-                                            for r in runs]),
+        "rollout_overhead_seconds": spread(
+            [sum(s.get("rollout_overhead_seconds") or 0.0 for s in r["steps"]) for r in runs]
+        ),
         "step_seconds": spread(step),
         # the policy update's seconds (the same tokens in every variant: coupled sampling)
         "update_seconds": spread([sum(s.get("update_seconds") or 0.0 for s in r["steps"]) for r in runs]),
         # the rest of each step (rewards, trainer stops, drafter bookkeeping), summed per run before the median:
         # median(step) - median(rollout) - median(update) would mix repeats
-        "other_seconds": spread([sum(s["step_seconds"] - s["rollout_seconds"] - (s.get("update_seconds") or 0.0)
-                                     for s in r["steps"]) for r in runs]),
+        "other_seconds": spread(
+            [
+                sum(s["step_seconds"] - s["rollout_seconds"] - (s.get("update_seconds") or 0.0) for s in r["steps"])
+                for r in runs
+            ]
+        ),
         "rollout_share": spread([a / b for a, b in zip(rollout, step)]),
         "generated_tokens": spread([float(t) for t in tokens]),
         "seconds_per_token": spread([a / max(t, 1) for a, t in zip(rollout, tokens)]),
-        "heldout_accept_length": [_median_or_none([r["heldout_accept_length"][i] for r in runs])
-                                  for i in range(n_steps)],
-        "rollout_accept_length": [_median_or_none([r["steps"][i]["accept_length"] for r in runs])
-                                  for i in range(n_steps)],
+        "heldout_accept_length": [
+            _median_or_none([r["heldout_accept_length"][i] for r in runs]) for i in range(n_steps)
+        ],
+        "rollout_accept_length": [
+            _median_or_none([r["steps"][i]["accept_length"] for r in runs]) for i in range(n_steps)
+        ],
         "rollout_accept_by_position": accept_by_position(s.get("sd_by_position") for r in runs for s in r["steps"]),
-        "heldout_kl": [_median_or_none([(r.get("heldout_kl") or [None] * n_steps)[i] for r in runs])
-                       for i in range(n_steps)],
-        "frozen_accept_length": [_median_or_none([(r.get("frozen_accept_length") or [None] * n_steps)[i] for r in runs])
-                                 for i in range(n_steps)],
+        "heldout_kl": [
+            _median_or_none([(r.get("heldout_kl") or [None] * n_steps)[i] for r in runs]) for i in range(n_steps)
+        ],
+        "frozen_accept_length": [
+            _median_or_none([(r.get("frozen_accept_length") or [None] * n_steps)[i] for r in runs])
+            for i in range(n_steps)
+        ],
         "arms_chosen": dict(sorted(arms.items())),
         "harvested_seconds": spread([sum(s.get("harvested_seconds") or 0.0 for s in r["steps"]) for r in runs]),
         "idle_seconds": spread([sum(s.get("idle_seconds") or 0.0 for s in r["steps"]) for r in runs]),
@@ -144,8 +188,9 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # recorded steps_by_running)
         "decode_steps_by_range": {k: int(n) for k, n in range_steps.items()},
         # the slowest worker's rollout overhead by part, summed over steps, median over repeats
-        "rollout_overhead_parts": _median_parts([s.get("rollout_overhead_parts") or {} for s in r["steps"]]
-                                                for r in runs),
+        "rollout_overhead_parts": _median_parts(
+            [s.get("rollout_overhead_parts") or {} for s in r["steps"]] for r in runs
+        ),
         # ms per decode step by stepper, range and part, every step of every repeat (runs with --split)
         "step_split": merge_tables([s["step_split"] for r in runs for s in r["steps"] if s.get("step_split")]),
         "ms_per_decode_step_by_range": {k: 1e3 * range_seconds[k] / n for k, n in range_steps.items() if n},
@@ -169,8 +214,15 @@ def _median_parts(runs: Any) -> dict[str, float]:
     return {k: statistics.median(total.get(k, 0.0) for total in sums) for k in keys}
 
 
-def ideal_rollout_speedup(seconds_by_running: dict[str, float], points: list[CostPoint], *, threshold: int,
-                          width: int, accept_length: float, drafter: list[DrafterCost] | None = None) -> float:
+def ideal_rollout_speedup(
+    seconds_by_running: dict[str, float],
+    points: list[CostPoint],
+    *,
+    threshold: int,
+    width: int,
+    accept_length: float,
+    drafter: list[DrafterCost] | None = None,
+) -> float:
     """Decode-time speedup if every step at a running batch <= threshold ran an SD chain of `width`
     verified tokens with `accept_length` (never slower than plain); the chain's width - 1 drafter
     steps cost `drafter_ratio` each, or nothing when `drafter` is None. See the module docstring."""
@@ -188,8 +240,14 @@ def ideal_rollout_speedup(seconds_by_running: dict[str, float], points: list[Cos
     return total / sped
 
 
-def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[dict[str, Any]],
-              load: dict[str, list[float]], *, drafter_costs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def summarize(
+    workload: dict[str, Any],
+    runs: list[dict[str, Any]],
+    costs: list[dict[str, Any]],
+    load: dict[str, list[float]],
+    *,
+    drafter_costs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The report: per-variant summaries, the headline ratios (module docstring), costs and load."""
     variants = {v: variant_summary([r for r in runs if r["variant"] == v]) for v in workload["variants"]}
     van, tlt, static = variants["vanilla"], variants["tlt"], variants["static"]
@@ -203,8 +261,9 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
     interference = [p["tlt-shadow"] / p["vanilla"] - 1.0 for p in both]
     interference_mean, interference_ci = mean_ci95(interference)
     tlt_accept = tlt["heldout_accept_length"][-1] if tlt["heldout_accept_length"] else None
-    tlt_rollout, static_rollout = (v["rollout_accept_length"][-1] if v["rollout_accept_length"] else None
-                                   for v in (tlt, static))
+    tlt_rollout, static_rollout = (
+        v["rollout_accept_length"][-1] if v["rollout_accept_length"] else None for v in (tlt, static)
+    )
     static_accept = static["heldout_accept_length"][-1] if static["heldout_accept_length"] else None
     points = [CostPoint(**p) for p in costs]
     threshold = int(workload["speculative"]["tlt"].get("threshold", _default_threshold()))
@@ -212,10 +271,21 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
     drafter = [DrafterCost(**d) for d in drafter_costs] if drafter_costs else None
     ideal = ideal_free = None
     if tlt_accept is not None and points:
-        ideal_free = ideal_rollout_speedup(van["seconds_by_running"], points, threshold=threshold, width=width,
-                                           accept_length=tlt_accept)
-        ideal = ideal_rollout_speedup(van["seconds_by_running"], points, threshold=threshold, width=width,
-                                      accept_length=tlt_accept, drafter=drafter) if drafter else ideal_free
+        ideal_free = ideal_rollout_speedup(
+            van["seconds_by_running"], points, threshold=threshold, width=width, accept_length=tlt_accept
+        )
+        ideal = (
+            ideal_rollout_speedup(
+                van["seconds_by_running"],
+                points,
+                threshold=threshold,
+                width=width,
+                accept_length=tlt_accept,
+                drafter=drafter,
+            )
+            if drafter
+            else ideal_free
+        )
     return {
         "workload_sha256": workload["sha256"],
         "workload": workload,
@@ -228,7 +298,9 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         # TLT's accept length in the rollout over static's, per response-position range (whole run pooled)
         "rollout_accept_ratio_by_position": {
             edge: cell["accept_length"] / static["rollout_accept_by_position"][edge]["accept_length"]
-            for edge, cell in tlt["rollout_accept_by_position"].items() if edge in static["rollout_accept_by_position"]},
+            for edge, cell in tlt["rollout_accept_by_position"].items()
+            if edge in static["rollout_accept_by_position"]
+        },
         "interference_fraction": interference_mean,
         "interference_ci95": interference_ci,
         "interference_per_repeat": interference,
@@ -241,11 +313,20 @@ def summarize(workload: dict[str, Any], runs: list[dict[str, Any]], costs: list[
         "tlt_speedup_per_token_by_range": per_token_speedup(van["ms_per_token_by_range"], tlt["ms_per_token_by_range"]),
         "step_parts": {name: step_parts(v) for name, v in variants.items()},
         "interference_by_part": part_deltas(step_parts(van), step_parts(shadow), van["step_seconds"]["median"])
-        if shadow else None,
-        "interference_per_token_by_range": {k: 1.0 / x - 1.0 for k, x in per_token_speedup(
-            van["ms_per_token_by_range"], shadow["ms_per_token_by_range"]).items()} if shadow else None,
-        "ideal_inputs": {"threshold": threshold, "width": width, "accept_length": tlt_accept,
-                         "drafter_cost": "measured" if drafter else "free"},
+        if shadow
+        else None,
+        "interference_per_token_by_range": {
+            k: 1.0 / x - 1.0
+            for k, x in per_token_speedup(van["ms_per_token_by_range"], shadow["ms_per_token_by_range"]).items()
+        }
+        if shadow
+        else None,
+        "ideal_inputs": {
+            "threshold": threshold,
+            "width": width,
+            "accept_length": tlt_accept,
+            "drafter_cost": "measured" if drafter else "free",
+        },
         "variants": variants,
         "costs": costs,
         "drafter_costs": drafter_costs,
@@ -262,10 +343,16 @@ def per_token_speedup(base: dict[str, float], other: dict[str, float]) -> dict[s
 
 def step_parts(summary: dict[str, Any]) -> dict[str, float]:
     """A variant's step seconds by part (module docstring), from its `variant_summary`."""
-    med = {k: summary[k]["median"] for k in ("generate_seconds", "rollout_overhead_seconds", "update_seconds",
-                                             "other_seconds")}
-    return {"generate": med["generate_seconds"], "rollout_overhead": med["rollout_overhead_seconds"],
-            "update": med["update_seconds"], "other": med["other_seconds"]}
+    med = {
+        k: summary[k]["median"]
+        for k in ("generate_seconds", "rollout_overhead_seconds", "update_seconds", "other_seconds")
+    }
+    return {
+        "generate": med["generate_seconds"],
+        "rollout_overhead": med["rollout_overhead_seconds"],
+        "update": med["update_seconds"],
+        "other": med["other_seconds"],
+    }
 
 
 def part_deltas(base: dict[str, float], other: dict[str, float], base_step: float) -> dict[str, float]:

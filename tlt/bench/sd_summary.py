@@ -11,8 +11,14 @@ def _at(rows: list[dict[str, Any]], temperature: float) -> dict[tuple[str, int],
     return {(r["variant"], r["batch"]): r for r in rows if r["temperature"] == temperature}
 
 
-def history_summary(rows: list[dict[str, Any]], variants: list[str], batches: tuple[int, ...], temperature: float,
-                    ngram_k: int, history_k: int) -> dict[str, dict[str, float]]:
+def history_summary(
+    rows: list[dict[str, Any]],
+    variants: list[str],
+    batches: tuple[int, ...],
+    temperature: float,
+    ngram_k: int,
+    history_k: int,
+) -> dict[str, dict[str, float]]:
     """Per batch: history's accept length over n-gram's, and the mixed variant's tokens/s over the best
     single drafter's (EAGLE chains, tree, history)."""
     at = _at(rows, temperature)
@@ -26,8 +32,7 @@ def history_summary(rows: list[dict[str, Any]], variants: list[str], batches: tu
     return out
 
 
-def block_vs_best_chain(rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float
-                        ) -> dict[str, float]:
+def block_vs_best_chain(rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float) -> dict[str, float]:
     """{batch: tokens/s of the best block variant over the best EAGLE chain variant's} (variants named
     `block-<k>` and `chain-<k>[-guess]`); batches without both are left out."""
     at = _at(rows, temperature)

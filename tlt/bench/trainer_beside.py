@@ -77,17 +77,25 @@ def beside_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not r["seconds"] > 0:
             raise ValueError(f"seconds must be > 0, got {r['seconds']}")
         cells.setdefault((r["arm"], int(r["batch"])), {}).setdefault(int(r["round"]), {})[r["state"]] = (
-            r["tokens"] / r["seconds"])
+            r["tokens"] / r["seconds"]
+        )
     out = []
     for (arm, batch), rounds in cells.items():
         missing = sorted(k for k, v in rounds.items() if set(v) != set(STATES))
         if missing:
             raise ValueError(f"{arm} at batch {batch}: rounds {missing} lack the trainer on or off")
         ratios = [v["on"] / v["off"] for v in rounds.values()]
-        out.append({"arm": arm, "batch": batch, "rounds": len(rounds),
-                    "tokens_per_s_off": statistics.median(v["off"] for v in rounds.values()),
-                    "tokens_per_s_on": statistics.median(v["on"] for v in rounds.values()),
-                    "on_over_off": statistics.median(ratios), "on_over_off_range": [min(ratios), max(ratios)]})
+        out.append(
+            {
+                "arm": arm,
+                "batch": batch,
+                "rounds": len(rounds),
+                "tokens_per_s_off": statistics.median(v["off"] for v in rounds.values()),
+                "tokens_per_s_on": statistics.median(v["on"] for v in rounds.values()),
+                "on_over_off": statistics.median(ratios),
+                "on_over_off_range": [min(ratios), max(ratios)],
+            }
+        )
     return out
 
 
@@ -104,8 +112,18 @@ def compute_probe(products: int = 200, size: int = 256) -> tuple[int, float]:
     return products, time.perf_counter() - started
 
 
-def _train_beside(folder: str, drafter_config: Any, drafter_state: dict[str, torch.Tensor], packs: list[Any],
-                  lr: float, threads: int, gate: Any, stop: Any, ready: Any, tokens: Any) -> None:
+def _train_beside(
+    folder: str,
+    drafter_config: Any,
+    drafter_state: dict[str, torch.Tensor],
+    packs: list[Any],
+    lr: float,
+    threads: int,
+    gate: Any,
+    stop: Any,
+    ready: Any,
+    tokens: Any,
+) -> None:
     """The trainer process: the spot trainer's step over `packs`, round robin, while `gate` is set."""
     from tlt.drafter.objective import make_optimizer
     from tlt.drafter.priority import lower_thread_priority
@@ -169,14 +187,20 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
 
     def requests_for(count: int, seed: int) -> list:
         problems = generate(math.ceil(count / group), seed, task)
-        return make_requests(tokenizer, [p for p in problems for _ in range(group)][:count],
-                             max_new_tokens=algo.max_new_tokens, temperature=algo.temperature, seed=seed)
+        return make_requests(
+            tokenizer,
+            [p for p in problems for _ in range(group)][:count],
+            max_new_tokens=algo.max_new_tokens,
+            temperature=algo.temperature,
+            seed=seed,
+        )
 
     # the trainer's samples: the policy's own, other prompts, with hidden states (as a rollout buffers them)
     note("sampling the trainer's data")
     samples = requests_for(max(cfg.requests, 16), cfg.seed + 2)
-    sampler = Engine(policy, max_batch_size=len(samples), max_context=sample_context(policy, samples),
-                     return_hidden=True)
+    sampler = Engine(
+        policy, max_batch_size=len(samples), max_context=sample_context(policy, samples), return_hidden=True
+    )
     buffer = OnlineBuffer(1, spec.drafter.batch_tokens, seed=cfg.seed)
     buffer.add(sampler.generate(samples), 0)
     packs = buffer.batches(0)
@@ -190,9 +214,22 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
     ctx = mp.get_context("spawn")
     gate, stop, ready, trained = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("d", 0.0)
     state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
-    proc = ctx.Process(target=_train_beside, daemon=True,
-                       args=(str(folder), drafter.config, state, packs, spec.drafter.learning_rate,
-                             cfg.trainer_threads, gate, stop, ready, trained))
+    proc = ctx.Process(
+        target=_train_beside,
+        daemon=True,
+        args=(
+            str(folder),
+            drafter.config,
+            state,
+            packs,
+            spec.drafter.learning_rate,
+            cfg.trainer_threads,
+            gate,
+            stop,
+            ready,
+            trained,
+        ),
+    )
     proc.start()
     records: list[dict[str, Any]] = []
     on_seconds = on_tokens = 0.0
@@ -201,7 +238,7 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
             if not proc.is_alive():
                 raise RuntimeError(f"the trainer process exited (code {proc.exitcode}) before it started training")
         for round_ in range(cfg.rounds):
-            for state_name in (STATES if round_ % 2 == 0 else STATES[::-1]):
+            for state_name in STATES if round_ % 2 == 0 else STATES[::-1]:
                 (gate.set if state_name == "on" else gate.clear)()
                 time.sleep(cfg.settle_seconds)
                 window_start, tokens_start = time.perf_counter(), trained.value
@@ -209,12 +246,27 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
                     note(f"round {round_ + 1}/{cfg.rounds}: {arm} batch {b}, trainer {state_name}")
                     started = time.perf_counter()
                     out = engine.generate(decode)
-                    records.append({"arm": arm, "batch": b, "round": round_, "state": state_name,
-                                    "tokens": sum(len(c.token_ids) for c in out),
-                                    "seconds": time.perf_counter() - started})
+                    records.append(
+                        {
+                            "arm": arm,
+                            "batch": b,
+                            "round": round_,
+                            "state": state_name,
+                            "tokens": sum(len(c.token_ids) for c in out),
+                            "seconds": time.perf_counter() - started,
+                        }
+                    )
                 products, seconds = compute_probe()
-                records.append({"arm": PROBE_ARM, "batch": 0, "round": round_, "state": state_name,
-                                "tokens": products, "seconds": seconds})
+                records.append(
+                    {
+                        "arm": PROBE_ARM,
+                        "batch": 0,
+                        "round": round_,
+                        "state": state_name,
+                        "tokens": products,
+                        "seconds": seconds,
+                    }
+                )
                 if state_name == "on":
                     on_seconds += time.perf_counter() - window_start
                     on_tokens += trained.value - tokens_start
@@ -230,8 +282,13 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
         torch.set_num_threads(threads_before)
     return {
         "workload": {"path": str(cfg.workload), "name": workload.name, "quick": cfg.quick},
-        "config": {**asdict(cfg), "workload": str(cfg.workload), "compiled": compiled,
-                   "trainer_row_tokens": spec.drafter.batch_tokens, "trainer_rows": len(packs)},
+        "config": {
+            **asdict(cfg),
+            "workload": str(cfg.workload),
+            "compiled": compiled,
+            "trainer_row_tokens": spec.drafter.batch_tokens,
+            "trainer_rows": len(packs),
+        },
         "drafter": drafter_info,
         "rows": beside_summary(records),
         "trainer_tokens_per_s": on_tokens / on_seconds if on_seconds > 0 else 0.0,

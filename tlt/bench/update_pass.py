@@ -27,8 +27,9 @@ from tlt.tasks.warmstart import load_policy, warm_start
 MODES = ("recompute", "first-pass")
 
 
-def _update(mode: str, policy: torch.nn.Module, completions: list, rewards: torch.Tensor, algo: Any,
-            pad_id: int) -> float:
+def _update(
+    mode: str, policy: torch.nn.Module, completions: list, rewards: torch.Tensor, algo: Any, pad_id: int
+) -> float:
     """Seconds of one step's learning in `mode` on a copy of `policy` with a fresh AdamW."""
     model = copy.deepcopy(policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=algo.learning_rate)
@@ -42,8 +43,9 @@ def _update(mode: str, policy: torch.nn.Module, completions: list, rewards: torc
     return time.perf_counter() - started
 
 
-def run_update_bench(workload_path: Path = DEFAULT_WORKLOAD, *, pairs: int = 5, threads: int = 2,
-                     seed: int = 0) -> dict[str, Any]:
+def run_update_bench(
+    workload_path: Path = DEFAULT_WORKLOAD, *, pairs: int = 5, threads: int = 2, seed: int = 0
+) -> dict[str, Any]:
     """Time `pairs` interleaved (recompute, first-pass) updates on one step of the workload: its
     prompts_per_step problems x group_size samples at its temperature, from its warm-started policy.
     Returns seconds per mode, the ratio recompute / first-pass per pair (median, min, max) and the load."""
@@ -56,9 +58,12 @@ def run_update_bench(workload_path: Path = DEFAULT_WORKLOAD, *, pairs: int = 5, 
     algo = variant_run(workload, "vanilla", 0).spec.algorithm
     policy, tokenizer = load_policy(warm_start(workload.warmstart))
     problems = generate(algo.prompts_per_step, seed=seed, task=workload.warmstart.task)
-    engine = Engine(copy.deepcopy(policy).eval(), max_batch_size=algo.prompts_per_step * algo.group_size,
-                    max_context=min(workload.spec["model"]["maxContext"], policy.config.max_position_embeddings),
-                    return_hidden=False)
+    engine = Engine(
+        copy.deepcopy(policy).eval(),
+        max_batch_size=algo.prompts_per_step * algo.group_size,
+        max_context=min(workload.spec["model"]["maxContext"], policy.config.max_position_embeddings),
+        return_hidden=False,
+    )
     completions = engine.generate(rl_step.make_requests(problems, list(range(len(problems))), tokenizer, algo, 1))
     rewards = torch.rand(algo.prompts_per_step, algo.group_size, generator=torch.Generator().manual_seed(seed))
     before = list(os.getloadavg())
@@ -68,8 +73,11 @@ def run_update_bench(workload_path: Path = DEFAULT_WORKLOAD, *, pairs: int = 5, 
             seconds[mode].append(_update(mode, policy, completions, rewards, algo, tokenizer.pad_token_id))
     ratios = [a / b for a, b in zip(seconds["recompute"], seconds["first-pass"])]
     return {
-        "workload": workload.name, "workload_sha256": workload.sha256, "threads": threads,
-        "responses": len(completions), "response_tokens": sum(len(c.token_ids) for c in completions),
+        "workload": workload.name,
+        "workload_sha256": workload.sha256,
+        "threads": threads,
+        "responses": len(completions),
+        "response_tokens": sum(len(c.token_ids) for c in completions),
         "seconds": seconds,
         "recompute_over_first_pass": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
         "load_average": {"before": before, "after": list(os.getloadavg())},

@@ -66,8 +66,9 @@ class _NoVerifier:
     score = _NoScore()
 
 
-def run_worker_bench(cfg: WorkerBenchConfig, on_repeat: Callable[[dict[str, Any]], None] | None = None
-                     ) -> dict[str, Any]:
+def run_worker_bench(
+    cfg: WorkerBenchConfig, on_repeat: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """Run the bench (see the module docstring); the result as a JSON-able dict. `on_repeat` gets the result so
     far after every repeat (`repeats_done` of `config.repeats`): a run cut short keeps its finished repeats."""
     from tlt.bench.run import _load_average, check_devices, load_workload, variant_run, warm_drafter
@@ -90,7 +91,10 @@ def run_worker_bench(cfg: WorkerBenchConfig, on_repeat: Callable[[dict[str, Any]
     weights = {k: v.detach() for k, v in policy.state_dict().items()}
     drafter = None
     if drafter_path is not None:
-        drafter = (0, {k: v.detach().clone() for k, v in load_drafter(drafter_path, policy.config).state_dict().items()})
+        drafter = (
+            0,
+            {k: v.detach().clone() for k, v in load_drafter(drafter_path, policy.config).state_dict().items()},
+        )
     problems = load_problems(spec.dataset, "train")
     split = StepSplit() if cfg.split else None
     device = torch.device("cuda", 0) if spec.rollout.resources.gpus > 0 else torch.device("cpu")
@@ -106,8 +110,13 @@ def run_worker_bench(cfg: WorkerBenchConfig, on_repeat: Callable[[dict[str, Any]
     return _result(cfg, workload.name, inputs, repeats, load_before)
 
 
-def _result(cfg: WorkerBenchConfig, name: str, inputs: _Inputs, repeats: list[dict[str, dict[str, Any]]],
-            load_before: list[float]) -> dict[str, Any]:
+def _result(
+    cfg: WorkerBenchConfig,
+    name: str,
+    inputs: _Inputs,
+    repeats: list[dict[str, dict[str, Any]]],
+    load_before: list[float],
+) -> dict[str, Any]:
     """The bench's result over the repeats done so far."""
     from tlt.bench.run import _load_average
 
@@ -117,8 +126,13 @@ def _result(cfg: WorkerBenchConfig, name: str, inputs: _Inputs, repeats: list[di
     tokens = {v: [t for rep in repeats for t in rep[v]["token_ids"]] for v in variants}
     return {
         "workload": {"path": str(cfg.workload), "name": name, "quick": cfg.quick},
-        "config": {"shards": cfg.shards, "threads": cfg.threads, "rows": inputs.rows, "repeats": cfg.repeats,
-                   "device": str(inputs.device)},
+        "config": {
+            "shards": cfg.shards,
+            "threads": cfg.threads,
+            "rows": inputs.rows,
+            "repeats": cfg.repeats,
+            "device": str(inputs.device),
+        },
         "repeats_done": len(repeats),
         "variants": variants,
         "rollout_speedup": statistics.median(speedups),
@@ -127,8 +141,9 @@ def _result(cfg: WorkerBenchConfig, name: str, inputs: _Inputs, repeats: list[di
         "step_cost_ratio": statistics.median(r["step_cost_ratio"] for r in ratios),
         "repeats": ratios,
         "mismatched_responses": sum(a != b for a, b in zip(tokens["vanilla"], tokens["tlt"])),
-        "speedup_per_token_by_running": per_token_speedup(variants["vanilla"]["ms_per_token_by_running"],
-                                                          variants["tlt"]["ms_per_token_by_running"]),
+        "speedup_per_token_by_running": per_token_speedup(
+            variants["vanilla"]["ms_per_token_by_running"], variants["tlt"]["ms_per_token_by_running"]
+        ),
         "load_average": {"before": load_before, "after": _load_average()},
         **({"step_split": inputs.split.table()} if inputs.split is not None else {}),
     }
@@ -157,22 +172,35 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
 
     algo = inputs.runs["tlt"].spec.algorithm
     replicas = inputs.runs["tlt"].spec.rollout.replicas
-    workers = {v: RolloutWorker(0, run.spec, inputs.folder, inputs.rows, [_NoVerifier()], None, threads=cfg.threads,
-                                device=inputs.device) for v, run in inputs.runs.items()}
-    out: dict[str, dict[str, Any]] = {v: {"seconds": [], "steps": [], "tokens": [], "token_ids": [],
-                                          "by_running": collections.Counter(),
-                                          "steps_by_running": collections.Counter(),
-                                          "tokens_by_running": collections.Counter()} for v in workers}
+    workers = {
+        v: RolloutWorker(
+            0, run.spec, inputs.folder, inputs.rows, [_NoVerifier()], None, threads=cfg.threads, device=inputs.device
+        )
+        for v, run in inputs.runs.items()
+    }
+    out: dict[str, dict[str, Any]] = {
+        v: {
+            "seconds": [],
+            "steps": [],
+            "tokens": [],
+            "token_ids": [],
+            "by_running": collections.Counter(),
+            "steps_by_running": collections.Counter(),
+            "tokens_by_running": collections.Counter(),
+        }
+        for v in workers
+    }
     for step in range(1, cfg.shards + 1):
         ids = shards(rl_step.select_prompts(len(inputs.problems), algo.prompts_per_step, algo.seed, step), replicas)[0]
-        for v in (("vanilla", "tlt") if (step + repeat) % 2 else ("tlt", "vanilla")):
+        for v in ("vanilla", "tlt") if (step + repeat) % 2 else ("tlt", "vanilla"):
             worker = workers[v]
             started = time.perf_counter()
             with inputs.split if inputs.split is not None else contextlib.nullcontext():
                 if inputs.split is not None:
                     inputs.split.label = f"{v}/"
-                result = worker.rollout(step, ids, [inputs.problems[i] for i in ids], inputs.weights,
-                                        inputs.drafter if v == "tlt" else None)
+                result = worker.rollout(
+                    step, ids, [inputs.problems[i] for i in ids], inputs.weights, inputs.drafter if v == "tlt" else None
+                )
             out[v]["seconds"].append(time.perf_counter() - started)
             trace = rl_step.RolloutTrace(steps=list(result["trace"]))
             out[v]["steps"].append(len(result["trace"]))
@@ -200,19 +228,27 @@ def _pooled(reps: list[dict[str, Any]]) -> dict[str, Any]:
         tokens_by_running.update(rep["tokens_by_running"])
     pooled = {k: [x for rep in reps for x in rep[k]] for k in ("seconds", "steps", "tokens")}
     seconds, tokens = seconds_by_range(dict(by_running)), seconds_by_range(dict(tokens_by_running))
-    return {**pooled, "seconds_total": sum(pooled["seconds"]), "steps_total": sum(pooled["steps"]),
-            "decode_seconds_by_running": seconds,
-            "decode_steps_by_running": seconds_by_range(dict(steps_by_running)),
-            "decode_tokens_by_running": tokens,
-            # decode ms per token kept, by range (a drafting variant drains its rows at other times, so
-            # seconds alone by range mix how many tokens each variant generated there)
-            "ms_per_token_by_running": {k: 1e3 * seconds[k] / n for k, n in tokens.items() if n}}
+    return {
+        **pooled,
+        "seconds_total": sum(pooled["seconds"]),
+        "steps_total": sum(pooled["steps"]),
+        "decode_seconds_by_running": seconds,
+        "decode_steps_by_running": seconds_by_range(dict(steps_by_running)),
+        "decode_tokens_by_running": tokens,
+        # decode ms per token kept, by range (a drafting variant drains its rows at other times, so
+        # seconds alone by range mix how many tokens each variant generated there)
+        "ms_per_token_by_running": {k: 1e3 * seconds[k] / n for k, n in tokens.items() if n},
+    }
 
 
 def _ratios(rep: dict[str, dict[str, Any]]) -> dict[str, float]:
     """tlt over vanilla in one repeat: rollout speed-up, decode-step count ratio, seconds-per-step ratio."""
     seconds = {v: sum(rep[v]["seconds"]) for v in rep}
     n_steps = {v: sum(rep[v]["steps"]) for v in rep}
-    return {"rollout_speedup": seconds["vanilla"] / seconds["tlt"], "steps_ratio": n_steps["tlt"] / n_steps["vanilla"],
-            "step_cost_ratio": (seconds["tlt"] / n_steps["tlt"]) / (seconds["vanilla"] / n_steps["vanilla"]),
-            "vanilla_seconds": seconds["vanilla"], "tlt_seconds": seconds["tlt"]}
+    return {
+        "rollout_speedup": seconds["vanilla"] / seconds["tlt"],
+        "steps_ratio": n_steps["tlt"] / n_steps["vanilla"],
+        "step_cost_ratio": (seconds["tlt"] / n_steps["tlt"]) / (seconds["vanilla"] / n_steps["vanilla"]),
+        "vanilla_seconds": seconds["vanilla"],
+        "tlt_seconds": seconds["tlt"],
+    }

@@ -11,6 +11,7 @@ from typing import Any
 
 def int_list(flag: str, least: int, what: str) -> Callable[[str], tuple[int, ...]]:
     """An argparse type: comma-separated integers, each >= `least`; errors name `flag`."""
+
     def parse(text: str) -> tuple[int, ...]:
         try:
             out = tuple(int(x) for x in text.split(","))
@@ -19,6 +20,7 @@ def int_list(flag: str, least: int, what: str) -> Callable[[str], tuple[int, ...
         if not out or min(out) < least:
             raise argparse.ArgumentTypeError(f"{flag}: every {what} must be >= {least}, got {text!r}")
         return out
+
     return parse
 
 

@@ -26,9 +26,13 @@ WARMSTARTS = ("deep-v3", "deep", "reduced", "default")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, default=EXAMPLE, help=f"run file (default: {EXAMPLE})")
     parser.add_argument("--out", type=Path, default=Path("runs") / "demo", help="output folder (default: runs/demo)")
-    parser.add_argument("--warmstart", choices=WARMSTARTS, default="deep-v3",
-                        help="built-in policy when the file sets no model.path (default: deep-v3, 16 layers, "
-                             "the bench workload countdown-deep-v3's)")
+    parser.add_argument(
+        "--warmstart",
+        choices=WARMSTARTS,
+        default="deep-v3",
+        help="built-in policy when the file sets no model.path (default: deep-v3, 16 layers, "
+        "the bench workload countdown-deep-v3's)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the file's)")
 
 
@@ -36,16 +40,18 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tlt.bench.machine import describe, machine_info
-    from tlt.bench.run import WARMSTARTS as CONFIGS
     from tlt.bench.run import DRAFTER_WARMSTART, drafter_warm_start
-    from tlt.spec.manifest_io import SpecError, load_run
+    from tlt.bench.run import WARMSTARTS as CONFIGS
     from tlt.runtime.demo_report import write_demo_report
-    from tlt.runtime.ray_cluster import local_graph_sets, precompile_local
     from tlt.runtime.local import policy_path
+    from tlt.runtime.ray_cluster import local_graph_sets, precompile_local
     from tlt.runtime.ray_train import train_ray
+    from tlt.spec.manifest_io import SpecError, load_run
 
     if not args.file.is_file():
-        print(f"--file {args.file}: no such file; run from a checkout of the repository or pass --file", file=sys.stderr)
+        print(
+            f"--file {args.file}: no such file; run from a checkout of the repository or pass --file", file=sys.stderr
+        )
         return 2
     if args.steps is not None and args.steps < 1:
         print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
@@ -62,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     warmstart = CONFIGS[args.warmstart]()
     if spec.spec.model.path is None and spec.spec.speculative.drafter_path is None:
-        budget = DRAFTER_WARMSTART if args.warmstart != "reduced" else {**DRAFTER_WARMSTART, "prompts": 16, "steps": 10,
-                                                                        "maxNewTokens": 64}
+        budget = (
+            DRAFTER_WARMSTART
+            if args.warmstart != "reduced"
+            else {**DRAFTER_WARMSTART, "prompts": 16, "steps": 10, "maxNewTokens": 64}
+        )
         spec.spec.speculative.drafter_path = str(drafter_warm_start(warmstart, budget)[0])
     vanilla = spec.model_copy(deep=True)
     vanilla.spec.speculative.mode = "off"
@@ -77,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
         report = precompile_local(sets, resources)
         if report["lanes"]:
             done = ", ".join(f"{c['set']} {c['seconds']:.0f} s" for c in report["compiled"])
-            console.print(f"compiled in {report['seconds']:.0f} s, {report['lanes']} in parallel: {done or 'nothing'}"
-                          + (f"; failed (the workers compile these): {', '.join(report['failed'])}"
-                             if report["failed"] else ""))
+            console.print(
+                f"compiled in {report['seconds']:.0f} s, {report['lanes']} in parallel: {done or 'nothing'}"
+                + (f"; failed (the workers compile these): {', '.join(report['failed'])}" if report["failed"] else "")
+            )
         elif report["todo"]:
             console.print("one core: each run's workers compile their graphs as they start")
         else:
@@ -89,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
         if code:
             return code
     path, c = write_demo_report(args.out, args.out / "vanilla", args.out / "tlt", machine=describe(machine_info()))
-    console.print(f"[bold]TLT vs vanilla[/bold] over {c['steps']} steps: rollout {c['rollout_speedup']:.2f}x, "
-                  f"step {c['step_speedup']:.2f}x; reward vanilla {c['reward']['vanilla']['first']:.3f} -> "
-                  f"{c['reward']['vanilla']['last']:.3f}, TLT {c['reward']['tlt']['first']:.3f} -> "
-                  f"{c['reward']['tlt']['last']:.3f}; report {path}")
+    console.print(
+        f"[bold]TLT vs vanilla[/bold] over {c['steps']} steps: rollout {c['rollout_speedup']:.2f}x, "
+        f"step {c['step_speedup']:.2f}x; reward vanilla {c['reward']['vanilla']['first']:.3f} -> "
+        f"{c['reward']['vanilla']['last']:.3f}, TLT {c['reward']['tlt']['first']:.3f} -> "
+        f"{c['reward']['tlt']['last']:.3f}; report {path}"
+    )
     return 0

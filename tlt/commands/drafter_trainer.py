@@ -32,18 +32,35 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tlt.commands.worker import RAY, EnvError, checked_ray_environment, exit_on_sigterm, hold_node, read_env
-from tlt.spec.manifest_io import SpecError, load_run
 from tlt.runtime.k8s_slots import worker_name
 from tlt.runtime.ray_sidecar import trainer_resource
+from tlt.spec.manifest_io import SpecError, load_run
 
 TEMP_DIR = "/tmp/ray-drafter-trainer"
 
 
 def sidecar_ray_start_args(worker: str, head_address: str, pod_ip: str, temp_dir: str = TEMP_DIR) -> list[str]:
     """The `ray start --block` argument list of the drafter-trainer node of worker `worker` (`rollout-<rank>`)."""
-    return [*RAY, "start", "--address", head_address, "--node-ip-address", pod_ip, "--disable-usage-stats",
-            "--resources", json.dumps({trainer_resource(worker): 1}), "--temp-dir", temp_dir,
-            "--dashboard-agent-listen-port", "0", "--min-worker-port", "0", "--max-worker-port", "0", "--block"]
+    return [
+        *RAY,
+        "start",
+        "--address",
+        head_address,
+        "--node-ip-address",
+        pod_ip,
+        "--disable-usage-stats",
+        "--resources",
+        json.dumps({trainer_resource(worker): 1}),
+        "--temp-dir",
+        temp_dir,
+        "--dashboard-agent-listen-port",
+        "0",
+        "--min-worker-port",
+        "0",
+        "--max-worker-port",
+        "0",
+        "--block",
+    ]
 
 
 def sidecar_worker(environ: Mapping[str, str]) -> tuple[str, str, str]:
@@ -58,8 +75,11 @@ def sidecar_worker(environ: Mapping[str, str]) -> tuple[str, str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", required=True, type=Path, help="the run's manifest (the mounted ConfigMap)")
-    parser.add_argument("--temp-dir", default=TEMP_DIR,
-                        help=f"this node's Ray temp dir, apart from the rollout container's (default {TEMP_DIR})")
+    parser.add_argument(
+        "--temp-dir",
+        default=TEMP_DIR,
+        help=f"this node's Ray temp dir, apart from the rollout container's (default {TEMP_DIR})",
+    )
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
@@ -70,8 +90,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         return 2
     placement = spec.spec.drafter.placement
     if placement != "sidecar":
-        print(f"error: drafter.placement is {placement!r}: the drafter trainer runs inside the rollout worker; "
-              "`tlt drafter-trainer` is the container of drafter.placement 'sidecar' only", file=sys.stderr)
+        print(
+            f"error: drafter.placement is {placement!r}: the drafter trainer runs inside the rollout worker; "
+            "`tlt drafter-trainer` is the container of drafter.placement 'sidecar' only",
+            file=sys.stderr,
+        )
         return 2
     environ = os.environ if environ is None else environ
     try:

@@ -23,12 +23,20 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path, help="a run's output folder (its served drafter, drafter-served/), a run's drafter/ "
-                        "folder (the hub's newest snapshot) or a drafter checkpoint folder")
+    parser.add_argument(
+        "checkpoint",
+        type=Path,
+        help="a run's output folder (its served drafter, drafter-served/), a run's drafter/ "
+        "folder (the hub's newest snapshot) or a drafter checkpoint folder",
+    )
     parser.add_argument("--target", type=Path, required=True, help="local folder of the policy the drafter serves")
     parser.add_argument("--out", type=Path, required=True, help="folder to write (replaced if it exists)")
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                        help="weight dtype of the export (default: keep the checkpoint's)")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="weight dtype of the export (default: keep the checkpoint's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"tlt export-drafter: {exc}", file=sys.stderr)
         return 1
-    print(f"exported {result.source} -> {result.path} ({result.tensors} tensors, "
-          f"{result.parameters} parameters, {result.dtype})")
+    print(
+        f"exported {result.source} -> {result.path} ({result.tensors} tensors, "
+        f"{result.parameters} parameters, {result.dtype})"
+    )
     return 0

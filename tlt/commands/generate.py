@@ -41,7 +41,7 @@ def read_prompts(path: Path) -> list[str]:
     for number, line in enumerate(lines, start=1):
         record = json.loads(line)
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ValueError(f"--prompts: line {number} of {path.name} has no string \"prompt\" field")
+            raise ValueError(f'--prompts: line {number} of {path.name} has no string "prompt" field')
         prompts.append(record["prompt"])
     return prompts
 

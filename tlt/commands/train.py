@@ -29,21 +29,29 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tlt.spec.run import TLTTrainingRun
-from tlt.spec.manifest_io import SpecError, load_run
 from tlt.rollout.vllm.availability import rollout_engine_problem, vllm_model_problem
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
 from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
+from tlt.spec.manifest_io import SpecError, load_run
+from tlt.spec.run import TLTTrainingRun
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="run.yaml: a TLTTrainingRun manifest or a bare spec")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output folder: metrics.jsonl, checkpoints, final policy (default: runs/<metadata.name>)")
-    parser.add_argument("--local", action="store_true",
-                        help="single process, no Ray: rollout and update take turns in this process")
-    parser.add_argument("--address", default=None,
-                        help="join the Ray cluster at this address (default: $RAY_ADDRESS, else a local cluster)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder: metrics.jsonl, checkpoints, final policy (default: runs/<metadata.name>)",
+    )
+    parser.add_argument(
+        "--local", action="store_true", help="single process, no Ray: rollout and update take turns in this process"
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="join the Ray cluster at this address (default: $RAY_ADDRESS, else a local cluster)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
     if problem is None and spec.spec.rollout.engine == "vllm":
         problem = vllm_spec_problem(spec.spec, cuda=torch.cuda.is_available()) or vllm_model_problem(spec.spec)
         if problem is None and args.local:
-            problem = ("rollout.engine 'vllm' needs the Ray loop (a vLLM rollout worker beside the policy's "
-                       "trainer): drop --local, or set rollout.engine to 'tlt'")
+            problem = (
+                "rollout.engine 'vllm' needs the Ray loop (a vLLM rollout worker beside the policy's "
+                "trainer): drop --local, or set rollout.engine to 'tlt'"
+            )
     if problem is not None:
         print(f"{args.file}: {problem}", file=sys.stderr)
         return 2
@@ -137,14 +147,21 @@ def _train_local(spec: TLTTrainingRun, out: Path, stop: GracefulStop) -> int:
             return code
     trainer.loggers.close()
     if trainer.step < total:
-        console.print(stopped_line(spec.metadata.name, stop.name, trainer.step, total,
-                                   str(trainer.stopped) if trainer.stopped else None), highlight=False, soft_wrap=True)
+        console.print(
+            stopped_line(
+                spec.metadata.name, stop.name, trainer.step, total, str(trainer.stopped) if trainer.stopped else None
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
         return 0
     from tlt.runtime.report import write_report
 
     last = history[-1] if history else None
     summary = f"done: {len(history)} steps" + (f", final reward {last['reward_mean']:.3f}" if last else "")
     report = write_report(out, title=f"TLT run {spec.metadata.name} (--local)") if trainer.step else None
-    console.print(f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}"
-                  + (f", report {report}" if report else ""))
+    console.print(
+        f"{summary}; policy in {out / 'policy'}, metrics in {trainer.metrics_path}"
+        + (f", report {report}" if report else "")
+    )
     return 0

@@ -17,13 +17,13 @@ import sys
 
 from transformers import PreTrainedTokenizerBase
 
-from tlt.spec.run import RunSpec
-from tlt.spec.manifest_io import SpecError, load_run
 from tlt.models.loading import load_tokenizer
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.spec_map import vllm_spec_problem
 from tlt.runtime.input_checks import input_problems, metrics_port_problem
+from tlt.spec.manifest_io import SpecError, load_run
 from tlt.spec.references import SharedNames, reference_problems
+from tlt.spec.run import RunSpec
 from tlt.spec.spec_warnings import spec_warnings
 from tlt.tasks.datasets import DatasetError, load_problems
 from tlt.tasks.prompt_format import PromptError, encode_prompt
@@ -32,12 +32,20 @@ from tlt.tasks.tokenizer import build_task_tokenizer
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", help="run.yaml files: TLTTrainingRun manifests or bare specs")
-    parser.add_argument("--show-prompt", type=int, default=0, metavar="N",
-                        help="print the text and token ids of the first N training prompts as the model gets them "
-                        "(reads the dataset and model.path's tokenizer)")
-    parser.add_argument("--schema-only", action="store_true",
-                        help="check the spec alone: not the model folder, dataset files, prompts and metrics port "
-                        "on this machine (e.g. a manifest whose paths exist only on the cluster)")
+    parser.add_argument(
+        "--show-prompt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the text and token ids of the first N training prompts as the model gets them "
+        "(reads the dataset and model.path's tokenizer)",
+    )
+    parser.add_argument(
+        "--schema-only",
+        action="store_true",
+        help="check the spec alone: not the model folder, dataset files, prompts and metrics port "
+        "on this machine (e.g. a manifest whose paths exist only on the cluster)",
+    )
 
 
 def run_tokenizer(spec: RunSpec) -> PreTrainedTokenizerBase:

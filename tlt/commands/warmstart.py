@@ -12,7 +12,6 @@ import json
 import shutil
 import sys
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import yaml
@@ -58,8 +57,12 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     with Progress(
-        TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(), transient=True,
+        TextColumn("SFT"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        transient=True,
     ) as progress:
         bar = progress.add_task("sft", total=config.steps, loss=float("nan"))
         folder = warm_start(

@@ -53,11 +53,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal, get_args
 
-from tlt.spec.run import RunSpec, TLTTrainingRun
-from tlt.spec.manifest_io import SpecError, load_run
 from tlt.runtime.graceful_stop import EXIT_TERMINATED
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 from tlt.runtime.ray_sidecar import TRAINER_RESOURCE_PREFIX, trainer_nodes
+from tlt.spec.manifest_io import SpecError, load_run
+from tlt.spec.run import RunSpec, TLTTrainingRun
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +105,25 @@ def read_env(environ: Mapping[str, str], role: str) -> WorkerEnv:
         raise EnvError(f"--role must be one of {list(ROLES)}, got {role!r}")
     missing = [name for name in ENV_VARS if not environ.get(name)]
     if missing:
-        raise EnvError(f"missing environment variable(s) {', '.join(missing)}: the operator's pods set them "
-                       f"(tlt_operator.builders.pod); set them by hand to run a worker elsewhere")
+        raise EnvError(
+            f"missing environment variable(s) {', '.join(missing)}: the operator's pods set them "
+            f"(tlt_operator.builders.pod); set them by hand to run a worker elsewhere"
+        )
     if environ["TLT_ROLE"] != role:
         raise EnvError(f"TLT_ROLE is {environ['TLT_ROLE']!r} but --role is {role!r}; they must agree")
     rank = environ["TLT_RANK"]
     if not rank.isdigit():
         raise EnvError(f"TLT_RANK must be a non-negative integer, got {rank!r}")
     head_port(environ["TLT_HEAD_ADDRESS"])
-    return WorkerEnv(run_name=environ["TLT_RUN_NAME"], role=role, rank=int(rank),  # type: ignore[arg-type]
-                     pod_name=environ["TLT_POD_NAME"], namespace=environ["TLT_NAMESPACE"],
-                     pod_ip=environ["TLT_POD_IP"], head_address=environ["TLT_HEAD_ADDRESS"])
+    return WorkerEnv(
+        run_name=environ["TLT_RUN_NAME"],
+        role=role,
+        rank=int(rank),  # type: ignore[arg-type]
+        pod_name=environ["TLT_POD_NAME"],
+        namespace=environ["TLT_NAMESPACE"],
+        pod_ip=environ["TLT_POD_IP"],
+        head_address=environ["TLT_HEAD_ADDRESS"],
+    )
 
 
 def ray_start_args(role: Role, rank: int, head_address: str, pod_ip: str) -> list[str]:
@@ -126,8 +134,21 @@ def ray_start_args(role: Role, rank: int, head_address: str, pod_ip: str) -> lis
     process outside Ray's bookkeeping, and the coordinator shares the cluster's CPUs among its actors."""
     common = ["--node-ip-address", pod_ip, "--disable-usage-stats"]
     if role == "policy" and rank == 0:
-        return [*RAY, "start", "--head", "--port", str(head_port(head_address)), *common,
-                "--num-cpus", "0", "--num-gpus", "0", "--include-dashboard", "false", "--block"]
+        return [
+            *RAY,
+            "start",
+            "--head",
+            "--port",
+            str(head_port(head_address)),
+            *common,
+            "--num-cpus",
+            "0",
+            "--num-gpus",
+            "0",
+            "--include-dashboard",
+            "false",
+            "--block",
+        ]
     resource = ROLE_RESOURCES.get(role)
     resources = ["--resources", json.dumps({resource: 1})] if resource is not None else []
     return [*RAY, "start", "--address", head_address, *common, *resources, "--block"]
@@ -143,9 +164,11 @@ def ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
     without it EnvError, rather than a head that makes up a token no other pod knows."""
     mode = environ.get(AUTH_MODE) or "token"
     if mode == "token" and not environ.get(AUTH_TOKEN):
-        raise EnvError(f"Ray token authentication is on ({AUTH_MODE}=token, the default) but {AUTH_TOKEN} is not "
-                       f"set: the operator injects it from the run's Secret <run>-ray-token; set {AUTH_MODE}="
-                       "disabled in every role's podTemplate.env only on a network nobody else can reach")
+        raise EnvError(
+            f"Ray token authentication is on ({AUTH_MODE}=token, the default) but {AUTH_TOKEN} is not "
+            f"set: the operator injects it from the run's Secret <run>-ray-token; set {AUTH_MODE}="
+            "disabled in every role's podTemplate.env only on a network nobody else can reach"
+        )
     return {**environ, AUTH_MODE: mode}
 
 
@@ -185,8 +208,9 @@ def wait_for_nodes(address: str, spec: RunSpec, deadline: float, poll: float = 2
         signal.signal(signal.SIGTERM, _terminate)  # over Ray's own (exit 15): SIGTERM while waiting is 143
     while missing := missing_nodes(spec, ray.cluster_resources()):
         if time.monotonic() > deadline:
-            raise TimeoutError("still waiting for nodes: "
-                               + ", ".join(f"{n} with {name}" for name, n in sorted(missing.items())))
+            raise TimeoutError(
+                "still waiting for nodes: " + ", ".join(f"{n} with {name}" for name, n in sorted(missing.items()))
+            )
         log.info("waiting for nodes: %s", missing)
         time.sleep(poll)
 
@@ -194,10 +218,18 @@ def wait_for_nodes(address: str, spec: RunSpec, deadline: float, poll: float = 2
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", required=True, choices=ROLES, help="this pod's role")
     parser.add_argument("--spec", required=True, type=Path, help="the run's manifest (the mounted ConfigMap)")
-    parser.add_argument("--out", type=Path, default=WORK_DIR,
-                        help=f"policy rank 0: output folder; relative checkpoint.path resolves here (default {WORK_DIR})")
-    parser.add_argument("--join-timeout", type=float, default=600.0,
-                        help="policy rank 0: seconds to wait for the head and every rollout and verifier pod (default 600)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=WORK_DIR,
+        help=f"policy rank 0: output folder; relative checkpoint.path resolves here (default {WORK_DIR})",
+    )
+    parser.add_argument(
+        "--join-timeout",
+        type=float,
+        default=600.0,
+        help="policy rank 0: seconds to wait for the head and every rollout and verifier pod (default 600)",
+    )
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -215,9 +247,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         env = read_env(environ, args.role)
         ray_env = checked_ray_environment(environ)
         if env.is_head and not environ.get(AUTH_MODE):
-            raise EnvError(f"policy rank 0 is also a Ray driver (the coordinator), and Ray reads {AUTH_MODE} when it "
-                           f"is imported: set {AUTH_MODE}=token (with {AUTH_TOKEN}) in the pod's environment, as the "
-                           "operator does, so the driver and its head agree")
+            raise EnvError(
+                f"policy rank 0 is also a Ray driver (the coordinator), and Ray reads {AUTH_MODE} when it "
+                f"is imported: set {AUTH_MODE}=token (with {AUTH_TOKEN}) in the pod's environment, as the "
+                "operator does, so the driver and its head agree"
+            )
     except EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -231,8 +265,11 @@ def checked_ray_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """`ray_environment(environ)`, with a warning when Ray's token authentication is off."""
     ray_env = ray_environment(environ)
     if ray_env[AUTH_MODE] == "disabled":
-        log.warning("Ray token authentication is off (%s=disabled): any process that reaches this pod's Ray ports "
-                    "can run code in the cluster", AUTH_MODE)
+        log.warning(
+            "Ray token authentication is off (%s=disabled): any process that reaches this pod's Ray ports "
+            "can run code in the cluster",
+            AUTH_MODE,
+        )
     return ray_env
 
 
@@ -246,11 +283,9 @@ def exit_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_head(env: WorkerEnv, run_spec: TLTTrainingRun, out: Path, join_timeout: float,
-             ray_env: dict[str, str]) -> int:
+def run_head(env: WorkerEnv, run_spec: TLTTrainingRun, out: Path, join_timeout: float, ray_env: dict[str, str]) -> int:
     """Start the head, run the coordinator, stop the head; the coordinator's exit status."""
-    head = subprocess.Popen(ray_start_args(env.role, env.rank, env.head_address, env.pod_ip), shell=False,
-                            env=ray_env)
+    head = subprocess.Popen(ray_start_args(env.role, env.rank, env.head_address, env.pod_ip), shell=False, env=ray_env)
     port = head_port(env.head_address)
     address = f"{env.pod_ip}:{port}"
     deadline = time.monotonic() + join_timeout
@@ -295,6 +330,8 @@ def hold_node(args: list[str], ray_env: dict[str, str]) -> int:
         code = child.wait()
     finally:
         _stop(child)
-    print(f"error: ray start --block exited {code}: this node lost the cluster (head gone or a Ray daemon died)",
-          file=sys.stderr)
+    print(
+        f"error: ray start --block exited {code}: this node lost the cluster (head gone or a Ray daemon died)",
+        file=sys.stderr,
+    )
     return code if code != 0 else 1

@@ -53,10 +53,12 @@ def block_batch(batch: DrafterBatch, k: int, segments: Sequence[int] | None = No
         seg = torch.zeros(rows, width, dtype=torch.long, device=device)  # [S, T] one sequence per row
     else:
         if rows != 1 or sum(segments) != width:
-            raise ValueError(f"segments {list(segments)} must cover one packed row of {width} positions, got "
-                             f"{rows} rows")
-        seg = torch.repeat_interleave(torch.arange(len(segments), device=device),
-                                      torch.tensor(list(segments), device=device))[None]  # [1, T]
+            raise ValueError(
+                f"segments {list(segments)} must cover one packed row of {width} positions, got {rows} rows"
+            )
+        seg = torch.repeat_interleave(
+            torch.arange(len(segments), device=device), torch.tensor(list(segments), device=device)
+        )[None]  # [1, T]
     s, j = batch.mask.nonzero(as_tuple=True)  # [N] anchors
     idx = j[:, None] + torch.arange(k, device=device)[None, :]  # [N, k] target[j + i]
     inside = idx < width
@@ -113,8 +115,11 @@ class BlockTraining:
 
     def state_dict(self) -> dict[str, Any]:
         """The drafter's own parameters, the AdamW state and the step count."""
-        return {"drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(), "step": self.step}
+        return {
+            "drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.drafter.load_state_dict(state["drafter"])

@@ -128,7 +128,9 @@ def pack(samples: list[Sample], row_tokens: int) -> list[PackedBatch]:
         for start, end in _pieces(sample, row_tokens):
             mask = torch.arange(start, end) >= sample.prompt_len
             positions = torch.arange(start, end)[None]
-            piece = drafter_inputs(sample.tokens[None, start:end], sample.hidden[None, start:end], mask[None], positions)
+            piece = drafter_inputs(
+                sample.tokens[None, start:end], sample.hidden[None, start:end], mask[None], positions
+            )
             if not bool(piece.mask.any()):
                 continue
             size = piece.input_ids.shape[1]
@@ -196,18 +198,24 @@ class OnlineBuffer:
         (tokens [L] int64, hidden [L, H], prompt length, step) in order. Tensors, ints and lists
         only, so whole-run checkpoints load it with `torch.load(weights_only=True)`."""
         return {
-            "buffer_steps": self.buffer_steps, "row_tokens": self.row_tokens, "seed": self.seed,
+            "buffer_steps": self.buffer_steps,
+            "row_tokens": self.row_tokens,
+            "seed": self.seed,
             "current_step": self.current_step,
-            "tokens": [s.tokens.clone() for s in self.samples], "hidden": [s.hidden.clone() for s in self.samples],
-            "prompt_len": [s.prompt_len for s in self.samples], "step": [s.step for s in self.samples],
+            "tokens": [s.tokens.clone() for s in self.samples],
+            "hidden": [s.hidden.clone() for s in self.samples],
+            "prompt_len": [s.prompt_len for s in self.samples],
+            "step": [s.step for s in self.samples],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s samples and step; the settings must match this buffer's."""
         for name in ("buffer_steps", "row_tokens", "seed"):
             if int(state[name]) != getattr(self, name):
-                raise ValueError(f"buffer state has {name}={state[name]}, this buffer {getattr(self, name)}: "
-                                 "the checkpoint was written with different drafter settings")
+                raise ValueError(
+                    f"buffer state has {name}={state[name]}, this buffer {getattr(self, name)}: "
+                    "the checkpoint was written with different drafter settings"
+                )
         columns = (state["tokens"], state["hidden"], state["prompt_len"], state["step"])
         if len({len(c) for c in columns}) != 1:
             raise ValueError(f"buffer state columns differ in length: {[len(c) for c in columns]}")

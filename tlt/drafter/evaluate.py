@@ -75,6 +75,7 @@ def make_requests(
         for i, p in enumerate(problems)
     ]
 
+
 def _timed(engine: Engine, requests: list[Request]) -> tuple[list[Completion], float]:
     """Completions and wall seconds of `requests`, after a one-request warm-up (first-call
     allocations are not decoding speed; a speculative stepper's counters restart after it)."""
@@ -115,8 +116,9 @@ def evaluate_drafter(
 
     plain = Engine(policy, max_batch_size=batch_size, max_context=context, return_hidden=False)
     plain_out, plain_seconds = _timed(plain, requests)
-    spec = speculative_engine(policy, drafter, draft_tokens=draft_tokens, max_batch_size=batch_size,
-                              max_context=context)
+    spec = speculative_engine(
+        policy, drafter, draft_tokens=draft_tokens, max_batch_size=batch_size, max_context=context
+    )
     spec_out, spec_seconds = _timed(spec, requests)
     stats = spec.stepper.stats  # type: ignore[attr-defined]  # the SpeculativeStepper installed above
 
@@ -135,6 +137,10 @@ def evaluate_drafter(
         speculative_tokens_per_second=new_tokens / spec_seconds if spec_seconds > 0 else 0.0,
         outputs_equal=[c.token_ids for c in plain_out] == [c.token_ids for c in spec_out],
     )
-    log.info("drafter evaluation: accept length %.2f, speedup %.2fx over %d prompts",
-             result.accept_length, result.speedup, result.prompts)
+    log.info(
+        "drafter evaluation: accept length %.2f, speedup %.2fx over %d prompts",
+        result.accept_length,
+        result.speedup,
+        result.prompts,
+    )
     return result

@@ -41,8 +41,15 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from tlt.drafter.async_ckpt import LATEST
-from tlt.models.drafter import (CONFIG_FILE, SHAPE_FIELDS, WEIGHTS_FILE, EagleDrafter, drafter_config_from_target,
-                                load_drafter, save_drafter)
+from tlt.models.drafter import (
+    CONFIG_FILE,
+    SHAPE_FIELDS,
+    WEIGHTS_FILE,
+    EagleDrafter,
+    drafter_config_from_target,
+    load_drafter,
+    save_drafter,
+)
 from tlt.models.eagle_layout import EAGLE_ARCHITECTURE, check_eagle_keys
 
 log = logging.getLogger(__name__)
@@ -100,8 +107,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if (snapshot / WEIGHTS_FILE).is_file():
             served = folder.parent / SERVED_DIR
             if served.is_dir():
-                log.info("%s: the hub's newest snapshot %s; the run's served drafter is %s (pass the run folder "
-                         "%s to export that one)", folder, snapshot.name, served, folder.parent)
+                log.info(
+                    "%s: the hub's newest snapshot %s; the run's served drafter is %s (pass the run folder "
+                    "%s to export that one)",
+                    folder,
+                    snapshot.name,
+                    served,
+                    folder.parent,
+                )
             return snapshot
         raise FileNotFoundError(f"{pointer} names {snapshot.name!r}, which has no {WEIGHTS_FILE}")
     served = folder / SERVED_DIR
@@ -121,8 +134,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
-def write_served_drafter(out_dir: str | Path, drafter: tuple[int, dict[str, torch.Tensor]],
-                         target: PretrainedConfig, *, publish: str, step: int) -> Path:
+def write_served_drafter(
+    out_dir: str | Path,
+    drafter: tuple[int, dict[str, torch.Tensor]],
+    target: PretrainedConfig,
+    *,
+    publish: str,
+    step: int,
+) -> Path:
     """Write `drafter` = (version, parameters) as the `save_drafter` folder `<out_dir>/drafter-served/`
     with `served.json` (version, publish mode, step); built in a temporary folder and renamed into
     place, replacing an older one, so the folder is never half written. Returns the folder."""

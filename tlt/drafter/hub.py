@@ -38,7 +38,6 @@ from tlt.models.drafter import EagleDrafter
 log = logging.getLogger(__name__)
 
 
-
 class DrafterHub:
     """Parameters (float32) + AdamW of one EagleDrafter; `version` counts applied gradients."""
 
@@ -87,9 +86,18 @@ class DrafterHub:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), MAX_GRAD_NORM))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            self.pushes.append({"time": time.time(), "trainer": trainer, "version": self.version + 1,
-                                "staleness": self.version - based_on, "tokens": tokens, "loss": loss,
-                                "grad_norm": grad_norm, "steps": 1})
+            self.pushes.append(
+                {
+                    "time": time.time(),
+                    "trainer": trainer,
+                    "version": self.version + 1,
+                    "staleness": self.version - based_on,
+                    "tokens": tokens,
+                    "loss": loss,
+                    "grad_norm": grad_norm,
+                    "steps": 1,
+                }
+            )
             self.version += 1
             return self.version, {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
 
@@ -113,9 +121,17 @@ class DrafterHub:
         with self._lock, torch.no_grad():
             for name, param in named.items():
                 param.add_(delta[name].to(param.dtype))
-            self.pushes.append({"time": time.time(), "trainer": trainer, "version": self.version + steps,
-                                "staleness": self.version - based_on, "tokens": tokens, "loss": loss,
-                                "steps": steps})
+            self.pushes.append(
+                {
+                    "time": time.time(),
+                    "trainer": trainer,
+                    "version": self.version + steps,
+                    "staleness": self.version - based_on,
+                    "tokens": tokens,
+                    "loss": loss,
+                    "steps": steps,
+                }
+            )
             self.version += steps
             return self.version, {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
 

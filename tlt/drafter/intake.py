@@ -12,9 +12,14 @@ from tlt.drafter.buffer import OnlineBuffer, pack
 from tlt.drafter.trainer import SpotTrainer, packed_agreement
 
 
-def buffer_and_agreement(buffer: OnlineBuffer, trainer: SpotTrainer, completions: list[Any], step: int,
-                         row_tokens: int, candidate: tuple[int, dict[str, torch.Tensor]] | None = None
-                         ) -> dict[str, Any]:
+def buffer_and_agreement(
+    buffer: OnlineBuffer,
+    trainer: SpotTrainer,
+    completions: list[Any],
+    step: int,
+    row_tokens: int,
+    candidate: tuple[int, dict[str, torch.Tensor]] | None = None,
+) -> dict[str, Any]:
     """Add `step`'s completions to `buffer`; the top-1 agreement on those fresh samples of the trainer's
     drafter (the one the rollout drafted with) and, given a `candidate` (version, parameters), of the
     candidate, which the trainer then holds (it trains on from there)."""

@@ -108,7 +108,10 @@ def make_optimizer(drafter: EagleDrafter, lr: float) -> torch.optim.AdamW:
 
 
 def train_drafter_steps(
-    drafter: EagleDrafter, batches: Sequence[DrafterBatch], steps: int, lr: float,
+    drafter: EagleDrafter,
+    batches: Sequence[DrafterBatch],
+    steps: int,
+    lr: float,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Plain training loop (tests, the bench drafter): `steps` optimiser steps cycling over `batches`; returns

@@ -4,7 +4,8 @@ The online trainer only sees recent rollouts. Where a step holds few prompts (GR
 prompts x a group of samples) the drafter can fit those prompts and draft worse for the next step's,
 measured: `tlt bench drafter` (held-out top-1 agreement of the warm drafter 0.915 -> 0.80-0.88 over 16
 steps of 4 prompts x 8 samples at lr 1e-3, 0.90-0.94 over steps of 32 distinct prompts). So with
-`drafter.publish: validated` a step's rollouts draft with the *served* drafter, and the hub's newer parameters (the *candidate*) are scored beside it on the step's fresh rollouts,
+`drafter.publish: validated` a step's rollouts draft with the *served* drafter, and the hub's newer parameters (the
+*candidate*) are scored beside it on the step's fresh rollouts,
 which neither has trained on; the candidate is served from the next step on only if it agrees with
 the policy at least as often. Training goes on from the candidate either way (the hub keeps its own
 trajectory and AdamW state), so a drafter that first loses and then overtakes gets through. The price
@@ -46,21 +47,28 @@ def promote(served: tuple[int, int], candidate: tuple[int, int]) -> bool:
     return agree_c * total_s >= agree_s * total_c
 
 
-def publish_outcome(served: Drafter | None, candidate: Drafter | None, results: list[dict[str, Any]]
-                    ) -> tuple[dict[str, Any], Drafter | None]:
+def publish_outcome(
+    served: Drafter | None, candidate: Drafter | None, results: list[dict[str, Any]]
+) -> tuple[dict[str, Any], Drafter | None]:
     """The step's publish metrics and the drafter served from the next step on.
 
     served / candidate: the step's (`step_drafters`); results: the rollout workers' results, each with
     the served drafter's `agree` / `agree_total` positions and, when a candidate was scored beside it,
     `candidate_agree` / `candidate_total`. The candidate is served next if `promote` says so."""
-    out: dict[str, Any] = {"drafter_served_version": served[0] if served is not None else None,
-                           "drafter_candidate_version": None, "drafter_candidate_agreement": None,
-                           "drafter_promoted": None}
+    out: dict[str, Any] = {
+        "drafter_served_version": served[0] if served is not None else None,
+        "drafter_candidate_version": None,
+        "drafter_candidate_agreement": None,
+        "drafter_promoted": None,
+    }
     if candidate is None:
         return out, served
     scored = (sum(r["agree"] for r in results), sum(r["agree_total"] for r in results))
     tried = (sum(r.get("candidate_agree", 0) for r in results), sum(r.get("candidate_total", 0) for r in results))
     promoted = promote(scored, tried)
-    out.update(drafter_candidate_version=candidate[0], drafter_promoted=promoted,
-               drafter_candidate_agreement=tried[0] / tried[1] if tried[1] else None)
+    out.update(
+        drafter_candidate_version=candidate[0],
+        drafter_promoted=promoted,
+        drafter_candidate_agreement=tried[0] / tried[1] if tried[1] else None,
+    )
     return out, (candidate if promoted else served)

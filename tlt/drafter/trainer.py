@@ -46,6 +46,7 @@ PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[in
 # Local optimizer steps between two syncs with the hub (one round trip each).
 SYNC_EVERY = 16
 
+
 def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
     """The EAGLE loss (a scalar with its graph) on one packed row (moved to the drafter's device)."""
     b = packed.to(drafter.device).batch
@@ -105,11 +106,16 @@ class TrainerRun:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "step": self.step, "started_at": self.started_at, "stop_received_at": self.stop_received_at,
-            "stopped_at": self.stopped_at, "iterations": self.iterations, "tokens": self.tokens,
+            "step": self.step,
+            "started_at": self.started_at,
+            "stop_received_at": self.stop_received_at,
+            "stopped_at": self.stopped_at,
+            "iterations": self.iterations,
+            "tokens": self.tokens,
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
-            "version_last": self.versions[-1] if self.versions else None, "error": self.error,
+            "version_last": self.versions[-1] if self.versions else None,
+            "error": self.error,
             "priority": self.priority,
         }
 
@@ -117,8 +123,16 @@ class TrainerRun:
 class SpotTrainer:
     """One worker's trainer thread over its buffer, its local drafter copy and its own AdamW."""
 
-    def __init__(self, trainer_id: str, drafter: EagleDrafter, buffer: OnlineBuffer, push: PushFn, *,
-                 learning_rate: float, sync_every: int = SYNC_EVERY) -> None:
+    def __init__(
+        self,
+        trainer_id: str,
+        drafter: EagleDrafter,
+        buffer: OnlineBuffer,
+        push: PushFn,
+        *,
+        learning_rate: float,
+        sync_every: int = SYNC_EVERY,
+    ) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.trainer_id = trainer_id
@@ -193,8 +207,9 @@ class SpotTrainer:
             raise RuntimeError(f"trainer {self.trainer_id} is already training")
         self._stop.clear()
         self.current = TrainerRun(step=step, started_at=time.time())
-        self._thread = threading.Thread(target=self._loop, args=(self.current, after), name=f"spot-{self.trainer_id}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, args=(self.current, after), name=f"spot-{self.trainer_id}", daemon=True
+        )
         self._thread.start()
         return self.current.started_at
 
@@ -207,8 +222,7 @@ class SpotTrainer:
             self._thread.join()
             self._thread = None
         if run is None:
-            return {"step": None, "stop_received_at": received, "stopped_at": time.time(), "iterations": 0,
-                    "tokens": 0}
+            return {"step": None, "stop_received_at": received, "stopped_at": time.time(), "iterations": 0, "tokens": 0}
         run.stop_received_at = received
         run.stopped_at = time.time()
         self.current = None

@@ -43,8 +43,9 @@ from tlt.models.drafter import (
 MAX_BLOCK = 8  # block arms draft 2 .. MAX_BLOCK tokens (`speculative.arms[].depth` of kind block)
 
 
-def block_config_from_target(target_config: PretrainedConfig, block_size: int = MAX_BLOCK,
-                             num_layers: int = 1) -> LlamaConfig:
+def block_config_from_target(
+    target_config: PretrainedConfig, block_size: int = MAX_BLOCK, num_layers: int = 1
+) -> LlamaConfig:
     """The EAGLE drafter's config (`drafter_config_from_target`) with `block_size` mask offsets and
     `num_layers` decoder layers (1 or 2)."""
     if not 1 <= block_size <= MAX_BLOCK:

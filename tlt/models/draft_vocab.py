@@ -53,8 +53,10 @@ class DraftVocab:
     def __init__(self, head: nn.Linear, size: int) -> None:
         vocab = head.out_features
         if not 1 <= size < vocab:
-            raise ValueError(f"speculative.draftVocab must be in [1, {vocab - 1}] for this policy (its vocabulary "
-                             f"has {vocab} tokens; 0 drafts from all of them), got {size}")
+            raise ValueError(
+                f"speculative.draftVocab must be in [1, {vocab - 1}] for this policy (its vocabulary "
+                f"has {vocab} tokens; 0 drafts from all of them), got {size}"
+            )
         self.vocab_size = vocab
         weight = head.weight
         self.ids = torch.arange(size, dtype=torch.long, device=weight.device)
@@ -105,8 +107,9 @@ class DraftVocabTracker:
         """Resume from a checkpoint's counts [V] (the next `before` picks from them); counts of another
         vocabulary are refused."""
         if counts.shape != self.counts.shape:
-            raise ValueError(f"draft vocabulary counts of {tuple(counts.shape)} tokens; this policy has "
-                             f"{self.counts.shape[0]}")
+            raise ValueError(
+                f"draft vocabulary counts of {tuple(counts.shape)} tokens; this policy has {self.counts.shape[0]}"
+            )
         self.counts = counts.to(torch.long).cpu().clone()
 
     def _count(self, token_lists: Iterable[Sequence[int]]) -> list[int]:
@@ -118,8 +121,9 @@ class DraftVocabTracker:
     def before(self, prompts: Iterable[Sequence[int]], always: Sequence[int] = ()) -> None:
         self._count(prompts)
         if len(set(always)) > self.vocab.size:
-            raise ValueError(f"speculative.draftVocab ({self.vocab.size}) must hold the requests' {len(set(always))} "
-                             "stop tokens")
+            raise ValueError(
+                f"speculative.draftVocab ({self.vocab.size}) must hold the requests' {len(set(always))} stop tokens"
+            )
         self.vocab.update(top_tokens(self.counts, self.vocab.size, always), self.head)
 
     def after(self, responses: Iterable[Sequence[int]]) -> tuple[int, int]:

@@ -117,9 +117,11 @@ class BoundDrafter(nn.Module):
             )
         devices = {self.fc.weight.device, embed_tokens.weight.device, lm_head.weight.device}
         if len(devices) > 1:
-            raise ValueError(f"the drafter is on {self.fc.weight.device}, the policy's embedding on "
-                             f"{embed_tokens.weight.device} and its LM head on {lm_head.weight.device}: move the "
-                             "drafter to the policy's device (drafter.to(device)) before binding")
+            raise ValueError(
+                f"the drafter is on {self.fc.weight.device}, the policy's embedding on "
+                f"{embed_tokens.weight.device} and its LM head on {lm_head.weight.device}: move the "
+                "drafter to the policy's device (drafter.to(device)) before binding"
+            )
         self._bound = (embed_tokens, lm_head)
         if self._draft_vocab is not None:  # the new head's rows for the same ids
             self._draft_vocab.update(self._draft_vocab.ids.clone(), lm_head)
@@ -198,10 +200,17 @@ class EagleDrafter(BoundDrafter):
         position_embeddings = self._rotary[0](fused, position_ids)  # cos, sin: [B, T, head_dim]
         if segments is not None:
             if self.config._attn_implementation != SEGMENT_ATTENTION:
-                raise ValueError(f"segments need the drafter config's attention {SEGMENT_ATTENTION!r}, it has "
-                                 f"{self.config._attn_implementation!r}")
-            return self.layers[0](fused, attention_mask=attention_mask, position_ids=position_ids,
-                                  position_embeddings=position_embeddings, segments=tuple(segments))
+                raise ValueError(
+                    f"segments need the drafter config's attention {SEGMENT_ATTENTION!r}, it has "
+                    f"{self.config._attn_implementation!r}"
+                )
+            return self.layers[0](
+                fused,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                segments=tuple(segments),
+            )
         mask = attention_mask if attention_mask is not None else causal_mask(input_ids.shape[1], input_ids.device)
         return self.layers[0](
             fused, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings
@@ -245,8 +254,9 @@ def load_drafter(path: str | Path, target: PretrainedConfig | PreTrainedModel) -
     return load_saved(path, target, lambda config, saved: EagleDrafter(config))
 
 
-def load_saved(path: str | Path, target: PretrainedConfig | PreTrainedModel,
-               build: Callable[[LlamaConfig, dict], BoundDrafter]) -> BoundDrafter:
+def load_saved(
+    path: str | Path, target: PretrainedConfig | PreTrainedModel, build: Callable[[LlamaConfig, dict], BoundDrafter]
+) -> BoundDrafter:
     """`load_drafter` for any drafter kind: `build(config from the target, the saved config.json)` makes the
     empty module the saved weights must fit exactly."""
     folder = Path(path)

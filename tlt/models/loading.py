@@ -80,8 +80,10 @@ def read_model_config(path: str | Path) -> dict:
 def _tokenizer_missing(folder: Path) -> str | None:
     if any((folder / name).is_file() for name in TOKENIZER_FILES):
         return None
-    return (f"no tokenizer in {str(folder)!r}: expected one of {', '.join(TOKENIZER_FILES)} "
-            "(save it with tokenizer.save_pretrained)")
+    return (
+        f"no tokenizer in {str(folder)!r}: expected one of {', '.join(TOKENIZER_FILES)} "
+        "(save it with tokenizer.save_pretrained)"
+    )
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -98,8 +100,10 @@ def tokenizer_size_problem(tokenizer: PreTrainedTokenizerBase, config: dict, pat
     embedding_rows = int(config["vocab_size"])
     if len(tokenizer) <= embedding_rows:
         return None
-    return (f"tokenizer in {str(path)!r} has {len(tokenizer)} tokens but the model's embedding has only "
-            f"{embedding_rows} rows (config vocab_size); the tokenizer must not exceed vocab_size")
+    return (
+        f"tokenizer in {str(path)!r} has {len(tokenizer)} tokens but the model's embedding has only "
+        f"{embedding_rows} rows (config vocab_size); the tokenizer must not exceed vocab_size"
+    )
 
 
 def weights_problem(folder: Path) -> str | None:

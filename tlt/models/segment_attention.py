@@ -35,8 +35,9 @@ def segment_attention(
 
     Without `segments`: transformers' SDPA attention, unchanged (attention_mask and kwargs as given)."""
     if segments is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if attention_mask is not None:
         raise ValueError("segment attention takes segments or an attention_mask, not both")
     if query.shape[0] != 1:
@@ -49,9 +50,16 @@ def segment_attention(
     outputs, start = [], 0
     for length in segments:
         end = start + length
-        outputs.append(F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-            dropout_p=dropout, scale=scaling, is_causal=True))
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:end],
+                key[:, :, start:end],
+                value[:, :, start:end],
+                dropout_p=dropout,
+                scale=scaling,
+                is_causal=True,
+            )
+        )
         start = end
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 

@@ -54,8 +54,11 @@ def sd_on_fraction(arms_chosen: Mapping[str, int]) -> float | None:
 def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The step's finite numbers, flat: top-level ints and floats (bools and None left out), plus
     `sd_on_fraction` when the step has `sd_arms`. Nested values (traces, per-worker states) are dropped."""
-    out = {k: float(v) for k, v in metrics.items()
-           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    out = {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     arms = metrics.get("sd_arms")
     on = sd_on_fraction(arms) if isinstance(arms, Mapping) else None
     if on is not None:

@@ -7,15 +7,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tlt.spec.run import MonitoringSpec
 from tlt.monitoring.base import Loggers, MetricsLogger
 from tlt.monitoring.jsonl import JsonlLogger
+from tlt.spec.run import MonitoringSpec
 
 METRICS_FILE = "metrics.jsonl"
 
 
-def build_loggers(spec: MonitoringSpec, run_dir: str | Path, *, run_name: str = "tlt",
-                  config: Mapping[str, Any] | None = None) -> Loggers:
+def build_loggers(
+    spec: MonitoringSpec, run_dir: str | Path, *, run_name: str = "tlt", config: Mapping[str, Any] | None = None
+) -> Loggers:
     """Start every backend in `spec.loggers` for a run writing into `run_dir`. A backend whose
     library is missing raises `MissingBackendError` (with its pip command) before any step runs;
     the ones already started are closed first. `config` (the run's spec as JSON) goes to wandb."""
@@ -31,8 +32,7 @@ def build_loggers(spec: MonitoringSpec, run_dir: str | Path, *, run_name: str = 
     return Loggers(backends)
 
 
-def _start(name: str, spec: MonitoringSpec, run_dir: Path, run_name: str,
-           config: Mapping[str, Any]) -> MetricsLogger:
+def _start(name: str, spec: MonitoringSpec, run_dir: Path, run_name: str, config: Mapping[str, Any]) -> MetricsLogger:
     if name == "tensorboard":
         from tlt.monitoring.tensorboard import TENSORBOARD_DIR, TensorBoardLogger
 
@@ -52,12 +52,15 @@ def _start(name: str, spec: MonitoringSpec, run_dir: Path, run_name: str,
         from tlt.monitoring.mlflow import MlflowLogger
 
         return MlflowLogger(run_name)
-    raise ValueError(f"monitoring.loggers: unknown logger {name!r}; allowed: jsonl, tensorboard, prometheus, "
-                     "wandb, mlflow")
+    raise ValueError(
+        f"monitoring.loggers: unknown logger {name!r}; allowed: jsonl, tensorboard, prometheus, wandb, mlflow"
+    )
 
 
 def metrics_port_message(port: int, exc: OSError) -> str:
     """The one line for a `monitoring.metricsPort` the Prometheus logger cannot bind (`exc`: bind's error)."""
     why = "is in use on this machine" if exc.errno == errno.EADDRINUSE else f"cannot be bound here ({exc.strerror})"
-    return (f"spec.monitoring.metricsPort: port {port} {why}; stop what listens there or set "
-            "monitoring.metricsPort to a free port (1024-65535)")
+    return (
+        f"spec.monitoring.metricsPort: port {port} {why}; stop what listens there or set "
+        "monitoring.metricsPort to a free port (1024-65535)"
+    )

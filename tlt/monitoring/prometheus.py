@@ -36,8 +36,10 @@ GAUGES = {
     "tokens_per_second": ("tlt_rollout_tokens_per_second", "Generated response tokens over rollout wall time."),
     "accept_length": ("tlt_sd_accept_length_tokens", "Tokens emitted per speculative verify step."),
     "sd_on_fraction": ("tlt_sd_on_ratio", "Share of decode steps that drafted (arm other than plain)."),
-    "stop_latency_max": ("tlt_drafter_trainer_stop_latency_seconds",
-                         "Longest drafter-trainer stop (request to acknowledgement) of the last step."),
+    "stop_latency_max": (
+        "tlt_drafter_trainer_stop_latency_seconds",
+        "Longest drafter-trainer stop (request to acknowledgement) of the last step.",
+    ),
     "drafter_loss": ("tlt_drafter_loss", "Mean drafter training loss over the last step's pushes."),
     "drafter_version": ("tlt_drafter_version", "Version of the drafter the hub last published."),
     "reward_mean": ("tlt_reward_mean", "Mean reward of the last step's responses."),
@@ -49,23 +51,36 @@ GAUGES = {
 }
 # metrics.jsonl key -> (histogram name, help, bucket upper bounds), one observation per step
 HISTOGRAMS = {
-    "step_seconds": ("tlt_step_duration_seconds", "Step wall time.",
-                     (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)),
-    "rollout_seconds": ("tlt_rollout_duration_seconds", "Rollout wall time.",
-                        (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)),
-    "tail_seconds": ("tlt_rollout_tail_duration_seconds", "Rollout long-tail time.",
-                     (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)),
+    "step_seconds": (
+        "tlt_step_duration_seconds",
+        "Step wall time.",
+        (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+    ),
+    "rollout_seconds": (
+        "tlt_rollout_duration_seconds",
+        "Rollout wall time.",
+        (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+    ),
+    "tail_seconds": (
+        "tlt_rollout_tail_duration_seconds",
+        "Rollout long-tail time.",
+        (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    ),
 }
 # metrics.jsonl key -> counter name, help: summed over steps (a step's own value: increase() over it)
 COUNTERS = {
-    "idle_seconds": ("tlt_rollout_idle_seconds_total",
-                     "Rollout-worker seconds idle while the slowest worker ran, summed over steps."),
-    "harvested_seconds": ("tlt_drafter_harvested_seconds_total",
-                          "Idle rollout-worker seconds spent training the drafter, summed over steps."),
+    "idle_seconds": (
+        "tlt_rollout_idle_seconds_total",
+        "Rollout-worker seconds idle while the slowest worker ran, summed over steps.",
+    ),
+    "harvested_seconds": (
+        "tlt_drafter_harvested_seconds_total",
+        "Idle rollout-worker seconds spent training the drafter, summed over steps.",
+    ),
     "generated_tokens": ("tlt_generated_tokens_total", "Response tokens generated."),
 }
 LENGTH_QUANTILES = {"response_length_p50": "0.5", "response_length_p90": "0.9", "response_length_max": "1"}
-LENGTH_BUCKETS = tuple(float(2 ** i) for i in range(3, 16))  # 8 .. 32768 tokens
+LENGTH_BUCKETS = tuple(float(2**i) for i in range(3, 16))  # 8 .. 32768 tokens
 
 
 class PrometheusLogger:
@@ -74,16 +89,26 @@ class PrometheusLogger:
     def __init__(self, port: int, addr: str = "0.0.0.0"):
         self.registry = CollectorRegistry()
         self.gauges = {k: Gauge(name, doc, registry=self.registry) for k, (name, doc) in GAUGES.items()}
-        self.histograms = {k: Histogram(name, doc, buckets=b, registry=self.registry)
-                           for k, (name, doc, b) in HISTOGRAMS.items()}
+        self.histograms = {
+            k: Histogram(name, doc, buckets=b, registry=self.registry) for k, (name, doc, b) in HISTOGRAMS.items()
+        }
         self.counters = {k: Counter(name, doc, registry=self.registry) for k, (name, doc) in COUNTERS.items()}
         self.steps = Counter("tlt_steps_total", "Training steps finished by this process.", registry=self.registry)
-        self.length_quantiles = Gauge("tlt_response_length_tokens", "Response length quantiles of the last step.",
-                                      ["quantile"], registry=self.registry)
-        self.lengths = Histogram("tlt_response_tokens", "Response lengths.", buckets=LENGTH_BUCKETS,
-                                 registry=self.registry)
-        self.arm_steps = Gauge("tlt_sd_arm_steps", "Decode steps of each arm in each batch-size bucket, last step.",
-                               ["bucket", "arm"], registry=self.registry)
+        self.length_quantiles = Gauge(
+            "tlt_response_length_tokens",
+            "Response length quantiles of the last step.",
+            ["quantile"],
+            registry=self.registry,
+        )
+        self.lengths = Histogram(
+            "tlt_response_tokens", "Response lengths.", buckets=LENGTH_BUCKETS, registry=self.registry
+        )
+        self.arm_steps = Gauge(
+            "tlt_sd_arm_steps",
+            "Decode steps of each arm in each batch-size bucket, last step.",
+            ["bucket", "arm"],
+            registry=self.registry,
+        )
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
         shown = "localhost" if addr in ("0.0.0.0", "::") else addr
         log.info("Prometheus metrics at http://%s:%d/metrics (monitoring.metricsPort)", shown, self.port)

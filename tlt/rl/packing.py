@@ -67,8 +67,9 @@ class ForwardInputs:
     targets: torch.Tensor
 
 
-def forward_inputs(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *, packed: bool,
-                   pad_id: int = 0) -> ForwardInputs:
+def forward_inputs(
+    prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *, packed: bool, pad_id: int = 0
+) -> ForwardInputs:
     """The forward of b sequences: b right-padded rows, or one packed row of sum_b L_b tokens."""
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     resp_width = max(len(r) for r in response_ids)

@@ -49,8 +49,10 @@ def load_reward(target: str) -> RewardFn:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's module failing
-        raise RewardPluginError(f"verifier.reward {target!r}: cannot import module {module_name!r} "
-                                f"({type(exc).__name__}: {exc}); is it on PYTHONPATH where the verifiers run?") from exc
+        raise RewardPluginError(
+            f"verifier.reward {target!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}); is it on PYTHONPATH where the verifiers run?"
+        ) from exc
     fn = getattr(module, attr, None)
     if fn is None:
         raise RewardPluginError(f"verifier.reward {target!r}: module {module_name!r} has no attribute {attr!r}")
@@ -84,16 +86,18 @@ def plugin_search_path(target: str) -> str | None:
     return str(root)
 
 
-def call_reward(fn: RewardFn, prompt: str, response: str, record: Mapping[str, Any],
-                sample: str) -> tuple[float, RewardError | None]:
+def call_reward(
+    fn: RewardFn, prompt: str, response: str, record: Mapping[str, Any], sample: str
+) -> tuple[float, RewardError | None]:
     """(the reward of one sample, None), or (0.0, the error) when `fn` raises or returns a non-number."""
     try:
         value = fn(prompt, response, dict(record))
     except Exception:  # noqa: BLE001 - a user's reward failing fails its sample, never the run
         return 0.0, RewardError(sample, traceback.format_exc())
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        return 0.0, RewardError(sample, f"reward function returned {value!r} ({type(value).__name__}); "
-                                        "it must return a finite float")
+        return 0.0, RewardError(
+            sample, f"reward function returned {value!r} ({type(value).__name__}); it must return a finite float"
+        )
     return float(value), None
 
 
@@ -105,5 +109,10 @@ def record_reward_errors(path: Path, step: int, errors: list[RewardError]) -> No
         for error in errors:
             handle.write(json.dumps({"step": step, "sample": error.sample, "error": error.error}) + "\n")
     last_line = errors[0].error.strip().splitlines()[-1]
-    log.warning("step %d: the reward plug-in failed on %d samples (scored 0.0; tracebacks in %s); first: %s",
-                step, len(errors), path, last_line)
+    log.warning(
+        "step %d: the reward plug-in failed on %d samples (scored 0.0; tracebacks in %s); first: %s",
+        step,
+        len(errors),
+        path,
+        last_line,
+    )

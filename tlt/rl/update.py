@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from tlt.spec.run import AlgorithmSpec
 from tlt.rl.grpo import grpo_loss
 from tlt.rl.packing import forward_inputs, micro_batches
+from tlt.spec.run import AlgorithmSpec
 
 
 @dataclass
@@ -89,8 +89,11 @@ def response_logprobs(
     device = next(model.parameters()).device
     inputs = forward_inputs(prompt_ids, response_ids, packed=packed, pad_id=pad_id)
     optional = {"attention_mask": inputs.attention_mask, "position_ids": inputs.position_ids}
-    logits = model(input_ids=inputs.input_ids.to(device), use_cache=False,
-                   **{k: v.to(device) for k, v in optional.items() if v is not None}).logits
+    logits = model(
+        input_ids=inputs.input_ids.to(device),
+        use_cache=False,
+        **{k: v.to(device) for k, v in optional.items() if v is not None},
+    ).logits
     picked = logits.reshape(-1, logits.shape[-1])[inputs.flat_index.to(device)]  # [B, T, V]
     out_dtype = torch.float64 if picked.dtype == torch.float64 else torch.float32
     logp_all = torch.log_softmax(picked.to(out_dtype) / temperature, dim=-1)
@@ -132,23 +135,40 @@ def policy_update(
     groups = micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout)
     model.train()
     # the old log-probs: the batch's, or filled from epoch 0's forward (in the precision policy_logprobs keeps)
-    old_logprobs = (torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if model.dtype == torch.float64 else torch.float32)
-                  if old_from_first_pass else batch.old_logprobs)
+    old_logprobs = (
+        torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if model.dtype == torch.float64 else torch.float32)
+        if old_from_first_pass
+        else batch.old_logprobs
+    )
     for epoch in range(algo.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for rows in groups:
             responses = [batch.response_ids[b] for b in rows]
-            logp, mask = response_logprobs(model, [batch.prompt_ids[b] for b in rows], responses, pad_id=pad_id,
-                                           temperature=temperature, packed=algo.update_layout == "packed")
+            logp, mask = response_logprobs(
+                model,
+                [batch.prompt_ids[b] for b in rows],
+                responses,
+                pad_id=pad_id,
+                temperature=temperature,
+                packed=algo.update_layout == "packed",
+            )
             width = logp.shape[1]
             if old_from_first_pass and epoch == 0:
                 old_logprobs[rows, :width] = logp.detach().to(old_logprobs)
             old = old_logprobs[rows, :width].to(logp)
             ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None
             terms = grpo_loss(
-                logp, old, batch.advantages[rows].to(logp), mask,
-                clip_low=algo.clip_ratio_low, clip_high=algo.clip_ratio_high, loss_agg=algo.loss_agg,
-                kl_coef=algo.kl_coef, ref_logp=ref, num_tokens=num_tokens, num_seqs=num_seqs,
+                logp,
+                old,
+                batch.advantages[rows].to(logp),
+                mask,
+                clip_low=algo.clip_ratio_low,
+                clip_high=algo.clip_ratio_high,
+                loss_agg=algo.loss_agg,
+                kl_coef=algo.kl_coef,
+                ref_logp=ref,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
             )
             terms.loss.backward()
             share = float(mask.sum()) / num_tokens

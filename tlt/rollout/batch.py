@@ -62,8 +62,15 @@ class RunningBatch:
         )
         self.last_token = torch.zeros(len(sequences), dtype=torch.long, device=device)
         width = max(s.limit for s in sequences)
-        self.uniform_buf = None if all(p.greedy for p in params) else torch.stack(
-            [torch.rand(width, generator=_generator(p.seed, device), dtype=torch.float64, device=device) for p in params]
+        self.uniform_buf = (
+            None
+            if all(p.greedy for p in params)
+            else torch.stack(
+                [
+                    torch.rand(width, generator=_generator(p.seed, device), dtype=torch.float64, device=device)
+                    for p in params
+                ]
+            )
         )
         self.logprob_buf = torch.zeros(len(sequences), width, dtype=torch.float32, device=device)
         positions = max(s.prompt_len for s in sequences) + width
@@ -98,7 +105,8 @@ class RunningBatch:
             width = max(n, _WINDOW)
             generated = torch.tensor([len(s.tokens) for s in self.sequences], device=self.device)
             cols = (generated[:, None] + torch.arange(width, device=self.device)[None, :]).clamp(
-                max=self.uniform_buf.shape[1] - 1)
+                max=self.uniform_buf.shape[1] - 1
+            )
             self._window = self.uniform_buf[self.wave_rows[:, None], cols]
         return self._window[:, :n]
 
@@ -177,9 +185,7 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator:
     return g
 
 
-def _scatter(
-    buf: torch.Tensor, rows: torch.Tensor, start: list[int], values: torch.Tensor, counts: list[int]
-) -> None:
+def _scatter(buf: torch.Tensor, rows: torch.Tensor, start: list[int], values: torch.Tensor, counts: list[int]) -> None:
     """buf[rows[b], start[b] + j] = values[b, j] for j < counts[b] (and inside buf). values [B, K, ...].
 
     Where every column fits in buf, all K are written: entries past a row's count are scratch, past what

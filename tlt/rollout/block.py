@@ -56,8 +56,13 @@ def block_draft_fn(k: int) -> Callable[..., Tensor]:
     so every compiled block drafter of the process shares its graphs."""
     if k not in _BLOCK_FNS:
 
-        def block_draft(drafter: BlockDrafter, tokens: Tensor, features: Tensor, u: Tensor | None = None,
-                        temperature: Tensor | None = None) -> Tensor:
+        def block_draft(
+            drafter: BlockDrafter,
+            tokens: Tensor,
+            features: Tensor,
+            u: Tensor | None = None,
+            temperature: Tensor | None = None,
+        ) -> Tensor:
             return block_guesses(drafter.draft_logits(drafter(tokens, features, k)), u, temperature)
 
         _BLOCK_FNS[k] = block_draft
@@ -87,8 +92,9 @@ class BlockChainDrafter:
 
     def __init__(self, drafter: BlockDrafter, k: int, guess: str = "coupled", compile: bool = False) -> None:
         if not 1 <= k <= drafter.block_size:
-            raise ValueError(f"block arm depth must be in [1, {drafter.block_size}] (the block drafter's "
-                             f"block_size), got {k}")
+            raise ValueError(
+                f"block arm depth must be in [1, {drafter.block_size}] (the block drafter's block_size), got {k}"
+            )
         if guess not in GUESSES:
             raise ValueError(f"guess must be one of {GUESSES}, got {guess!r}")
         self.drafter, self.k, self.guess = drafter, k, guess

@@ -144,8 +144,9 @@ def _compiled(fn: StepFn, mode: str | None) -> Callable:
 class CompiledStep:
     """`fn` compiled once per shape class; call it exactly like `fn`."""
 
-    def __init__(self, fn: StepFn, *, name: str, padded: bool = False, mode: str | None = None,
-                 skip_guards: bool = True) -> None:
+    def __init__(
+        self, fn: StepFn, *, name: str, padded: bool = False, mode: str | None = None, skip_guards: bool = True
+    ) -> None:
         self.name = name
         self.padded = padded
         self.compiles = 0
@@ -177,7 +178,9 @@ class CompiledStep:
         if write_slots is positions:  # aliasing is guarded too: keep the two inputs distinct always
             write_slots = write_slots.clone()
         if self.padded:
-            token_ids, positions, write_slots, attn_mask = self._pad(token_ids, positions, write_slots, attn_mask, ks[0])
+            token_ids, positions, write_slots, attn_mask = self._pad(
+                token_ids, positions, write_slots, attn_mask, ks[0]
+            )
             extra = tuple(_pad_rows(t, token_ids.shape[0]) for t in extra)
         args = (token_ids, positions, write_slots, attn_mask, ks[0], vs[0], *extra)
         key = shape_class(module, len(ks), args) if self.skip_guards else None
@@ -199,8 +202,7 @@ class CompiledStep:
                 # anything): the class was not what `shape_class` said. Run it again with every guard.
                 if "skip_guard_eval_unsafe" not in str(err):
                     raise
-                log.warning("%s step: a served input class needs another graph; calling with full guards",
-                            self.name)
+                log.warning("%s step: a served input class needs another graph; calling with full guards", self.name)
             finally:
                 _set_stance(prior)
         if out is None:
@@ -216,13 +218,22 @@ class CompiledStep:
             self.compiles += _COMPILES[0] - before
             seconds = time.perf_counter() - t0
             self.compile_seconds += seconds
-            log.info("%s step: compiled graph %d for B=%d Q=%d in %.1f s", self.name, self.compiles, b,
-                     token_ids.shape[1], seconds)
+            log.info(
+                "%s step: compiled graph %d for B=%d Q=%d in %.1f s",
+                self.name,
+                self.compiles,
+                b,
+                token_ids.shape[1],
+                seconds,
+            )
         return out[:b]
 
     @staticmethod
     def _pad(
-        token_ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, attn_mask: torch.Tensor,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        attn_mask: torch.Tensor,
         cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows up to the batch bucket (their k/v go to scratch rows past the running ones, slot 0,
@@ -231,7 +242,7 @@ class CompiledStep:
         span = cache.shape[2]
         mask = torch.nn.functional.pad(attn_mask, (0, span - attn_mask.shape[-1]), value=False)
         mask = _pad_rows(mask, rows, False)
-        mask[token_ids.shape[0]:, :, 0] = True
+        mask[token_ids.shape[0] :, :, 0] = True
         return _pad_rows(token_ids, rows), _pad_rows(positions, rows), _pad_rows(write_slots, rows), mask
 
 
@@ -249,12 +260,23 @@ def shape_class(module: torch.nn.Module, layers: int, tensors: tuple[torch.Tenso
     labels: dict[int, int] = {}
     sizes = tuple([-s if s < 2 else labels.setdefault(s, len(labels) + 1) for t in tensors for s in t.shape])
     graph_key = module.graph_key if hasattr(type(module), "graph_key") else None  # no nn.Module __getattr__ miss
-    return (id(module), graph_key, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), layers, sizes,
-            tuple([(t.dtype, t.device, t.dim(), t.is_contiguous()) for t in tensors]))
+    return (
+        id(module),
+        graph_key,
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        layers,
+        sizes,
+        tuple([(t.dtype, t.device, t.dim(), t.is_contiguous()) for t in tensors]),
+    )
 
 
 def _mark_dynamic(
-    token_ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor, *extra: torch.Tensor
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    write_slots: torch.Tensor,
+    mask: torch.Tensor,
+    *extra: torch.Tensor,
 ) -> None:
     """Batch, width and span symbolic (sizes of 1 stay specialised). `maybe_`: where a graph does pin a
     size (a span equal to the whole cache, at the context limit) dynamo compiles one more graph instead
@@ -284,4 +306,5 @@ def _mark_cache_dynamic(ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
         for dim in (0, 2):
             if t.shape[dim] > 1:
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-        _MARKED[id(t)] = weakref.ref(t, lambda _, key=id(t): _MARKED.pop(key, None))
+        key = id(t)
+        _MARKED[key] = weakref.ref(t, lambda _, key=key: _MARKED.pop(key, None))

@@ -194,7 +194,9 @@ class EagleCache:
         A compiled cache pads Q to >= 2: one graph for every catch-up width.
         """
         if batch.hidden_buf is None:
-            raise ValueError("EAGLE drafting reads the target's hidden states: build the Engine with return_hidden=True")
+            raise ValueError(
+                "EAGLE drafting reads the target's hidden states: build the Engine with return_hidden=True"
+            )
         self.sync(batch)
         device = batch.device
         # Per row, on Python ints (a few rows: cheaper than a dozen tiny tensor ops a step).
@@ -267,9 +269,18 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
         raise ValueError(f"k (draft length) must be >= 1, got {k}")
     if k not in _CHAIN_FNS:
 
-        def eagle_chain(step: EagleStep, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-                        ks: list[Tensor], vs: list[Tensor], features: Tensor, u: Tensor | None = None,
-                        temperature: Tensor | None = None) -> Tensor:
+        def eagle_chain(
+            step: EagleStep,
+            tokens: Tensor,
+            positions: Tensor,
+            slots: Tensor,
+            mask: Tensor,
+            ks: list[Tensor],
+            vs: list[Tensor],
+            features: Tensor,
+            u: Tensor | None = None,
+            temperature: Tensor | None = None,
+        ) -> Tensor:
             out = eagle_forward(step, tokens, positions, slots, mask, ks, vs, features)  # [B, Q, H]
             newest = positions[:, -1:]  # [B, 1]
             first = (positions == newest).to(torch.int64).argmax(dim=1)  # [B]
@@ -291,14 +302,23 @@ def eagle_chain_fn(k: int) -> Callable[..., Tensor]:
     return _CHAIN_FNS[k]
 
 
-def own_or_shared_cache(state: EagleCache | None, scratch: int, drafter: EagleDrafter, embed: torch.nn.Embedding,
-                   max_batch_size: int, max_context: int, compile: bool) -> EagleCache:
+def own_or_shared_cache(
+    state: EagleCache | None,
+    scratch: int,
+    drafter: EagleDrafter,
+    embed: torch.nn.Embedding,
+    max_batch_size: int,
+    max_context: int,
+    compile: bool,
+) -> EagleCache:
     """`state` (checked: same drafter, room for `scratch` draft slots) or a new cache of the drafter's own."""
     if state is None:
         return EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch)
     if state.drafter is not drafter or state.scratch < scratch:  # a cache of another drafter, or too small
-        raise ValueError(f"a shared drafter cache must belong to the same drafter and hold >= {scratch} scratch "
-                         f"slots, it holds {state.scratch}")
+        raise ValueError(
+            f"a shared drafter cache must belong to the same drafter and hold >= {scratch} scratch "
+            f"slots, it holds {state.scratch}"
+        )
     return state
 
 

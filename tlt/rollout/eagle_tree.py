@@ -38,7 +38,9 @@ class EagleTreeDrafter:
         if topk < 1 or depth < 1 or budget < 1:
             raise ValueError(f"topk, depth and budget must be >= 1, got topk={topk}, depth={depth}, budget={budget}")
         self.topk, self.depth, self.budget = topk, depth, budget
-        self.state = own_or_shared_cache(state, topk * (depth - 1), drafter, embed, max_batch_size, max_context, compile)
+        self.state = own_or_shared_cache(
+            state, topk * (depth - 1), drafter, embed, max_batch_size, max_context, compile
+        )
 
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
@@ -65,7 +67,9 @@ class EagleTreeDrafter:
             anc = cand_anc[-1].gather(1, pick[:, :, None].expand(B, width, max_expanded)) | own  # [B, w, E]
             slots = L[:, None] + expanded + torch.arange(width, device=L.device)[None, :]
             span = int(L.max()) + expanded + width
-            out = state.forward(level_tokens, feats, (L + level - 1)[:, None].expand(B, width), slots, _expanded_mask(L, anc, span))
+            out = state.forward(
+                level_tokens, feats, (L + level - 1)[:, None].expand(B, width), slots, _expanded_mask(L, anc, span)
+            )
             child = F.log_softmax(state.drafter.draft_logits(out).double(), dim=-1).topk(k, dim=-1)  # [B, w, k]
             tokens.append(child.indices.reshape(B, width * k))
             logprobs.append(child.values.reshape(B, width * k))
@@ -75,7 +79,9 @@ class EagleTreeDrafter:
             score = (score.gather(1, pick)[:, :, None] + child.values).reshape(B, width * k)
             offset += tokens[-2].shape[1]
             expanded += width
-        tree = build_tree(batch.last_token, torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(logprobs, 1), self.budget)
+        tree = build_tree(
+            batch.last_token, torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(logprobs, 1), self.budget
+        )
         return Draft(tree, chain=False)
 
 

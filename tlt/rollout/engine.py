@@ -12,9 +12,9 @@ from transformers import PreTrainedModel
 
 from tlt.models.draft_vocab import DraftVocabTracker
 from tlt.rollout.batch import RunningBatch
+from tlt.rollout.decode_step import PlainStepper, Stepper, prefill
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.sequence import Sequence
-from tlt.rollout.decode_step import PlainStepper, Stepper, prefill
 from tlt.rollout.types import Completion, Request, StepMetrics
 
 log = logging.getLogger(__name__)

@@ -66,7 +66,10 @@ class HistoryStore:
             if entry is None:
                 if seq.finished and not seq.tokens:
                     continue
-                entry = self._live[id(seq)] = (seq, self.trie.open(tuple(seq.request.prompt_ids), seq.request.prompt_ids))
+                entry = self._live[id(seq)] = (
+                    seq,
+                    self.trie.open(tuple(seq.request.prompt_ids), seq.request.prompt_ids),
+                )
             doc = entry[1]
             done = len(doc.tokens) - seq.prompt_len
             if done < len(seq.tokens):
@@ -119,8 +122,10 @@ class HistoryTreeDrafter:
 
     def __init__(self, store: HistoryStore, *, topk: int, depth: int, budget: int) -> None:
         if topk < 1 or budget < 1 or not 1 <= depth <= store.max_draft:
-            raise ValueError(f"need topk >= 1, budget >= 1 and 1 <= depth <= {store.max_draft} (history.maxDraft), "
-                             f"got topk={topk}, depth={depth}, budget={budget}")
+            raise ValueError(
+                f"need topk >= 1, budget >= 1 and 1 <= depth <= {store.max_draft} (history.maxDraft), "
+                f"got topk={topk}, depth={depth}, budget={budget}"
+            )
         self.store, self.topk, self.depth, self.budget = store, topk, depth, budget
 
     def propose(self, batch: RunningBatch) -> Draft:
@@ -135,7 +140,9 @@ class HistoryTreeDrafter:
         for b, cands in enumerate(rows):
             for c, (token, parent, logprob) in enumerate(cands):
                 tokens[b, c], parents[b, c], logprobs[b, c], valid[b, c] = token, parent, logprob, True
-        tree = build_tree(batch.last_token, tokens.to(dev), parents.to(dev), logprobs.to(dev), self.budget, valid.to(dev))
+        tree = build_tree(
+            batch.last_token, tokens.to(dev), parents.to(dev), logprobs.to(dev), self.budget, valid.to(dev)
+        )
         return Draft(tree, chain=False)
 
     def _candidates(self, seq: Sequence) -> list[tuple[int, int, float]]:

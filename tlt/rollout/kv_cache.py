@@ -131,7 +131,9 @@ class KVCache:
             t[r, :, dst_slots] = t[r, :, src_slots]  # [N, K, Hkv, D]
 
 
-def write_layer(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def write_layer(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """k_cache, v_cache [Bmax, Hkv, S, D]; store k, v [B, Hkv, Q, D] of rows [0, B) at slots [B, Q]."""
     rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
     # cache[rows, :, slots] has shape [B, Q, Hkv, D]

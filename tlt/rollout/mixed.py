@@ -46,8 +46,10 @@ class RowGate:
 
     def __init__(self, patience: int = 2, backoff: int = 2, max_backoff: int = 32) -> None:
         if patience < 1 or backoff < 1 or max_backoff < backoff:
-            raise ValueError(f"need patience >= 1 and 1 <= backoff <= max_backoff, got patience={patience}, "
-                             f"backoff={backoff}, max_backoff={max_backoff}")
+            raise ValueError(
+                f"need patience >= 1 and 1 <= backoff <= max_backoff, got patience={patience}, "
+                f"backoff={backoff}, max_backoff={max_backoff}"
+            )
         self.patience, self.backoff, self.max_backoff = patience, backoff, max_backoff
         self._rows: dict[int, tuple[Sequence, _RowState]] = {}
         self.skipped = 0
@@ -92,7 +94,9 @@ class MixedDrafter:
     """Chains of up to k tokens per row from history or EAGLE (when given), by expected accepted
     tokens, gated by `RowGate` (see the module docstring)."""
 
-    def __init__(self, store: HistoryStore, eagle: EagleChainDrafter | None, k: int, gate: RowGate | None = None) -> None:
+    def __init__(
+        self, store: HistoryStore, eagle: EagleChainDrafter | None, k: int, gate: RowGate | None = None
+    ) -> None:
         if not 1 <= k <= store.max_draft:
             raise ValueError(f"k (draft length) must be in [1, {store.max_draft}] (history.maxDraft), got {k}")
         if eagle is not None and eagle.k != k:

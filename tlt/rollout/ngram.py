@@ -21,9 +21,7 @@ def _check_args(k: int, ngram_min: int, ngram_max: int) -> None:
         raise ValueError(f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}")
 
 
-def ngram_draft_batch(
-    tokens: Tensor, lengths: Tensor, k: int, ngram_min: int, ngram_max: int
-) -> tuple[Tensor, Tensor]:
+def ngram_draft_batch(tokens: Tensor, lengths: Tensor, k: int, ngram_min: int, ngram_max: int) -> tuple[Tensor, Tensor]:
     """N-gram drafts for a batch of right-padded contexts.
 
     tokens: [B, L] int64 (row b's context is tokens[b, :lengths[b]]); lengths: [B] int64.

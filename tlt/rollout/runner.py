@@ -96,7 +96,11 @@ def attention(
     write_layer(k_cache, v_cache, write_slots, keys, values)
     span = attn_mask.shape[-1]
     out = F.scaled_dot_product_attention(
-        queries, k_cache[:b, :, :span], v_cache[:b, :, :span], attn_mask=attn_mask[:, None], scale=attn.scaling,
+        queries,
+        k_cache[:b, :, :span],
+        v_cache[:b, :, :span],
+        attn_mask=attn_mask[:, None],
+        scale=attn.scaling,
         enable_gqa=True,
     )  # [B, Hq, Q, D]
     return attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))

@@ -44,9 +44,7 @@ def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def process_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None = None
-) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution tokens are drawn from. logits [B, ..., V]; temperature, top_p [B].
 
     Returns probs [B, ..., V] (float32, or float64 for float64 logits): softmax(logits / T), then

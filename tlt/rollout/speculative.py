@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.drafting import Draft, Drafter
+from tlt.rollout.decode_step import PlainStepper
+from tlt.rollout.drafting import Drafter
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.sampling import sample_tokens
-from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.tree import DraftTree, chain_attention_mask, compaction_slots, tree_attention_mask, tree_positions
 from tlt.rollout.verify import verify_chain_tokens, verify_tree_tokens
 
@@ -61,8 +61,9 @@ class AcceptanceStats:
         """Mean tokens gained per row and step (accepted drafts + the next token)."""
         return (self.accepted + self.row_steps) / self.row_steps if self.row_steps else 0.0
 
-    def record(self, request_ids: list[str], accepted: list[int], drafted: int,
-               positions: list[int] | None = None) -> None:
+    def record(
+        self, request_ids: list[str], accepted: list[int], drafted: int, positions: list[int] | None = None
+    ) -> None:
         """One step: each row's accepted drafts and (optional) its response position before the step."""
         self.steps += 1
         self.row_steps += len(accepted)
@@ -139,8 +140,9 @@ class SpeculativeStepper:
         accepted = n_acc.tolist()
         counts = [n + 1 for n in accepted]
         new_lists = [row[:c] for row, c in zip(new.tolist(), counts)]
-        self.stats.record([s.request.request_id for s in batch.sequences], accepted, drafted,
-                          [len(s.tokens) for s in batch.sequences])
+        self.stats.record(
+            [s.request.request_id for s in batch.sequences], accepted, drafted, [len(s.tokens) for s in batch.sequences]
+        )
         last = torch.tensor([row[-1] for row in new_lists], dtype=torch.long, device=device)  # [B]
         batch.commit(new_lists, last, logprobs, fed_hidden, fed=counts)
         return B * N

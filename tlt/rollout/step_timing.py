@@ -89,6 +89,7 @@ class StepSplit:
             finally:
                 self.seconds[(*key, name)] += time.perf_counter() - started
                 self._open[name] -= 1
+
         return timed
 
     def _step(self, fn: Callable) -> Callable:
@@ -109,6 +110,7 @@ class StepSplit:
                 split.seconds[(*split._key, "total")] += time.perf_counter() - started
                 split.steps[split._key] += 1
                 split._key = None
+
         return timed
 
     def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable], Callable]) -> None:
@@ -134,8 +136,14 @@ class StepSplit:
             self._patch(decode_step, "causal_mask", functools.partial(self._part, "mask"))
             self._patch(drafting.EagleCache, "_catch_up_inputs", functools.partial(self._part, "draft_inputs"))
             self._patch(drafting.EagleCache, "_chain_step", self._timed_chain_step)
-            for cls in (drafting.NgramDrafter, drafting.EagleChainDrafter, eagle_tree.EagleTreeDrafter,
-                        history.HistoryDrafter, history.HistoryTreeDrafter, mixed.MixedDrafter):
+            for cls in (
+                drafting.NgramDrafter,
+                drafting.EagleChainDrafter,
+                eagle_tree.EagleTreeDrafter,
+                history.HistoryDrafter,
+                history.HistoryTreeDrafter,
+                mixed.MixedDrafter,
+            ):
                 self._patch(cls, "propose", functools.partial(self._part, "propose"))
         except BaseException:
             self.__exit__(None, None, None)
@@ -148,6 +156,7 @@ class StepSplit:
         @functools.wraps(original)
         def chain_step(cache: Any, k: int) -> Callable:
             return part("draft_graph", original(cache, k))
+
         return chain_step
 
     def __exit__(self, *exc: Any) -> None:

@@ -40,8 +40,11 @@ def _full_chain_layout(B: int, N: int, device: torch.device) -> tuple[Tensor, Te
     key = (B, N, device)
     if key not in _FULL_CHAINS:
         idx = torch.arange(N, device=device)
-        _FULL_CHAINS[key] = ((idx - 1).expand(B, N).contiguous(), idx.expand(B, N).contiguous(),
-                             torch.ones(B, N, dtype=torch.bool, device=device))
+        _FULL_CHAINS[key] = (
+            (idx - 1).expand(B, N).contiguous(),
+            idx.expand(B, N).contiguous(),
+            torch.ones(B, N, dtype=torch.bool, device=device),
+        )
     return _FULL_CHAINS[key]
 
 

@@ -88,9 +88,7 @@ def _accepted_prefix(accept: Tensor) -> Tensor:
 
 def _check_chain_shapes(p: Tensor, draft: Tensor) -> None:
     if p.dim() != 3 or draft.dim() != 2 or p.shape[:2] != (draft.shape[0], draft.shape[1] + 1):
-        raise ValueError(
-            f"target must be [B, K+1, V] and draft [B, K]; got {tuple(p.shape)} and {tuple(draft.shape)}"
-        )
+        raise ValueError(f"target must be [B, K+1, V] and draft [B, K]; got {tuple(p.shape)} and {tuple(draft.shape)}")
 
 
 def verify_greedy(target: Tensor, draft: Tensor, n_draft: Tensor | None = None) -> ChainVerdict:
@@ -109,8 +107,10 @@ def verify_chain_tokens(target_tokens: Tensor, draft: Tensor, n_draft: Tensor | 
     its sample with that position's uniform); draft: [B, K] int64; n_draft: [B] real drafts per row.
     """
     if target_tokens.dim() != 2 or draft.dim() != 2 or target_tokens.shape != (draft.shape[0], draft.shape[1] + 1):
-        raise ValueError(f"target_tokens must be [B, K+1] and draft [B, K]; got {tuple(target_tokens.shape)} and "
-                         f"{tuple(draft.shape)}")
+        raise ValueError(
+            f"target_tokens must be [B, K+1] and draft [B, K]; got {tuple(target_tokens.shape)} and "
+            f"{tuple(draft.shape)}"
+        )
     match = target_tokens[:, :-1] == draft  # [B, K]
     if n_draft is not None:  # else every draft is real
         match &= _draft_mask(draft, n_draft)[0]
@@ -129,8 +129,10 @@ def verify_tree_tokens(target_tokens: Tensor, tokens: Tensor, parents: Tensor) -
     as in `verify_tree`.
     """
     if target_tokens.shape != tokens.shape or parents.shape != tokens.shape or tokens.dim() != 2:
-        raise ValueError(f"target_tokens, tokens and parents must all be [B, N]; got {tuple(target_tokens.shape)}, "
-                         f"{tuple(tokens.shape)}, {tuple(parents.shape)}")
+        raise ValueError(
+            f"target_tokens, tokens and parents must all be [B, N]; got {tuple(target_tokens.shape)}, "
+            f"{tuple(tokens.shape)}, {tuple(parents.shape)}"
+        )
     rows = torch.arange(tokens.shape[0], device=tokens.device)
 
     def descend(current: Tensor, children: Tensor) -> tuple[Tensor, Tensor]:
@@ -161,9 +163,7 @@ def _next_distribution(p_n: Tensor, q_n: Tensor, rejected: Tensor) -> Tensor:
     return torch.where(rejected[:, None], _residual(p_n, q_n), p_n)
 
 
-def verify_sampled(
-    p: Tensor, q: Tensor, draft: Tensor, rng: Rng, n_draft: Tensor | None = None
-) -> ChainVerdict:
+def verify_sampled(p: Tensor, q: Tensor, draft: Tensor, rng: Rng, n_draft: Tensor | None = None) -> ChainVerdict:
     """Rejection-sampling verification of drafts sampled from q.
 
     p: [B, K+1, V] target probabilities; q: [B, K, V] drafter probabilities; draft: [B, K] int64 with
@@ -194,9 +194,7 @@ def _without_token(p: Tensor, token: Tensor) -> Tensor:
     return p.scatter(1, token[:, None], 0.0)
 
 
-def verify_deterministic_chain(
-    p: Tensor, draft: Tensor, rng: Rng, n_draft: Tensor | None = None
-) -> ChainVerdict:
+def verify_deterministic_chain(p: Tensor, draft: Tensor, rng: Rng, n_draft: Tensor | None = None) -> ChainVerdict:
     """Verification of a draft chain that has no q (e.g. n-gram): the one-hot rule.
 
     p: [B, K+1, V] target probabilities; draft: [B, K] int64; n_draft: [B] real drafts per row.
@@ -227,9 +225,7 @@ def _check_tree_shapes(p: Tensor, tokens: Tensor, parents: Tensor) -> None:
         )
 
 
-def verify_tree(
-    p: Tensor, tokens: Tensor, parents: Tensor, rng: Rng, greedy: bool = False
-) -> TreeVerdict:
+def verify_tree(p: Tensor, tokens: Tensor, parents: Tensor, rng: Rng, greedy: bool = False) -> TreeVerdict:
     """Walk a draft tree per row from its root, accepting one child per level.
 
     p: [B, N, V] target probabilities (logits suffice when greedy) at every node: p[b, j] is the target
@@ -283,9 +279,7 @@ def _walk_tree(
     return path, n_accepted, current
 
 
-def _try_siblings(
-    dist: Tensor, tokens: Tensor, children: Tensor, rng: Rng
-) -> tuple[Tensor, Tensor, Tensor]:
+def _try_siblings(dist: Tensor, tokens: Tensor, children: Tensor, rng: Rng) -> tuple[Tensor, Tensor, Tensor]:
     """Try the children of each row's current node in index order with the one-hot rule.
 
     dist: [B, V] unnormalised remaining target mass; tokens: [B, N]; children: [B, N] bool.

@@ -33,9 +33,18 @@ def _inputs(rows: int, width: int, context: int, device: torch.device) -> tuple[
 
 
 @torch.no_grad()
-def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int = 4, width: int = 3,
-            chain_depths: Iterable[int] = (), target: bool = True, batches: Iterable[int] | None = None,
-            step_widths: Iterable[int] = (1, 2), guesses: Iterable[str] = GUESSES) -> float:
+def warm_up(
+    engine: Engine,
+    drafter: EagleDrafter | None = None,
+    *,
+    context: int = 4,
+    width: int = 3,
+    chain_depths: Iterable[int] = (),
+    target: bool = True,
+    batches: Iterable[int] | None = None,
+    step_widths: Iterable[int] = (1, 2),
+    guesses: Iterable[str] = GUESSES,
+) -> float:
     """Run every shape class of the engine's compiled target step (and of `drafter`'s, when given) once;
     with `chain_depths`, also the drafter's fused catch-up + chain graphs of those depths (the chain arms').
     `target=False` skips the target's graphs and `batches` (a subset of {1, 2}: one row, several rows)
@@ -63,19 +72,22 @@ def warm_up(engine: Engine, drafter: EagleDrafter | None = None, *, context: int
         for b in rows:
             for w in widths:
                 tokens, slots, mask = _inputs(b, w, context, runner.device)
-                features = torch.zeros(b, w, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype,
-                                       device=runner.device)
+                features = torch.zeros(
+                    b, w, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype, device=runner.device
+                )
                 state.forward(tokens, features, slots, slots, mask)
         for k in sorted(set(chain_depths)):
             for b in rows:
                 tokens, slots, _ = _inputs(b, 2, context, runner.device)
                 mask = causal_mask(slots[:, 0], 2, context + 2 + k - 1)
-                features = torch.zeros(b, 2, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype,
-                                       device=runner.device)
+                features = torch.zeros(
+                    b, 2, drafter.config.hidden_size, dtype=drafter.fc.weight.dtype, device=runner.device
+                )
                 state.cache.ensure_capacity(mask.shape[-1])
                 coupled = torch.ones(b, k, dtype=torch.float64, device=runner.device)  # (u, temperature)
                 kinds = {"argmax": (), "coupled": (coupled / 2, coupled)}  # coupled: sampling batches' guesses
                 for extra in (kinds[g] for g in GUESSES if g in set(guesses)):
-                    state._chain_step(k)(state.step, tokens, slots, slots.clone(), mask, state.cache.k,
-                                         state.cache.v, features, *extra)
+                    state._chain_step(k)(
+                        state.step, tokens, slots, slots.clone(), mask, state.cache.k, state.cache.v, features, *extra
+                    )
     return time.perf_counter() - started

@@ -36,8 +36,9 @@ class AfterRollout:
     """
 
     def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="after-rollout",
-                                            initializer=lower_thread_priority)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="after-rollout", initializer=lower_thread_priority
+        )
         self._lock = threading.Lock()
         self._index: Callable[[], None] | None = None
         self._settle: Settle | None = None

@@ -72,8 +72,9 @@ class Checkpoint:
     state: dict[str, Any] = field(default_factory=dict)
 
 
-def add_drafter(ckpt: Checkpoint, hub_state: dict[str, Any] | None,
-                trainer_states: list[dict[str, Any] | None] | None) -> None:
+def add_drafter(
+    ckpt: Checkpoint, hub_state: dict[str, Any] | None, trainer_states: list[dict[str, Any] | None] | None
+) -> None:
     """Put the drafter into `ckpt`: the hub's parameters (tensors "drafter"), its AdamW state
     (objects "drafter_optimizer") and version (state "drafter_version"), and every rollout
     worker's online buffer, shuffle epoch and AdamW state in worker order (objects "drafter_buffers",
@@ -94,11 +95,16 @@ def drafter_of(ckpt: Checkpoint) -> tuple[dict[str, Any] | None, list[dict[str, 
     """(hub state, trainer states) as `add_drafter` stored them; None for what the checkpoint lacks."""
     hub = None
     if "drafter" in ckpt.tensors:
-        hub = {"params": ckpt.tensors["drafter"], "optimizer": ckpt.objects["drafter_optimizer"],
-               "version": int(ckpt.state["drafter_version"])}
+        hub = {
+            "params": ckpt.tensors["drafter"],
+            "optimizer": ckpt.objects["drafter_optimizer"],
+            "version": int(ckpt.state["drafter_version"]),
+        }
         if "served_drafter" in ckpt.tensors:
-            hub["served"] = {"params": ckpt.tensors["served_drafter"],
-                             "version": int(ckpt.state["served_drafter_version"])}
+            hub["served"] = {
+                "params": ckpt.tensors["served_drafter"],
+                "version": int(ckpt.state["served_drafter_version"]),
+            }
     return hub, ckpt.objects.get("drafter_buffers")
 
 
@@ -148,8 +154,7 @@ def checkpoint_bytes(ckpt: Checkpoint) -> int:
     return tensor_bytes(ckpt.tensors) + tensor_bytes(ckpt.objects) + state
 
 
-def _write_failed(root: Path, step: int, partial: list[Path], exc: BaseException,
-                  needed: int) -> CheckpointWriteError:
+def _write_failed(root: Path, step: int, partial: list[Path], exc: BaseException, needed: int) -> CheckpointWriteError:
     """Remove what the failed write left (`partial`: folders and files); the error that names the root, the
     bytes needed and the checkpoint that is still the resume point."""
     for path in partial:
@@ -163,7 +168,9 @@ def _write_failed(root: Path, step: int, partial: list[Path], exc: BaseException
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return CheckpointWriteError(
         f"checkpoint.path {root}: writing the step-{step} checkpoint failed ({first}); it needs at least "
-        f"{needed:,} bytes and {free:,} are free there; the partial files were removed and {kept}", needed)
+        f"{needed:,} bytes and {free:,} are free there; the partial files were removed and {kept}",
+        needed,
+    )
 
 
 def save_checkpoint(root: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:

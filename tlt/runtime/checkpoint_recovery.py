@@ -79,19 +79,26 @@ def resume_point(root: str | Path, on_corrupt: str) -> tuple[Checkpoint | None, 
             continue
         break
     if found is None:
-        raise CheckpointError(f"{first_error}; no intact checkpoint under {root} to fall back to "
-                              "(checkpoint.onCorrupt: fallback)") from first_error
+        raise CheckpointError(
+            f"{first_error}; no intact checkpoint under {root} to fall back to (checkpoint.onCorrupt: fallback)"
+        ) from first_error
     skipped = [Skipped(folder.name, reason, _move_aside(folder).name) for folder, reason in damaged]
     point_latest(root, good)
     if not skipped:  # LATEST itself was missing or named a missing folder
         skipped = [Skipped(LATEST, str(first_error), "")]
     for s in skipped:
-        log.warning("CHECKPOINT DAMAGED: %s; resuming from the intact %s instead (checkpoint.onCorrupt: fallback)%s",
-                    s.reason, good, f"; the damaged folder is kept as {s.moved_to}" if s.moved_to else "")
+        log.warning(
+            "CHECKPOINT DAMAGED: %s; resuming from the intact %s instead (checkpoint.onCorrupt: fallback)%s",
+            s.reason,
+            good,
+            f"; the damaged folder is kept as {s.moved_to}" if s.moved_to else "",
+        )
     return found, skipped
 
 
 def cannot_resume(out: Path, error: Exception) -> str:
     """The line of a run that cannot resume from `out`'s checkpoints (a damaged one, another run's)."""
-    return (f"cannot resume from {out}: {error}; the checkpoints were left as they are: fix or move them, "
-            "set checkpoint.onCorrupt: fallback, or train into another --out")
+    return (
+        f"cannot resume from {out}: {error}; the checkpoints were left as they are: fix or move them, "
+        "set checkpoint.onCorrupt: fallback, or train into another --out"
+    )

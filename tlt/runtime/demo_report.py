@@ -39,21 +39,33 @@ def compare(vanilla: list[dict[str, Any]], tlt: list[dict[str, Any]]) -> dict[st
         out[key] = {"vanilla": total(van, key), "tlt": total(run, key)}
     out["rollout_speedup"] = out["rollout_seconds"]["vanilla"] / max(out["rollout_seconds"]["tlt"], 1e-9)
     out["step_speedup"] = out["step_seconds"]["vanilla"] / max(out["step_seconds"]["tlt"], 1e-9)
-    out["reward"] = {name: {"first": h[0]["reward_mean"], "last": h[-1]["reward_mean"]}
-                     for name, h in (("vanilla", van), ("tlt", run))}
-    out["heldout"] = {name: [(m["step"], m["eval_accuracy"]) for m in h if "eval_accuracy" in m]
-                      for name, h in (("vanilla", van), ("tlt", run))}
+    out["reward"] = {
+        name: {"first": h[0]["reward_mean"], "last": h[-1]["reward_mean"]}
+        for name, h in (("vanilla", van), ("tlt", run))
+    }
+    out["heldout"] = {
+        name: [(m["step"], m["eval_accuracy"]) for m in h if "eval_accuracy" in m]
+        for name, h in (("vanilla", van), ("tlt", run))
+    }
     out["idle_seconds"] = total(run, "idle_seconds")
     out["harvested_seconds"] = total(run, "harvested_seconds")
     accepts = [m.get("accept_length") for m in run if m.get("accept_length") is not None]
     out["accept_length_mean"] = sum(accepts) / len(accepts) if accepts else None
     out["accept_by_position"] = accept_by_position(m.get("sd_by_position") for m in run)
     out["per_step"] = [
-        {"step": v["step"], "vanilla_rollout": v["rollout_seconds"], "tlt_rollout": t["rollout_seconds"],
-         "vanilla_step": v["step_seconds"], "tlt_step": t["step_seconds"], "vanilla_reward": v["reward_mean"],
-         "tlt_reward": t["reward_mean"], "accept_length": t.get("accept_length"),
-         "idle": t.get("idle_seconds") or 0.0, "harvested": t.get("harvested_seconds") or 0.0,
-         "arms": t.get("sd_arms") or {}}
+        {
+            "step": v["step"],
+            "vanilla_rollout": v["rollout_seconds"],
+            "tlt_rollout": t["rollout_seconds"],
+            "vanilla_step": v["step_seconds"],
+            "tlt_step": t["step_seconds"],
+            "vanilla_reward": v["reward_mean"],
+            "tlt_reward": t["reward_mean"],
+            "accept_length": t.get("accept_length"),
+            "idle": t.get("idle_seconds") or 0.0,
+            "harvested": t.get("harvested_seconds") or 0.0,
+            "arms": t.get("sd_arms") or {},
+        }
         for v, t in zip(van, run)
     ]
     return out
@@ -83,8 +95,13 @@ def _plot(c: dict[str, Any], path: Path) -> None:
     ax.bar([x + 0.2 for x in xs], [r["harvested"] for r in rows], width=0.4, color="#55a868", label="harvested")
     ax.set(title="TLT: idle worker-seconds, accept length", xlabel="step", ylabel="worker-seconds")
     right = ax.twinx()
-    right.plot(xs, [float("nan") if r["accept_length"] is None else r["accept_length"] for r in rows], "d--",
-               color="#4c72b0", label="accept length")
+    right.plot(
+        xs,
+        [float("nan") if r["accept_length"] is None else r["accept_length"] for r in rows],
+        "d--",
+        color="#4c72b0",
+        label="accept length",
+    )
     right.set_ylabel("accept length")
     ax.legend(loc="upper left")
     right.legend(loc="upper right")
@@ -107,17 +124,23 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 def _lossless_sentence(c: dict[str, Any]) -> str:
     """What the two runs' samples show: the same tokens (sampling is coupled) or, where a draw differed, why."""
     same = c["generated_tokens"]["vanilla"] == c["generated_tokens"]["tlt"] and all(
-        row["vanilla_reward"] == row["tlt_reward"] for row in c["per_step"])
+        row["vanilla_reward"] == row["tlt_reward"] for row in c["per_step"]
+    )
     if same:
-        return ("Lossless: TLT generated what vanilla generated, step for step (sampling is coupled: each token is "
-                "drawn with the same uniform whether a plain step or a verified draft produces it): the generated "
-                "tokens and every step's reward match; only the time differs.")
-    return ("Lossless: TLT's rollouts follow vanilla's distribution; here some samples differ (the two paths' "
-            "logits can round differently, which can tip a draw, and the runs then diverge).")
+        return (
+            "Lossless: TLT generated what vanilla generated, step for step (sampling is coupled: each token is "
+            "drawn with the same uniform whether a plain step or a verified draft produces it): the generated "
+            "tokens and every step's reward match; only the time differs."
+        )
+    return (
+        "Lossless: TLT's rollouts follow vanilla's distribution; here some samples differ (the two paths' "
+        "logits can round differently, which can tip a draw, and the runs then diverge)."
+    )
 
 
-def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str | None = None
-                      ) -> tuple[Path, dict[str, Any]]:
+def write_demo_report(
+    out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str | None = None
+) -> tuple[Path, dict[str, Any]]:
     """Compare the two runs' metrics; write `out/report.md` and its plot. Returns (path, comparison).
     machine: where it ran (`tlt.bench.machine.describe`), said under the table when given."""
     c = compare(read_jsonl(vanilla_dir / "metrics.jsonl"), read_jsonl(tlt_dir / "metrics.jsonl"))
@@ -125,10 +148,13 @@ def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str 
     _plot(c, out / PLOT)
     r, s = c["reward"], c["step_seconds"]
     lines = [
-        "# TLT demo: the same RL run, vanilla vs TLT", "",
+        "# TLT demo: the same RL run, vanilla vs TLT",
+        "",
         f"{c['steps']} GRPO steps each, same prompts, seeds and policy; only `speculative.mode` differs "
-        f"(off vs tlt). {_lossless_sentence(c)}", "",
-        "| | vanilla | TLT | TLT speed-up |", "|---|---:|---:|---:|",
+        f"(off vs tlt). {_lossless_sentence(c)}",
+        "",
+        "| | vanilla | TLT | TLT speed-up |",
+        "|---|---:|---:|---:|",
         f"| rollout seconds | {c['rollout_seconds']['vanilla']:.1f} | {c['rollout_seconds']['tlt']:.1f} | "
         f"{c['rollout_speedup']:.2f}x |",
         f"| step seconds | {s['vanilla']:.1f} | {s['tlt']:.1f} | {c['step_speedup']:.2f}x |",
@@ -136,27 +162,45 @@ def write_demo_report(out: Path, vanilla_dir: Path, tlt_dir: Path, machine: str 
         f"| reward first -> last | {r['vanilla']['first']:.3f} -> {r['vanilla']['last']:.3f} | "
         f"{r['tlt']['first']:.3f} -> {r['tlt']['last']:.3f} | |",
         f"| generated tokens | {c['generated_tokens']['vanilla']:.0f} | {c['generated_tokens']['tlt']:.0f} | |",
-        *([f"| held-out accuracy, by step | {_series(c['heldout']['vanilla'])} | {_series(c['heldout']['tlt'])} | |"]
-          if c["heldout"]["vanilla"] or c["heldout"]["tlt"] else []),
+        *(
+            [f"| held-out accuracy, by step | {_series(c['heldout']['vanilla'])} | {_series(c['heldout']['tlt'])} | |"]
+            if c["heldout"]["vanilla"] or c["heldout"]["tlt"]
+            else []
+        ),
         "",
         f"TLT: mean accept length {_fmt(c['accept_length_mean'])} tokens per row-step; idle rollout-worker time "
         f"{c['idle_seconds']:.1f} s, of which its drafter trainers harvested {c['harvested_seconds']:.1f} s."
-        + (" Accept length by response position (tokens generated before the step): " + ", ".join(
-            f"{edge}+ {cell['accept_length']:.2f} ({cell['row_steps']} row-steps)"
-            for edge, cell in c["accept_by_position"].items()) + "." if c.get("accept_by_position") else ""),
+        + (
+            " Accept length by response position (tokens generated before the step): "
+            + ", ".join(
+                f"{edge}+ {cell['accept_length']:.2f} ({cell['row_steps']} row-steps)"
+                for edge, cell in c["accept_by_position"].items()
+            )
+            + "."
+            if c.get("accept_by_position")
+            else ""
+        ),
         "One machine's timings are noisy: `tlt bench run` repeats and interleaves runs for numbers to quote."
-        + (f" Measured on: {machine}." if machine else ""), "",
-        "| step | vanilla rollout s | TLT rollout s | vanilla reward | TLT reward | accept length | harvested s | arms |",
+        + (f" Measured on: {machine}." if machine else ""),
+        "",
+        "| step | vanilla rollout s | TLT rollout s | vanilla reward | TLT reward | accept length | harvested s "
+        "| arms |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in c["per_step"]:
         arms = ", ".join(f"{k} {v}" for k, v in sorted(row["arms"].items(), key=lambda kv: -kv[1])[:3])
-        lines.append(f"| {row['step']} | {row['vanilla_rollout']:.2f} | {row['tlt_rollout']:.2f} | "
-                     f"{row['vanilla_reward']:.3f} | {row['tlt_reward']:.3f} | {_fmt(row['accept_length'])} | "
-                     f"{row['harvested']:.2f} | {arms} |")
-    lines += ["", f"![side by side]({PLOT})", "",
-              f"Each run's own report: [{vanilla_dir.name}]({vanilla_dir.name}/{REPORT_FILE}), "
-              f"[{tlt_dir.name}]({tlt_dir.name}/{REPORT_FILE})."]
+        lines.append(
+            f"| {row['step']} | {row['vanilla_rollout']:.2f} | {row['tlt_rollout']:.2f} | "
+            f"{row['vanilla_reward']:.3f} | {row['tlt_reward']:.3f} | {_fmt(row['accept_length'])} | "
+            f"{row['harvested']:.2f} | {arms} |"
+        )
+    lines += [
+        "",
+        f"![side by side]({PLOT})",
+        "",
+        f"Each run's own report: [{vanilla_dir.name}]({vanilla_dir.name}/{REPORT_FILE}), "
+        f"[{tlt_dir.name}]({tlt_dir.name}/{REPORT_FILE}).",
+    ]
     path = out / REPORT_FILE
     path.write_text("\n".join(lines) + "\n")
     return path, c

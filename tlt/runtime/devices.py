@@ -48,12 +48,20 @@ def policy_device(policy_gpus: int, *, cuda_available: bool) -> torch.device:
     if policy_gpus > 0 and not cuda_available:
         raise ValueError(
             f"policy.resources.gpus is {policy_gpus} but this process sees no CUDA GPU "
-            "(torch.cuda.is_available() is False); set policy.resources.gpus to 0 to update the policy on the CPU")
+            "(torch.cuda.is_available() is False); set policy.resources.gpus to 0 to update the policy on the CPU"
+        )
     return torch.device("cuda") if policy_gpus > 0 else CPU
 
 
-def gpu_plan(policy_gpus: int, rollout_gpus: int, replicas: int, resources: Mapping[str, float], *,
-             role_pods: bool, cuda_available: bool) -> GpuPlan:
+def gpu_plan(
+    policy_gpus: int,
+    rollout_gpus: int,
+    replicas: int,
+    resources: Mapping[str, float],
+    *,
+    role_pods: bool,
+    cuda_available: bool,
+) -> GpuPlan:
     """The GPU share of the policy and of each rollout worker, from the roles' `resources.gpus`.
 
     resources: the Ray cluster's (`ray.cluster_resources()`: "GPU" counts its GPUs). role_pods: rollout
@@ -68,7 +76,8 @@ def gpu_plan(policy_gpus: int, rollout_gpus: int, replicas: int, resources: Mapp
         if gpus <= 0:
             raise ValueError(
                 f"rollout.resources.gpus is {rollout_gpus} but the Ray cluster has no GPU "
-                "(ray.cluster_resources() lists none); set rollout.resources.gpus to 0 to roll out on the CPU")
+                "(ray.cluster_resources() lists none); set rollout.resources.gpus to 0 to roll out on the CPU"
+            )
         if role_pods:
             share = float(rollout_gpus)
         else:

@@ -49,8 +49,10 @@ class GracefulStop:
             os.write(2, f"second {signal.Signals(signum).name}: stopping now, without a checkpoint\n".encode())
             os._exit(128 + signum)
         self.signum = signum
-        log.warning("%s received: stopping after the step under way, with a checkpoint (send it again to stop "
-                    "at once)", self.name)
+        log.warning(
+            "%s received: stopping after the step under way, with a checkpoint (send it again to stop at once)",
+            self.name,
+        )
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.request(signum)

@@ -47,6 +47,10 @@ def freeze_actor_heap(name: str) -> dict[str, Any] | None:
     if not in_actor():
         return None
     report = freeze_heap()
-    log.info("%s: heap frozen after start-up (%d objects; the collection took %.2f s)", name, report["frozen"],
-             report["seconds"])
+    log.info(
+        "%s: heap frozen after start-up (%d objects; the collection took %.2f s)",
+        name,
+        report["frozen"],
+        report["seconds"],
+    )
     return report

@@ -45,24 +45,45 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
     return load_problems(spec.dataset, "eval")[: spec.algorithm.eval_samples]
 
 
-def eval_requests(problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, algo: AlgorithmSpec
-                  ) -> list[Request]:
+def eval_requests(
+    problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, algo: AlgorithmSpec
+) -> list[Request]:
     """One request per problem at `evalTemperature` (top-p 1), seeded by (seed, problem), so a problem's
     answer depends only on the policy."""
     stop = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
-    return [Request(f"eval-p{index}", encode_prompt(tokenizer, problem),
-                    SamplingParams(temperature=algo.eval_temperature, top_p=1.0, max_new_tokens=algo.max_new_tokens,
-                                   stop_token_ids=stop, seed=derive_seed("eval", algo.seed, index)))
-            for index, problem in enumerate(problems)]
+    return [
+        Request(
+            f"eval-p{index}",
+            encode_prompt(tokenizer, problem),
+            SamplingParams(
+                temperature=algo.eval_temperature,
+                top_p=1.0,
+                max_new_tokens=algo.max_new_tokens,
+                stop_token_ids=stop,
+                seed=derive_seed("eval", algo.seed, index),
+            ),
+        )
+        for index, problem in enumerate(problems)
+    ]
 
 
-def eval_metrics(completions: Sequence[Completion], problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase,
-                 answer_format: str, reward: RewardFn | None, seconds: float,
-                 errors: list[RewardError] | None = None) -> dict[str, Any]:
+def eval_metrics(
+    completions: Sequence[Completion],
+    problems: Sequence[Problem],
+    tokenizer: PreTrainedTokenizerBase,
+    answer_format: str,
+    reward: RewardFn | None,
+    seconds: float,
+    errors: list[RewardError] | None = None,
+) -> dict[str, Any]:
     """The evaluation's metrics (see the module docstring) from one completion per problem."""
     rewards = score_completions(completions, problems, tokenizer, answer_format, reward=reward, errors=errors)[:, 0]
-    return {"eval_reward_mean": float(rewards.mean()), "eval_accuracy": float((rewards >= 1.0).float().mean()),
-            "eval_samples": len(problems), "eval_seconds": seconds}
+    return {
+        "eval_reward_mean": float(rewards.mean()),
+        "eval_accuracy": float((rewards >= 1.0).float().mean()),
+        "eval_samples": len(problems),
+        "eval_seconds": seconds,
+    }
 
 
 def plain_generate(policy: PreTrainedModel, max_batch_size: int = 64) -> Callable[[list[Request]], list[Completion]]:
@@ -79,11 +100,17 @@ def plain_generate(policy: PreTrainedModel, max_batch_size: int = 64) -> Callabl
     return generate
 
 
-def evaluate(generate: Any, problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, spec: RunSpec,
-             reward: RewardFn | None) -> dict[str, Any]:
+def evaluate(
+    generate: Any,
+    problems: Sequence[Problem],
+    tokenizer: PreTrainedTokenizerBase,
+    spec: RunSpec,
+    reward: RewardFn | None,
+) -> dict[str, Any]:
     """Answer `problems` with `generate(requests) -> completions` (an engine's, in request order) and score
     them."""
     started = time.perf_counter()
     completions = generate(eval_requests(problems, tokenizer, spec.algorithm))
-    return eval_metrics(completions, problems, tokenizer, spec.dataset.answer_format, reward,
-                        time.perf_counter() - started)
+    return eval_metrics(
+        completions, problems, tokenizer, spec.dataset.answer_format, reward, time.perf_counter() - started
+    )

@@ -29,7 +29,6 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from tlt.spec.run import RunSpec
 from tlt.models.loading import (
     load_tokenizer,
     model_folder_problems,
@@ -39,6 +38,7 @@ from tlt.models.loading import (
 from tlt.monitoring.factory import metrics_port_message
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.availability import vllm_model_problem
+from tlt.spec.run import RunSpec
 from tlt.tasks.datasets import DatasetError, held_out_indices, read_problems
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import PromptError, encode_prompt
@@ -60,8 +60,10 @@ def model_problems(spec: RunSpec) -> tuple[list[str], PreTrainedTokenizerBase | 
     path = spec.model.path
     if path is None:
         if spec.dataset.source == "file":
-            return ["spec.model.path: required with dataset.source 'file' (the built-in policy knows only the "
-                    "built-in task): a local Hugging Face folder of a Qwen2/Qwen3/Llama causal LM"], None
+            return [
+                "spec.model.path: required with dataset.source 'file' (the built-in policy knows only the "
+                "built-in task): a local Hugging Face folder of a Qwen2/Qwen3/Llama causal LM"
+            ], None
         return [], None
     problems = model_folder_problems(path)
     if problems:
@@ -91,11 +93,17 @@ def dataset_problems(spec: RunSpec) -> tuple[list[str], list[Problem]]:
             continue
         if field == "path":
             train = read
-    if not problems and spec.algorithm.eval_every and data.eval_path is None and not held_out_indices(
-            len(train), data.eval_fraction, data.split_seed):
-        problems.append(f"spec.algorithm.evalEvery: {spec.algorithm.eval_every} needs held-out problems, and "
-                        f"{data.path} holds none out: set dataset.evalPath, or dataset.evalFraction > 0 with at "
-                        "least 2 records, or evalEvery: 0")
+    if (
+        not problems
+        and spec.algorithm.eval_every
+        and data.eval_path is None
+        and not held_out_indices(len(train), data.eval_fraction, data.split_seed)
+    ):
+        problems.append(
+            f"spec.algorithm.evalEvery: {spec.algorithm.eval_every} needs held-out problems, and "
+            f"{data.path} holds none out: set dataset.evalPath, or dataset.evalFraction > 0 with at "
+            "least 2 records, or evalEvery: 0"
+        )
     return problems, train
 
 
@@ -105,12 +113,16 @@ def prompt_problems(spec: RunSpec, tokenizer: PreTrainedTokenizerBase, problems:
         try:
             encode_prompt(tokenizer, problem)
         except PromptError:
-            return [f"spec.dataset.chat: true, but the tokenizer in {spec.model.path!r} has no chat template "
-                    "(chat_template in tokenizer_config.json); set dataset.chat: false or use a chat model"]
+            return [
+                f"spec.dataset.chat: true, but the tokenizer in {spec.model.path!r} has no chat template "
+                "(chat_template in tokenizer_config.json); set dataset.chat: false or use a chat model"
+            ]
         except Exception as exc:  # noqa: BLE001 - a model's chat template is its own code and may raise anything
-            return [f"spec.model.path: the chat template of {spec.model.path!r} fails on {problem.source} "
-                    f"({_one_line(exc)}); fix chat_template in its tokenizer_config.json or chat_template.jinja, "
-                    "or set dataset.chat: false"]
+            return [
+                f"spec.model.path: the chat template of {spec.model.path!r} fails on {problem.source} "
+                f"({_one_line(exc)}); fix chat_template in its tokenizer_config.json or chat_template.jinja, "
+                "or set dataset.chat: false"
+            ]
     return []
 
 
@@ -130,8 +142,10 @@ def input_problems(spec: RunSpec) -> list[str]:
             problems.append(f"spec.{exc}")
     drafter = spec.speculative.drafter_path
     if drafter is not None and not Path(drafter).is_dir():
-        problems.append(f"spec.speculative.drafterPath: drafter folder {drafter!r} does not exist (a folder "
-                        "save_drafter or tlt export-drafter wrote; unset: the drafter starts untrained)")
+        problems.append(
+            f"spec.speculative.drafterPath: drafter folder {drafter!r} does not exist (a folder "
+            "save_drafter or tlt export-drafter wrote; unset: the drafter starts untrained)"
+        )
     return problems
 
 
@@ -148,4 +162,3 @@ def metrics_port_problem(spec: RunSpec, host: str = "0.0.0.0") -> str | None:
         except OSError as exc:
             return metrics_port_message(monitoring.metrics_port, exc)
     return None
-

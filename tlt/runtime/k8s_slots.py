@@ -68,8 +68,14 @@ def state_report(state: WorkerState, since: datetime.datetime, pod_uid: str | No
 def progress_report(metrics: dict[str, Any]) -> str:
     """The coordinator's `progress` value from one step's metrics (the operator mirrors it into
     `.status.step` and `.status.drafter`); keys the step did not report are left out."""
-    fields = {"step": "step", "lastStepSeconds": "step_seconds", "drafterVersion": "drafter_version",
-              "acceptLength": "accept_length", "evalAccuracy": "eval_accuracy", "evalReward": "eval_reward_mean"}
+    fields = {
+        "step": "step",
+        "lastStepSeconds": "step_seconds",
+        "drafterVersion": "drafter_version",
+        "acceptLength": "accept_length",
+        "evalAccuracy": "eval_accuracy",
+        "evalReward": "eval_reward_mean",
+    }
     report = {key: metrics[name] for key, name in fields.items() if metrics.get(name) is not None}
     if metrics.get("drafter_trainers") is not None:
         report["activeTrainers"] = len(metrics["drafter_trainers"])
@@ -101,8 +107,16 @@ class SlotApi:
             return None
         pod, namespace, run, reports = (str(v) for v in ids)
         host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", pod, namespace, run, reports, os.environ.get("TLT_POD_UID") or None,
-                   SERVICE_ACCOUNT_DIR / "token", SERVICE_ACCOUNT_DIR / "ca.crt")
+        return cls(
+            f"https://{host}:{port}",
+            pod,
+            namespace,
+            run,
+            reports,
+            os.environ.get("TLT_POD_UID") or None,
+            SERVICE_ACCOUNT_DIR / "token",
+            SERVICE_ACCOUNT_DIR / "ca.crt",
+        )
 
     def report_state(self, state: WorkerState, since: datetime.datetime | None = None) -> None:
         """Report this rollout worker's `state`, entered at `since` (default: now)."""

@@ -41,23 +41,23 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.monitoring import METRICS_FILE, build_loggers
+from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
 from tlt.rollout.compiled import resolve_compile
+from tlt.rollout.decode_step import PlainStepper, Stepper
 from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
-from tlt.rollout.decode_step import PlainStepper, Stepper
 from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import CPU, policy_device
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
-from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
 from tlt.runtime.heldout import eval_due, evaluate, heldout_problems
+from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
 
@@ -108,9 +108,11 @@ def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | Non
     if spec.mode in ("off", "ngram"):
         return spec, None
     mode = "ngram" if has_ngram else "off"
-    note = (f"speculative.mode {spec.mode!r} needs the learned drafter, which --local does not run: running "
-            f"speculative.mode {mode!r} instead (same rollout distribution, SD is lossless; run without --local "
-            f"for {spec.mode!r})")
+    note = (
+        f"speculative.mode {spec.mode!r} needs the learned drafter, which --local does not run: running "
+        f"speculative.mode {mode!r} instead (same rollout distribution, SD is lossless; run without --local "
+        f"for {spec.mode!r})"
+    )
     return spec.model_copy(update={"mode": mode}), note
 
 
@@ -150,15 +152,21 @@ def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, Specul
     model = copy.deepcopy(policy).to(resolve_dtype(spec.model.dtype)).eval()
     context = min(spec.model.max_context, model.config.max_position_embeddings)
     rows = spec.algorithm.prompts_per_step * spec.algorithm.group_size
-    engine = Engine(model, max_batch_size=rows, max_context=context, return_hidden=False,
-                    compile=resolve_compile(spec.rollout.compile, model))
+    engine = Engine(
+        model,
+        max_batch_size=rows,
+        max_context=context,
+        return_hidden=False,
+        compile=resolve_compile(spec.rollout.compile, model),
+    )
     engine.stepper, speculative = build_stepper(spec.speculative, engine.runner)
     return engine, speculative
 
 
 def build_optimizer(policy: PreTrainedModel, spec: RunSpec) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(policy.parameters(), lr=spec.algorithm.learning_rate, betas=(0.9, 0.999),
-                             weight_decay=0.01)
+    return torch.optim.AdamW(
+        policy.parameters(), lr=spec.algorithm.learning_rate, betas=(0.9, 0.999), weight_decay=0.01
+    )
 
 
 def resume_conflicts(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -177,8 +185,10 @@ def check_same_run(ckpt: Checkpoint | None, root: Path, spec: dict[str, Any]) ->
     differs from `spec` in a field a resume must keep (`resume_conflicts`)."""
     conflicts = [] if ckpt is None else resume_conflicts(ckpt.state.get("spec", {}), spec)
     if conflicts:
-        raise ResumeError(f"{root} holds a checkpoint of a different run; use another --out or checkpoint.path, "
-                          "or restore the run file. Differences:\n  " + "\n  ".join(conflicts))
+        raise ResumeError(
+            f"{root} holds a checkpoint of a different run; use another --out or checkpoint.path, "
+            "or restore the run file. Differences:\n  " + "\n  ".join(conflicts)
+        )
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -202,8 +212,15 @@ class LocalTrainer:
         ckpt, damaged = resume_point(self.checkpoint_root, self.spec.checkpoint.on_corrupt)
         check_same_run(ckpt, self.checkpoint_root, self._spec_json())
         for d in damaged:  # a damaged checkpoint was passed over for `ckpt` (never None then)
-            append_event(self.out_dir, "checkpoint_damaged", ckpt.step + 1, folder=d.folder, moved_to=d.moved_to,
-                         reason=d.reason, resumed_step=ckpt.step)
+            append_event(
+                self.out_dir,
+                "checkpoint_damaged",
+                ckpt.step + 1,
+                folder=d.folder,
+                moved_to=d.moved_to,
+                reason=d.reason,
+                resumed_step=ckpt.step,
+            )
         self.problems = load_problems(self.spec.dataset, "train")
         self.heldout = heldout_problems(self.spec)  # [] unless algorithm.evalEvery
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
@@ -218,8 +235,9 @@ class LocalTrainer:
         self.stopped: Path | None = None
         self._resume(ckpt)
         self.engine, self.speculative = build_engine(self.policy, self.spec)
-        self.loggers = build_loggers(self.spec.monitoring, self.out_dir, run_name=run.metadata.name,
-                                     config=self._spec_json())
+        self.loggers = build_loggers(
+            self.spec.monitoring, self.out_dir, run_name=run.metadata.name, config=self._spec_json()
+        )
 
     @property
     def metrics_path(self) -> Path:
@@ -261,20 +279,38 @@ class LocalTrainer:
         trace = rl_step.RolloutTrace()
         if self.speculative is not None:
             self.speculative.stats = AcceptanceStats()
-        completions = rl_step.rollout(self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids,
-                                    trace=trace)
+        completions = rl_step.rollout(
+            self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids, trace=trace
+        )
         rollout_seconds = time.perf_counter() - started
         reward_errors: list[RewardError] = []
-        rewards = rl_step.score_completions(completions, problems, self.tokenizer, self.spec.dataset.answer_format,
-                                          reward=self.reward, errors=reward_errors)
+        rewards = rl_step.score_completions(
+            completions,
+            problems,
+            self.tokenizer,
+            self.spec.dataset.answer_format,
+            reward=self.reward,
+            errors=reward_errors,
+        )
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.perf_counter()
-        update = rl_step.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
-                             compute_dtype=self.compute_dtype)
+        update = rl_step.learn(
+            self.policy,
+            self.optimizer,
+            completions,
+            rewards,
+            self.algo,
+            pad_id=self.pad_id,
+            compute_dtype=self.compute_dtype,
+        )
         rl_step.sync_weights(self.policy, self.engine)
-        metrics = {"step": step, **rl_step.rollout_metrics(completions, rewards, trace, rollout_seconds), **update,
-                   "update_seconds": time.perf_counter() - update_started,
-                   "step_seconds": time.perf_counter() - started}
+        metrics = {
+            "step": step,
+            **rl_step.rollout_metrics(completions, rewards, trace, rollout_seconds),
+            **update,
+            "update_seconds": time.perf_counter() - update_started,
+            "step_seconds": time.perf_counter() - started,
+        }
         if self.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
         if self.speculative is not None:
@@ -297,16 +333,18 @@ class LocalTrainer:
         stop = stop or GracefulStop()  # not installed: never requested
         while self.step < self.algo.steps and not stop.requested:
             metrics = self.train_step()
-            log.info("step %d: reward %.3f, %.0f tok/s", self.step, metrics["reward_mean"],
-                     metrics["tokens_per_second"])
+            log.info(
+                "step %d: reward %.3f, %.0f tok/s", self.step, metrics["reward_mean"], metrics["tokens_per_second"]
+            )
             if self.step % interval == 0 or self.step == self.algo.steps or stop.requested:
                 saved = self.save()
             if on_step is not None:
                 on_step(metrics)
         if self.step < self.algo.steps:  # stopped on a signal
             self.stopped = saved
-            append_event(self.out_dir, "stop", self.step + 1, signal=stop.name,
-                         checkpoint=str(saved) if saved else None)
+            append_event(
+                self.out_dir, "stop", self.step + 1, signal=stop.name, checkpoint=str(saved) if saved else None
+            )
             return self.history
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
         return self.history

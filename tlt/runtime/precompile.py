@@ -69,8 +69,11 @@ class GraphSet:
     draft_vocab: int = 0  # speculative.draftVocab: the drafter's graphs read its reduced head
 
     def describe(self) -> str:
-        what = f"drafter (chains {list(self.chain_depths)})" if self.drafter else (
-            "target" + (" with hidden states" if self.hidden else ""))
+        what = (
+            f"drafter (chains {list(self.chain_depths)})"
+            if self.drafter
+            else ("target" + (" with hidden states" if self.hidden else ""))
+        )
         return what + {0: "", 1: ", one row", 2: ", several rows"}[self.batch]
 
 
@@ -89,15 +92,28 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
     if not resolve_compile_for(spec.rollout.compile, int(config["num_hidden_layers"]), torch.device("cpu")):
         return []
     hidden = spec.speculative.mode in DRAFTER_MODES
-    base = dict(policy_path=str(policy_path), dtype=spec.model.dtype, rows=max(rows, 1),
-                max_context=spec.model.max_context, hidden=hidden, threads=max(threads, 1))
+    base = dict(
+        policy_path=str(policy_path),
+        dtype=spec.model.dtype,
+        rows=max(rows, 1),
+        max_context=spec.model.max_context,
+        hidden=hidden,
+        threads=max(threads, 1),
+    )
     sets = [GraphSet(**base, drafter=False, chain_depths=())]
     if hidden:
         plan = drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0)
         if plan["chain_depths"] or plan["step_widths"]:
-            sets.append(GraphSet(**base, drafter=True, chain_depths=tuple(plan["chain_depths"]),
-                                 guesses=tuple(plan["guesses"]), step_widths=tuple(plan["step_widths"]),
-                                 draft_vocab=spec.speculative.draft_vocab))
+            sets.append(
+                GraphSet(
+                    **base,
+                    drafter=True,
+                    chain_depths=tuple(plan["chain_depths"]),
+                    guesses=tuple(plan["guesses"]),
+                    step_widths=tuple(plan["step_widths"]),
+                    draft_vocab=spec.speculative.draft_vocab,
+                )
+            )
     return sets
 
 
@@ -171,8 +187,15 @@ def compile_set(s: GraphSet) -> float:
         drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
         drafter.bind_policy(model)
         drafter.set_draft_vocab(s.draft_vocab)
-    return warm_up(engine, drafter, chain_depths=s.chain_depths, target=not s.drafter,
-                   batches=None if s.batch == 0 else (s.batch,), guesses=s.guesses, step_widths=s.step_widths)
+    return warm_up(
+        engine,
+        drafter,
+        chain_depths=s.chain_depths,
+        target=not s.drafter,
+        batches=None if s.batch == 0 else (s.batch,),
+        guesses=s.guesses,
+        step_widths=s.step_widths,
+    )
 
 
 def _child_env() -> None:
@@ -200,8 +223,12 @@ def _forked(run: Callable[[GraphSet], float], s: GraphSet) -> float:
         return pool.submit(run, s).result()
 
 
-def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: dict[str, Any],
-              progress: Callable[..., None] = lambda *_: None) -> None:
+def _run_lane(
+    lane: list[GraphSet],
+    run: Callable[[GraphSet], float],
+    report: dict[str, Any],
+    progress: Callable[..., None] = lambda *_: None,
+) -> None:
     context = multiprocessing.get_context("spawn")
     pool = None
     try:
@@ -210,8 +237,12 @@ def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: di
             try:
                 seconds = pool.submit(_forked, run, s).result()
             except Exception as exc:  # noqa: BLE001 - the workers compile for themselves then
-                log.warning("precompile of the %s graphs failed (%s: %s); the workers compile them themselves",
-                            s.describe(), type(exc).__name__, exc)
+                log.warning(
+                    "precompile of the %s graphs failed (%s: %s); the workers compile them themselves",
+                    s.describe(),
+                    type(exc).__name__,
+                    exc,
+                )
                 report["failed"].append(s.describe())
                 progress(len(report["compiled"]) + len(report["failed"]), f"{s.describe()} failed")
                 if isinstance(exc, BrokenProcessPool):  # the job's child or the lane's process died: start afresh
@@ -228,8 +259,9 @@ def _run_lane(lane: list[GraphSet], run: Callable[[GraphSet], float], report: di
             pool.shutdown()
 
 
-def precompile(sets: list[GraphSet], processes: int, *, min_lanes: int = 1,
-               run: Callable[[GraphSet], float] = compile_set) -> dict[str, Any]:
+def precompile(
+    sets: list[GraphSet], processes: int, *, min_lanes: int = 1, run: Callable[[GraphSet], float] = compile_set
+) -> dict[str, Any]:
     """Compile every job of `sets` not compiled on this machine before, in `lanes(..., processes)` run in
     parallel; nothing when those are fewer than `min_lanes`.
 
@@ -247,11 +279,18 @@ def precompile(sets: list[GraphSet], processes: int, *, min_lanes: int = 1,
         return report
     report["lanes"] = len(plan)
     started = time.perf_counter()
-    with (phase(f"compiling the engines' graphs ({len(plan)} in parallel)", len(todo), "graph sets") as progress,
-          ThreadPoolExecutor(max_workers=len(plan), thread_name_prefix="precompile") as threads):
+    with (
+        phase(f"compiling the engines' graphs ({len(plan)} in parallel)", len(todo), "graph sets") as progress,
+        ThreadPoolExecutor(max_workers=len(plan), thread_name_prefix="precompile") as threads,
+    ):
         for future in [threads.submit(_run_lane, lane, run, report, progress) for lane in plan]:
             future.result()
     report["seconds"] = round(time.perf_counter() - started, 1)
-    log.info("precompiled %s in %.0f s (%d lanes)%s", ", ".join(c["set"] for c in report["compiled"]) or "nothing",
-             report["seconds"], len(plan), f"; failed: {', '.join(report['failed'])}" if report["failed"] else "")
+    log.info(
+        "precompiled %s in %.0f s (%d lanes)%s",
+        ", ".join(c["set"] for c in report["compiled"]) or "nothing",
+        report["seconds"],
+        len(plan),
+        f"; failed: {', '.join(report['failed'])}" if report["failed"] else "",
+    )
     return report

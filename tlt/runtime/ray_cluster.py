@@ -27,13 +27,13 @@ from typing import Any
 import ray
 import torch
 
-from tlt.spec.run import RunSpec
 from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.devices import GpuPlan, gpu_plan
 from tlt.runtime.precompile import graph_sets, precompile
-from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_services import VerifierWorker, hub_actor
+from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_workers import RolloutWorker
+from tlt.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,13 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
             cpus = num_cpus or os.cpu_count() or 1
             # address="local": always a new private cluster, even where /tmp/ray/ray_current_cluster
             # names one that `ray start` left on this machine (plain ray.init() would join it).
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+            ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}},
+            )
     return ray.cluster_resources()
 
 
@@ -73,9 +78,14 @@ def placement(spec: RunSpec, resources: dict[str, float], *, cuda_available: boo
     roles' `resources.gpus` ask (`tlt.runtime.devices.gpu_plan`; `cuda_available` defaults to this
     process's `torch.cuda.is_available()`); ValueError where a role asks for a GPU that is not there."""
     role_pods = resources.get(ROLE_RESOURCES["rollout"], 0) > 0
-    gpus = gpu_plan(spec.policy.resources.gpus, spec.rollout.resources.gpus, spec.rollout.replicas, resources,
-                    role_pods=role_pods,
-                    cuda_available=torch.cuda.is_available() if cuda_available is None else cuda_available)
+    gpus = gpu_plan(
+        spec.policy.resources.gpus,
+        spec.rollout.resources.gpus,
+        spec.rollout.replicas,
+        resources,
+        role_pods=role_pods,
+        cuda_available=torch.cuda.is_available() if cuda_available is None else cuda_available,
+    )
     if role_pods:  # one actor per pod, that pod's CPUs
         rollout = cpu_quantity(spec.rollout.resources.cpu)
         small = min(0.1, cpu_quantity(spec.verifier.resources.cpu))
@@ -203,13 +213,15 @@ def create_actors(
         verifier_options.update(_plugin_runtime_env(spec.verifier.reward))
     verifiers = [
         verifier_cls.options(name=None, **verifier_options).remote(
-            spec.dataset.answer_format, reward=spec.verifier.reward)
+            spec.dataset.answer_format, reward=spec.verifier.reward
+        )
         for _ in range(max(spec.verifier.replicas, 1))
     ]
     hub = None
     if spec.speculative.mode in ("static", "tlt"):
         hub = hub_actor(plan.hub_cpus).remote(
-            target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir)
+            target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir
+        )
     rows = worker_rows(spec)
     if not sidecar and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
         precompile_local(local_graph_sets(spec, policy_path, resources), resources)
@@ -217,7 +229,8 @@ def create_actors(
     rollout_options = _role_options("rollout", resources, plan.rollout_cpus, plan.gpus.rollout_gpus)
     workers = [
         rollout_cls.options(max_concurrency=4, **rollout_options).remote(
-            i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads)
+            i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads
+        )
         for i in range(max(spec.rollout.replicas, 1))
     ]
     statuses = ray.get([w.status.remote() for w in workers])
@@ -225,16 +238,30 @@ def create_actors(
         ray.get(hub.ping.remote())
     warmups = " / ".join(f"{s.get('warmup_seconds', 0.0):.1f}" for s in statuses)
     frozen = " / ".join(f"{s['heap']['seconds']:.2f}" for s in statuses if s.get("heap"))
-    log.info("started %d rollout workers (%.2f CPU, %d threads, %s each; compile warm-up %s s%s), %d verifiers%s",
-             len(workers), plan.rollout_cpus, plan.rollout_threads,
-             f"{plan.gpus.rollout_gpus:g} GPU" if plan.gpus.rollout_gpus else "no GPU", warmups,
-             f"; heap frozen after a {frozen} s collection" if frozen else "", len(verifiers),
-             ", a drafter hub" if hub is not None else "")
+    log.info(
+        "started %d rollout workers (%.2f CPU, %d threads, %s each; compile warm-up %s s%s), %d verifiers%s",
+        len(workers),
+        plan.rollout_cpus,
+        plan.rollout_threads,
+        f"{plan.gpus.rollout_gpus:g} GPU" if plan.gpus.rollout_gpus else "no GPU",
+        warmups,
+        f"; heap frozen after a {frozen} s collection" if frozen else "",
+        len(verifiers),
+        ", a drafter hub" if hub is not None else "",
+    )
     actors = Actors(rollout=workers, verifiers=verifiers, hub=hub)
     if sidecar:
         try:
-            actors.sidecars = create_sidecars(spec, [s["worker"] for s in statuses], target_config, hub, resources,
-                                              plan.rollout_cpus, plan.rollout_threads, wait=rejoin)
+            actors.sidecars = create_sidecars(
+                spec,
+                [s["worker"] for s in statuses],
+                target_config,
+                hub,
+                resources,
+                plan.rollout_cpus,
+                plan.rollout_threads,
+                wait=rejoin,
+            )
             ray.get([w.attach_sidecar.remote(s) for w, s in zip(workers, actors.sidecars)])
         except BaseException:
             actors.kill()

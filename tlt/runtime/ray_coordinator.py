@@ -57,8 +57,15 @@ from tlt.runtime.devices import to_cpu
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
 from tlt.runtime.heldout import eval_due, evaluate, heldout_problems, plain_generate
-from tlt.runtime.local import (METRICS_FILE, POLICY_DIR, build_optimizer, build_policy, check_same_run, policy_path,
-                               write_jsonl)
+from tlt.runtime.local import (
+    METRICS_FILE,
+    POLICY_DIR,
+    build_optimizer,
+    build_policy,
+    check_same_run,
+    policy_path,
+    write_jsonl,
+)
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.rollout_dispatch import collect, dispatch
 from tlt.runtime.run_checkpoint import STEP_FAILURES, ActorStates, check_backoff, restart_event, restore_run, save_run
@@ -78,15 +85,29 @@ EventFn = Callable[[dict[str, Any]], None]
 class RayTrainer:
     """Coordinator + policy update in this process; rollout workers, verifiers and the drafter hub as actors."""
 
-    def __init__(self, run: TLTTrainingRun, out_dir: str | Path, *, warmstart: WarmstartConfig | None = None,
-                 address: str | None = None, num_cpus: int | None = None, on_event: EventFn | None = None,
-                 stop_trainers_at: str = "update", stop: GracefulStop | None = None) -> None:
+    def __init__(
+        self,
+        run: TLTTrainingRun,
+        out_dir: str | Path,
+        *,
+        warmstart: WarmstartConfig | None = None,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        on_event: EventFn | None = None,
+        stop_trainers_at: str = "update",
+        stop: GracefulStop | None = None,
+    ) -> None:
         self.run = run
         self.spec = run.spec
         self.algo = run.spec.algorithm
         self.out_dir = Path(out_dir)
-        self.trainers = SpotTrainers(SlotSource(self.spec.drafter.enabled_slots, self.out_dir),
-                                     self.spec.drafter.max_trainers, stop_trainers_at, self._emit, self._emit_workers)
+        self.trainers = SpotTrainers(
+            SlotSource(self.spec.drafter.enabled_slots, self.out_dir),
+            self.spec.drafter.max_trainers,
+            stop_trainers_at,
+            self._emit,
+            self._emit_workers,
+        )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
         self.on_event = on_event
@@ -110,10 +131,15 @@ class RayTrainer:
         self._load_initial()
         self._resume(ckpt)
         for d in damaged:
-            self._emit("checkpoint_damaged", folder=d.folder, moved_to=d.moved_to, reason=d.reason,
-                       resumed_step=self.step)
-        self.loggers = build_loggers(self.spec.monitoring, self.out_dir, run_name=run.metadata.name,
-                                     config=self.spec.model_dump(mode="json", by_alias=True))
+            self._emit(
+                "checkpoint_damaged", folder=d.folder, moved_to=d.moved_to, reason=d.reason, resumed_step=self.step
+            )
+        self.loggers = build_loggers(
+            self.spec.monitoring,
+            self.out_dir,
+            run_name=run.metadata.name,
+            config=self.spec.model_dump(mode="json", by_alias=True),
+        )
 
     @property
     def metrics_path(self) -> Path:
@@ -168,9 +194,17 @@ class RayTrainer:
         """A whole-run checkpoint of the current step (the drafter comes from the hub, synchronously)."""
         if self.actors is not None:
             self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
-        return save_run(self.checkpoint_root, self.spec.checkpoint.keep, step=self.step, policy=self.policy,
-                        optimizer=self.optimizer, history=self.history, restarts=self.restarts,
-                        spec=self.spec.model_dump(mode="json", by_alias=True), states=self.actor_states)
+        return save_run(
+            self.checkpoint_root,
+            self.spec.checkpoint.keep,
+            step=self.step,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            history=self.history,
+            restarts=self.restarts,
+            spec=self.spec.model_dump(mode="json", by_alias=True),
+            states=self.actor_states,
+        )
 
     def train_step(self) -> dict[str, Any]:
         """Run step `self.step + 1` on the actors; returns its metrics."""
@@ -184,8 +218,11 @@ class RayTrainer:
         stamps.append(time.time())
         drafter, candidate = self.drafters.refs(actors.hub)
         dispatched = time.time()
-        prepare = dict(zip(("put_weights", "stop_trainers", "drafters"),
-                           (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))))
+        prepare = dict(
+            zip(
+                ("put_weights", "stop_trainers", "drafters"), (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))
+            )
+        )
         futures = dispatch(actors.rollout, step, ids, self.problems, weights, drafter, candidate)
         self._emit("phase", phase="rollout", workers=len(futures))
         trains = rl_step.trains_drafter(self.spec, step) and actors.hub is not None
@@ -199,22 +236,39 @@ class RayTrainer:
         reward_errors = [error for _, error in scored if error is not None]
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
-        update = rl_step.learn(self.policy, self.optimizer, completions, rewards, self.algo, pad_id=self.pad_id,
-                               compute_dtype=self.compute_dtype)
+        update = rl_step.learn(
+            self.policy,
+            self.optimizer,
+            completions,
+            rewards,
+            self.algo,
+            pad_id=self.pad_id,
+            compute_dtype=self.compute_dtype,
+        )
         update_seconds = time.time() - update_started
         # The workers buffered their samples and scored the drafters while the policy updated.
         for result, agreement in zip(results, ray.get([futures[ref].agreement.remote() for ref in futures])):
             result.update(agreement)
-        metrics = {"step": step, **shard_rollout_metrics(completions, rewards, results, started, rollout_end, prepare),
-                   **update, "update_seconds": update_seconds, "update_started_at": update_started,
-                   "rollout_dispatched_at": dispatched, **self._drafter_metrics(results, acks),
-                   "step_seconds": time.time() - started}
+        metrics = {
+            "step": step,
+            **shard_rollout_metrics(completions, rewards, results, started, rollout_end, prepare),
+            **update,
+            "update_seconds": update_seconds,
+            "update_started_at": update_started,
+            "rollout_dispatched_at": dispatched,
+            **self._drafter_metrics(results, acks),
+            "step_seconds": time.time() - started,
+        }
         if self.spec.verifier.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
         if actors.hub is not None:
             actors.hub.snapshot.remote(step)
-        metrics["worker_states"] = {name: states for name, states in zip(
-            [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()]))}
+        metrics["worker_states"] = {
+            name: states
+            for name, states in zip(
+                [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()])
+            )
+        }
         if actors.hub is not None and not self.trainers.running:  # nothing can push before the next step
             self.drafters.prefetch(actors.hub)
         if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
@@ -231,8 +285,9 @@ class RayTrainer:
         pushes = ray.get(self.actors.hub.take_pushes.remote())
         return {**drafter_step_metrics(results, acks, pushes), **self.drafters.outcome(results)}
 
-    def train(self, on_step: Callable[[dict[str, Any]], None] | None = None,
-              stop: GracefulStop | None = None) -> list[dict[str, Any]]:
+    def train(
+        self, on_step: Callable[[dict[str, Any]], None] | None = None, stop: GracefulStop | None = None
+    ) -> list[dict[str, Any]]:
         """Run the remaining steps with checkpoints and restarts; write the final policy and, with a drafter, the
         served one (`StepDrafters.write_served`). Returns all metrics. Once `stop` is requested: return after the
         step under way and its checkpoint, which `self.stopped` names (None: no step ran, nothing to save)."""
@@ -264,8 +319,13 @@ class RayTrainer:
                 # submitted before waiting: the hub's calls run on several threads, in no fixed order
                 ray.get(self.actors.hub.snapshot.remote(self.step))
                 ray.get(self.actors.hub.wait_snapshots.remote(60.0))
-            self.drafters.write_served(self.out_dir, self.actors.hub if self.actors else None,
-                                       self.actor_states.drafter, self.policy.config, self.step)
+            self.drafters.write_served(
+                self.out_dir,
+                self.actors.hub if self.actors else None,
+                self.actor_states.drafter,
+                self.policy.config,
+                self.step,
+            )
         finally:
             self.shutdown()
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)

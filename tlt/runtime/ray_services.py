@@ -31,8 +31,9 @@ class VerifierWorker:
         self.reward = None if reward is None else load_reward(reward)
         self.scored = 0
 
-    def score(self, response: str, reference: str, prompt: str = "", record: dict[str, Any] | None = None,
-              sample: str = "") -> tuple[float, RewardError | None]:
+    def score(
+        self, response: str, reference: str, prompt: str = "", record: dict[str, Any] | None = None, sample: str = ""
+    ) -> tuple[float, RewardError | None]:
         """(reward, None), or with the plug-in failing on this sample (0.0, its RewardError)."""
         self.scored += 1
         if self.reward is None:
@@ -55,19 +56,21 @@ class HubWorker(DrafterHub):
     unprivileged thread), so pushes are sent to their own concurrency group (`PUSH_GROUP`, see
     `hub_actor`) and the pulls, snapshots and state the coordinator asks for keep normal threads."""
 
-    def __init__(self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None,
-                 threads: int = 1) -> None:
+    def __init__(
+        self, target_config: Any, learning_rate: float, seed: int, snapshot_dir: str | None, threads: int = 1
+    ) -> None:
         torch.set_num_threads(threads)
-        super().__init__(drafter_config_from_target(target_config), learning_rate, seed=seed,
-                         snapshot_dir=snapshot_dir)
+        super().__init__(drafter_config_from_target(target_config), learning_rate, seed=seed, snapshot_dir=snapshot_dir)
 
-    def push(self, trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int,
-             loss: float) -> tuple[int, dict[str, torch.Tensor]]:
+    def push(
+        self, trainer: str, grads: dict[str, torch.Tensor], based_on: int, tokens: int, loss: float
+    ) -> tuple[int, dict[str, torch.Tensor]]:
         lower_thread_priority()
         return super().push(trainer, grads, based_on, tokens, loss)
 
-    def push_delta(self, trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int,
-                   loss: float) -> tuple[int, dict[str, torch.Tensor]]:
+    def push_delta(
+        self, trainer: str, delta: dict[str, torch.Tensor], based_on: int, steps: int, tokens: int, loss: float
+    ) -> tuple[int, dict[str, torch.Tensor]]:
         lower_thread_priority()
         return super().push_delta(trainer, delta, based_on, steps, tokens, loss)
 
@@ -79,7 +82,8 @@ def hub_actor(num_cpus: float) -> Any:
     """The hub's Ray actor class with its options: the default group's threads for the coordinator's calls,
     `PUSH_GROUP`'s for the trainers' pushes (sent there with `.options(concurrency_group=PUSH_GROUP)`)."""
     return ray.remote(concurrency_groups={PUSH_GROUP: PUSH_THREADS})(HubWorker).options(
-        num_cpus=num_cpus, max_concurrency=4)
+        num_cpus=num_cpus, max_concurrency=4
+    )
 
 
 def hub_push(hub: Any) -> Callable[..., tuple[int, dict[str, torch.Tensor]]]:

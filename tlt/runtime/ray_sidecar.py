@@ -32,13 +32,13 @@ import ray
 import torch
 from torch import nn
 
-from tlt.spec.run import RunSpec
 from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
-from tlt.drafter.intake import buffer_and_agreement
 from tlt.runtime.ray_services import hub_push
 from tlt.runtime.worker_state import node_id
+from tlt.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,11 @@ def require_trainer_nodes(spec: RunSpec, resources: Mapping[str, float], workers
     """Raise SidecarPlacementError unless every rollout worker has its drafter-trainer node: one per
     `rollout.replicas`, and, given the `workers`' names, each one's own `tlt_trainer_<worker>`."""
     wanted = max(spec.rollout.replicas, 1)
-    missing = ([trainer_resource(w) for w in workers if resources.get(trainer_resource(w), 0) < 1]
-               if workers is not None else [])
+    missing = (
+        [trainer_resource(w) for w in workers if resources.get(trainer_resource(w), 0) < 1]
+        if workers is not None
+        else []
+    )
     have = trainer_nodes(resources)
     if have >= wanted and not missing:
         return
@@ -76,11 +79,17 @@ def require_trainer_nodes(spec: RunSpec, resources: Mapping[str, float], workers
         f"drafter.placement is 'sidecar' but not every rollout worker has its drafter-trainer node in the Ray "
         f"cluster ({detail}): the sidecar runs only on Kubernetes, as the `drafter-trainer` container of each "
         f"rollout pod (`tlt drafter-trainer`, added by the operator). On one machine (`tlt train`) or without "
-        f"a GPU DRA driver use drafter.placement 'in-container' (the default)")
+        f"a GPU DRA driver use drafter.placement 'in-container' (the default)"
+    )
 
 
-def await_trainer_nodes(spec: RunSpec, resources: Mapping[str, float], workers: list[str] | None = None,
-                        timeout: float = 0.0, poll: float = 2.0) -> Mapping[str, float]:
+def await_trainer_nodes(
+    spec: RunSpec,
+    resources: Mapping[str, float],
+    workers: list[str] | None = None,
+    timeout: float = 0.0,
+    poll: float = 2.0,
+) -> Mapping[str, float]:
     """`require_trainer_nodes` on `resources`; while it fails and `timeout` (seconds) has not passed, again
     on the cluster's live resources. Returns the resources that passed."""
     deadline = time.monotonic() + timeout
@@ -118,16 +127,22 @@ class SidecarTrainer:
         self.spec = spec
         drafter = EagleDrafter(drafter_config_from_target(target_config)).float().eval()
         self.buffer = OnlineBuffer(spec.drafter.buffer_steps, spec.drafter.batch_tokens, seed=spec.algorithm.seed)
-        self.trainer = SpotTrainer(worker, drafter, self.buffer, hub_push(hub),
-                                   learning_rate=spec.drafter.learning_rate)
+        self.trainer = SpotTrainer(
+            worker, drafter, self.buffer, hub_push(hub), learning_rate=spec.drafter.learning_rate
+        )
         self.node = node_id()
 
     def node_id(self) -> str:
         return self.node
 
-    def take_rollouts(self, step: int, completions: list[Any], head: dict[str, torch.Tensor],
-                      drafter: tuple[int, dict[str, torch.Tensor]] | None,
-                      candidate: tuple[int, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+    def take_rollouts(
+        self,
+        step: int,
+        completions: list[Any],
+        head: dict[str, torch.Tensor],
+        drafter: tuple[int, dict[str, torch.Tensor]] | None,
+        candidate: tuple[int, dict[str, torch.Tensor]] | None = None,
+    ) -> dict[str, Any]:
         """Bind the drafter to this step's policy head, take the step's drafter (if given), buffer the
         completions; returns the agreement dict of an in-container worker (the candidate's too)."""
         if self.trainer.active:
@@ -135,8 +150,9 @@ class SidecarTrainer:
         self.trainer.drafter.bind(*bound_head(head))
         if drafter is not None:
             self.trainer.load(*drafter)
-        return buffer_and_agreement(self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens,
-                                    candidate)
+        return buffer_and_agreement(
+            self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens, candidate
+        )
 
     def start_training(self, step: int) -> float:
         if not self.trainer.drafter.is_bound:
@@ -161,14 +177,26 @@ class SidecarTrainer:
         return run.iterations if run is not None else 0
 
 
-def create_sidecars(spec: RunSpec, workers: list[str], target_config: Any, hub: Any, resources: Mapping[str, float],
-                    cpus: float, threads: int, wait: float = 0.0) -> list[Any]:
+def create_sidecars(
+    spec: RunSpec,
+    workers: list[str],
+    target_config: Any,
+    hub: Any,
+    resources: Mapping[str, float],
+    cpus: float,
+    threads: int,
+    wait: float = 0.0,
+) -> list[Any]:
     """One SidecarTrainer per worker name, each on that worker's drafter-trainer node (waiting up to `wait`
     seconds for missing ones); ready when returned."""
     await_trainer_nodes(spec, resources, workers, timeout=wait)
     cls = ray.remote(SidecarTrainer)
-    sidecars = [cls.options(num_cpus=cpus, max_concurrency=2, resources={trainer_resource(w): 1}).remote(
-        w, spec, target_config, hub, threads) for w in workers]
+    sidecars = [
+        cls.options(num_cpus=cpus, max_concurrency=2, resources={trainer_resource(w): 1}).remote(
+            w, spec, target_config, hub, threads
+        )
+        for w in workers
+    ]
     nodes = ray.get([s.node_id.remote() for s in sidecars])
     log.info("started %d sidecar drafter trainers on nodes %s", len(sidecars), nodes)
     return sidecars

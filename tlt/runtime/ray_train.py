@@ -16,16 +16,16 @@ from pathlib import Path
 import ray
 from rich.console import Console
 
-from tlt.spec.run import TLTTrainingRun
 from tlt.runtime import k8s_slots
 from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
-from tlt.runtime.display import LiveDisplay
 from tlt.runtime.checkpoint_recovery import cannot_resume
+from tlt.runtime.display import LiveDisplay
 from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
 from tlt.runtime.local import ResumeError
 from tlt.runtime.ray_coordinator import RayTrainer
-from tlt.runtime.run_checkpoint import RunFailed
 from tlt.runtime.report import PLOTS, write_report
+from tlt.runtime.run_checkpoint import RunFailed
+from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.warmstart import WarmstartConfig
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,15 @@ def _on_step(display: LiveDisplay, metrics: dict) -> None:
         log.warning("could not publish progress on the pod: %s", exc)
 
 
-def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num_cpus: int | None = None,
-              warmstart: WarmstartConfig | None = None, stopped_exit: int = 0) -> int:
+def train_ray(
+    run: TLTTrainingRun,
+    out: Path,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    warmstart: WarmstartConfig | None = None,
+    stopped_exit: int = 0,
+) -> int:
     """Train `run` into `out` with the live display; write the report. `warmstart` picks the built-in
     task's policy when `model.path` is unset (default: the default warm start). `stopped_exit`: the exit
     status of a run stopped on a signal with its checkpoint written (`tlt worker` must not exit 0 then: that
@@ -51,19 +58,35 @@ def train_ray(run: TLTTrainingRun, out: Path, *, address: str | None = None, num
         return _train_ray(run, out, address, num_cpus, warmstart, stop, stopped_exit)
 
 
-def _train_ray(run: TLTTrainingRun, out: Path, address: str | None, num_cpus: int | None,
-               warmstart: WarmstartConfig | None, stop: GracefulStop, stopped_exit: int) -> int:
+def _train_ray(
+    run: TLTTrainingRun,
+    out: Path,
+    address: str | None,
+    num_cpus: int | None,
+    warmstart: WarmstartConfig | None,
+    stop: GracefulStop,
+    stopped_exit: int,
+) -> int:
     console = Console(stderr=True)
     address = address or os.environ.get("RAY_ADDRESS") or None
     total = run.spec.algorithm.steps
     display = LiveDisplay(run.metadata.name, total, console)
     try:
         with display:
-            trainer = RayTrainer(run, out, address=address, num_cpus=num_cpus, on_event=display.event,
-                                 warmstart=warmstart, stop_trainers_at="rollout" if address else "update", stop=stop)
+            trainer = RayTrainer(
+                run,
+                out,
+                address=address,
+                num_cpus=num_cpus,
+                on_event=display.event,
+                warmstart=warmstart,
+                stop_trainers_at="rollout" if address else "update",
+                stop=stop,
+            )
             if trainer.step:
-                console.print(f"resuming {run.metadata.name} at step {trainer.step}/{total} from "
-                              f"{trainer.checkpoint_root}")
+                console.print(
+                    f"resuming {run.metadata.name} at step {trainer.step}/{total} from {trainer.checkpoint_root}"
+                )
             history = trainer.train(on_step=lambda metrics: _on_step(display, metrics), stop=stop)
     except CheckpointWriteError as exc:
         ray.shutdown()
@@ -82,13 +105,20 @@ def _train_ray(run: TLTTrainingRun, out: Path, address: str | None, num_cpus: in
     if trainer.step < total:  # stopped on a signal, its checkpoint written
         ray.shutdown()
         trainer.loggers.close()
-        console.print(stopped_line(run.metadata.name, stop.name, trainer.step, total,
-                                   str(trainer.stopped) if trainer.stopped else None), highlight=False, soft_wrap=True)
+        console.print(
+            stopped_line(
+                run.metadata.name, stop.name, trainer.step, total, str(trainer.stopped) if trainer.stopped else None
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
         return stopped_exit
     report = write_report(out, title=f"TLT run {run.metadata.name}")
     trainer.loggers.log_figures([Path(out) / name for name in PLOTS], trainer.step)
     trainer.loggers.close()
     snapshots = Path(out) / "drafter"  # a learned drafter's snapshots (none with the vLLM engine or mode off)
-    console.print(f"done: {len(history)} steps; metrics {trainer.metrics_path}; report {report}; "
-                  f"policy {out / 'policy'}" + (f"; drafter snapshots {snapshots}" if snapshots.is_dir() else ""))
+    console.print(
+        f"done: {len(history)} steps; metrics {trainer.metrics_path}; report {report}; "
+        f"policy {out / 'policy'}" + (f"; drafter snapshots {snapshots}" if snapshots.is_dir() else "")
+    )
     return 0

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from tlt.spec.run import RunSpec
 from tlt.drafter.export import export_eagle
 from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy
@@ -37,6 +36,7 @@ from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.ray_workers import RolloutWorker
 from tlt.runtime.worker_drafter import NO_AGREEMENT
 from tlt.runtime.worker_state import GENERATING, IDLE
+from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
@@ -45,8 +45,16 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 class VllmRolloutWorker(RolloutWorker):
     """vLLM generating, this project's drafter buffer and spot trainer beside it."""
 
-    def __init__(self, index: int, spec: RunSpec, policy_path: str, rows: int, verifiers: list[Any],
-                 hub: Any | None, threads: int = 1) -> None:
+    def __init__(
+        self,
+        index: int,
+        spec: RunSpec,
+        policy_path: str,
+        rows: int,
+        verifiers: list[Any],
+        hub: Any | None,
+        threads: int = 1,
+    ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine on this actor's threads
         torch.set_num_threads(threads)  # before vLLM starts: its CPU worker forbids changing it afterwards
         from tlt.rollout.vllm.engine import EagleSetup, VllmEngine
@@ -68,18 +76,37 @@ class VllmRolloutWorker(RolloutWorker):
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         layers = config.num_hidden_layers + (1 if eagle is not None else 0)
-        kv = kv_cache_bytes(self.rows, self.context, layers=layers, kv_heads=config.num_key_value_heads,
-                            head_dim=head_dim, dtype_bytes=DTYPE_BYTES[spec.model.dtype])
-        self.vllm = VllmEngine(policy_path, dtype=spec.model.dtype, max_context=self.context,
-                               max_batch_size=self.rows, eagle=eagle, seed=spec.algorithm.seed + index,
-                               memory_fraction=0.1, kv_cache_bytes=2 * kv)
+        kv = kv_cache_bytes(
+            self.rows,
+            self.context,
+            layers=layers,
+            kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            dtype_bytes=DTYPE_BYTES[spec.model.dtype],
+        )
+        self.vllm = VllmEngine(
+            policy_path,
+            dtype=spec.model.dtype,
+            max_context=self.context,
+            max_batch_size=self.rows,
+            eagle=eagle,
+            seed=spec.algorithm.seed + index,
+            memory_fraction=0.1,
+            kv_cache_bytes=2 * kv,
+        )
         self.warmup_seconds = time.time() - started
         self.drafting.setup_trainer(hub)
         self.heap = freeze_actor_heap(self.name)  # as `RolloutWorker`'s (`tlt.runtime.heap`)
 
-    def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
-                drafter: tuple[int, dict[str, torch.Tensor]] | None,
-                candidate: tuple[int, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+    def rollout(
+        self,
+        step: int,
+        problem_ids: list[int],
+        problems: list[Problem],
+        weights: dict[str, torch.Tensor],
+        drafter: tuple[int, dict[str, torch.Tensor]] | None,
+        candidate: tuple[int, dict[str, torch.Tensor]] | None = None,
+    ) -> dict[str, Any]:
         """`RolloutWorker.rollout` on vLLM: the shard's completions (no hidden states), reward refs in
         completion order, an empty trace, and vLLM's draft counters for the accept length."""
         self.drafting.check_ready(step)
@@ -109,24 +136,40 @@ class VllmRolloutWorker(RolloutWorker):
             problem = problems[i // group]
             verifier = self.verifiers[i % len(self.verifiers)]
             text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            rewards.append(verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record),
-                                                 completion.request_id))
+            rewards.append(
+                verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record), completion.request_id)
+            )
         self.vllm.release()
         self._leave_settle(completions, step, drafter, candidate)
         self.states.set(IDLE)
-        return {"worker": self.name, "completions": completions, "rewards": rewards, "streamed": 0,
-                "trace": [], "started_at": started, "finished_at": finished,
-                "generate_seconds": finished - generate_started, "first_response_at": finished,
-                "sd_row_steps": row_steps, "sd_accepted": accepted,
-                "sd_arms": {f"eagle-{self.draft_tokens}": row_steps} if row_steps else {}, "sd_arm_rates": {}}
+        return {
+            "worker": self.name,
+            "completions": completions,
+            "rewards": rewards,
+            "streamed": 0,
+            "trace": [],
+            "started_at": started,
+            "finished_at": finished,
+            "generate_seconds": finished - generate_started,
+            "first_response_at": finished,
+            "sd_row_steps": row_steps,
+            "sd_accepted": accepted,
+            "sd_arms": {f"eagle-{self.draft_tokens}": row_steps} if row_steps else {},
+            "sd_arm_rates": {},
+        }
 
-    def _agreement_and_buffer(self, completions: list[Any], step: int,
-                              drafter: tuple[int, dict[str, torch.Tensor]] | None,
-                              candidate: tuple[int, dict[str, torch.Tensor]] | None) -> dict[str, Any]:
+    def _agreement_and_buffer(
+        self,
+        completions: list[Any],
+        step: int,
+        drafter: tuple[int, dict[str, torch.Tensor]] | None,
+        candidate: tuple[int, dict[str, torch.Tensor]] | None,
+    ) -> dict[str, Any]:
         if self.drafting.drafter is None:
             return dict(NO_AGREEMENT)
-        return super()._agreement_and_buffer([with_features(self.model, c) for c in completions], step, drafter,
-                                             candidate)
+        return super()._agreement_and_buffer(
+            [with_features(self.model, c) for c in completions], step, drafter, candidate
+        )
 
 
 def with_features(policy: Any, completion: Completion) -> Completion:

@@ -45,8 +45,17 @@ class RolloutWorker:
 
     generator: ShardGenerator | None = None  # the vLLM worker generates without one
 
-    def __init__(self, index: int, spec: RunSpec, policy_path: str, rows: int, verifiers: list[Any],
-                 hub: Any | None, threads: int = 1, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        spec: RunSpec,
+        policy_path: str,
+        rows: int,
+        verifiers: list[Any],
+        hub: Any | None,
+        threads: int = 1,
+        device: torch.device | None = None,
+    ) -> None:
         torch.set_num_threads(threads)
         model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
         # `device` (outside Ray: `tlt bench worker`), else the GPU Ray gave this actor (`rollout.resources.gpus`),
@@ -55,13 +64,19 @@ class RolloutWorker:
         model.to(device if device is not None else actor_device(gpu_ids))
         self._setup(index, spec, model, rows, verifiers)
         drafter = self.drafting.drafter
-        self.engine = Engine(model, max_batch_size=self.rows, max_context=self.context,
-                             return_hidden=drafter is not None, compile=resolve_compile(spec.rollout.compile, model))
+        self.engine = Engine(
+            model,
+            max_batch_size=self.rows,
+            max_context=self.context,
+            return_hidden=drafter is not None,
+            compile=resolve_compile(spec.rollout.compile, model),
+        )
         self.engine.draft_vocab = self.drafting.draft_vocab
         self.generator = ShardGenerator(self.engine, self.tokenizer, spec, index, drafter, self.rows, self.context)
         # compile now, not in step 0's rollout: the graphs this run's arms and sampling can reach
-        self.warmup_seconds = warm_up(self.engine, drafter,
-                                      **drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0))
+        self.warmup_seconds = warm_up(
+            self.engine, drafter, **drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0)
+        )
         self.drafting.setup_trainer(hub)
         self.heap = freeze_actor_heap(self.name)  # last: a full collection now, not in a rollout (`tlt.runtime.heap`)
 
@@ -88,17 +103,30 @@ class RolloutWorker:
 
     def status(self) -> dict[str, Any]:
         state, since = self.states.current()
-        return {"worker": self.name, "state": state, "since": since, "running": self.states.running,
-                "trainer_iterations": self.drafting.iterations(state == TRAINING),
-                "warmup_seconds": getattr(self, "warmup_seconds", 0.0), "heap": getattr(self, "heap", None),
-                "device": str(self.model.device)}
+        return {
+            "worker": self.name,
+            "state": state,
+            "since": since,
+            "running": self.states.running,
+            "trainer_iterations": self.drafting.iterations(state == TRAINING),
+            "warmup_seconds": getattr(self, "warmup_seconds", 0.0),
+            "heap": getattr(self, "heap", None),
+            "device": str(self.model.device),
+        }
 
     def take_states(self) -> list[tuple[str, float]]:
         """State transitions since the last call (the current state stays as the first entry)."""
         return self.states.take()
 
-    def rollout(self, step: int, problem_ids: list[int], problems: list[Problem], weights: dict[str, torch.Tensor],
-                drafter: Drafter | None, candidate: Drafter | None = None) -> dict[str, Any]:
+    def rollout(
+        self,
+        step: int,
+        problem_ids: list[int],
+        problems: list[Problem],
+        weights: dict[str, torch.Tensor],
+        drafter: Drafter | None,
+        candidate: Drafter | None = None,
+    ) -> dict[str, Any]:
         """Generate this shard (group_size samples of each problem) and stream each finished response to
         a verifier. Returns completions (without hidden states), reward refs in completion order, the
         engine trace and the set-up's parts; the drafter's top-1 agreement on these fresh rollouts comes
@@ -122,11 +150,19 @@ class RolloutWorker:
         release_kv_cache(self.engine)
         self._leave_settle(completions, step, drafter, candidate)
         self.states.set(IDLE)
-        return {"worker": self.name, "completions": [replace(c, hidden=None) for c in completions],
-                "started_at": started, "called_at": stamps[0],
-                "setup_seconds": dict(zip(("settle_wait", "history_wait", "load_weights", "load_drafter", "stepper"),
-                                          (b - a for a, b in zip(stamps, [*stamps[1:], generate_started])))),
-                **out}
+        return {
+            "worker": self.name,
+            "completions": [replace(c, hidden=None) for c in completions],
+            "started_at": started,
+            "called_at": stamps[0],
+            "setup_seconds": dict(
+                zip(
+                    ("settle_wait", "history_wait", "load_weights", "load_drafter", "stepper"),
+                    (b - a for a, b in zip(stamps, [*stamps[1:], generate_started])),
+                )
+            ),
+            **out,
+        }
 
     def wait_history_indexed(self) -> None:
         """Wait for the last rollout's responses to enter the history store (before it drafts again)."""
@@ -139,13 +175,16 @@ class RolloutWorker:
         out = self.after.result()
         return out if out is not None else dict(NO_AGREEMENT)
 
-    def _leave_settle(self, completions: list[Any], step: int, drafter: Drafter | None,
-                      candidate: Drafter | None) -> None:
+    def _leave_settle(
+        self, completions: list[Any], step: int, drafter: Drafter | None, candidate: Drafter | None
+    ) -> None:
         """Leave the rollout's bookkeeping and history indexing to `settle` (`tlt.runtime.after_rollout`)."""
         generator = self.generator
         waves = generator.take_waves() if generator is not None else []
-        self.after.leave(lambda: self._settle(completions, step, drafter, candidate),
-                         (lambda: generator.index_waves(waves)) if generator is not None and waves else None)
+        self.after.leave(
+            lambda: self._settle(completions, step, drafter, candidate),
+            (lambda: generator.index_waves(waves)) if generator is not None and waves else None,
+        )
 
     def settle(self) -> None:
         """Start the last rollout's bookkeeping (index its responses into the history store, buffer the
@@ -163,8 +202,9 @@ class RolloutWorker:
             return done
         return self.after.submit(self._agreement_and_buffer, completions, step, drafter, candidate)
 
-    def _agreement_and_buffer(self, completions: list[Any], step: int, drafter: Drafter | None,
-                              candidate: Drafter | None) -> dict[str, Any]:
+    def _agreement_and_buffer(
+        self, completions: list[Any], step: int, drafter: Drafter | None, candidate: Drafter | None
+    ) -> dict[str, Any]:
         return self.drafting.take_rollouts(self.model, completions, step, drafter, candidate)
 
     def bandit_state(self) -> dict[str, Any] | None:

@@ -41,8 +41,12 @@ def percentile(values: list[float], q: float) -> float | None:
 def step_split(m: dict[str, Any]) -> dict[str, float]:
     """Seconds of one step: rollout before the tail, tail, update, and everything else."""
     rollout, tail, update = m["rollout_seconds"], m["tail_seconds"], m["update_seconds"]
-    return {"rollout": rollout - tail, "tail": tail, "update": update,
-            "other": max(0.0, m["step_seconds"] - rollout - update)}
+    return {
+        "rollout": rollout - tail,
+        "tail": tail,
+        "update": update,
+        "other": max(0.0, m["step_seconds"] - rollout - update),
+    }
 
 
 def drafter_quality(m: dict[str, Any]) -> float | None:
@@ -61,8 +65,12 @@ def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]] | None
         "idle_seconds": sum(m.get("idle_seconds", 0.0) for m in history),
         "harvested_seconds": sum(m.get("harvested_seconds") or 0.0 for m in history),
         "drafter_updates": sum(m.get("drafter_updates") or 0 for m in history),
-        "stop_latency": {"count": len(latencies), "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-                         "max": max(latencies) if latencies else None},
+        "stop_latency": {
+            "count": len(latencies),
+            "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99),
+            "max": max(latencies) if latencies else None,
+        },
         "restarts": [e for e in events if e.get("type") == "restart"],
         "reward_first": history[0]["reward_mean"] if history else None,
         "reward_last": history[-1]["reward_mean"] if history else None,
@@ -70,8 +78,11 @@ def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]] | None
         "drafter_last": drafter_quality(history[-1]) if history else None,
         "response_length_median": statistics.median(lengths) if lengths else None,
         "response_length_max": max(lengths) if lengths else None,
-        "heldout": [(m["step"], m["eval_reward_mean"], m["eval_accuracy"], m["eval_samples"], m["eval_seconds"])
-                    for m in history if "eval_accuracy" in m],
+        "heldout": [
+            (m["step"], m["eval_reward_mean"], m["eval_accuracy"], m["eval_samples"], m["eval_seconds"])
+            for m in history
+            if "eval_accuracy" in m
+        ],
     }
 
 
@@ -99,7 +110,9 @@ def _plot_quality(history: list[dict[str, Any]], path: Path) -> None:
     quality = [drafter_quality(m) for m in history]
     if any(q is not None for q in quality):
         right = ax.twinx()
-        label = "accept length" if any(m.get("accept_length") is not None for m in history) else "drafter top-1 agreement"
+        label = (
+            "accept length" if any(m.get("accept_length") is not None for m in history) else "drafter top-1 agreement"
+        )
         right.plot(xs, [float("nan") if q is None else q for q in quality], "s--", color="#4c72b0", label=label)
         right.set_ylabel(label)
         right.legend(loc="lower right")
@@ -124,10 +137,20 @@ def _plot_lengths(history: list[dict[str, Any]], path: Path) -> None:
 def _plot_idle(history: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     xs = [m["step"] for m in history]
-    ax.bar([x - 0.2 for x in xs], [m.get("idle_seconds", 0.0) for m in history], width=0.4, label="idle (available)",
-           color="#bbbbbb")
-    ax.bar([x + 0.2 for x in xs], [m.get("harvested_seconds") or 0.0 for m in history], width=0.4,
-           label="harvested (trainer)", color="#55a868")
+    ax.bar(
+        [x - 0.2 for x in xs],
+        [m.get("idle_seconds", 0.0) for m in history],
+        width=0.4,
+        label="idle (available)",
+        color="#bbbbbb",
+    )
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [m.get("harvested_seconds") or 0.0 for m in history],
+        width=0.4,
+        label="harvested (trainer)",
+        color="#55a868",
+    )
     ax.set(xlabel="step", ylabel="worker-seconds", title="Idle rollout-worker time harvested by drafter trainers")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
@@ -137,8 +160,12 @@ def _plot_idle(history: list[dict[str, Any]], path: Path) -> None:
 
 
 # the report's figures, each drawn from the history into <out>/<name>
-PLOTS = {"step_time.png": _plot_steps, "reward_drafter.png": _plot_quality, "lengths.png": _plot_lengths,
-         "idle.png": _plot_idle}
+PLOTS = {
+    "step_time.png": _plot_steps,
+    "reward_drafter.png": _plot_quality,
+    "lengths.png": _plot_lengths,
+    "idle.png": _plot_idle,
+}
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -157,7 +184,8 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
         draw(history, out / name)
     sec, lat = s["seconds"], s["stop_latency"]
     lines = [
-        f"# {title}", "",
+        f"# {title}",
+        "",
         f"{s['steps']} steps. Time: rollout {sec['rollout']:.1f} s + tail {sec['tail']:.1f} s + update "
         f"{sec['update']:.1f} s + other {sec['other']:.1f} s.",
         f"Idle rollout-worker seconds: {s['idle_seconds']:.1f} available, {s['harvested_seconds']:.1f} harvested by "
@@ -167,23 +195,38 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
         f"Reward {_fmt(s['reward_first'])} -> {_fmt(s['reward_last'])}; drafter {_fmt(s['drafter_first'])} -> "
         f"{_fmt(s['drafter_last'])}; response length median {s['response_length_median']}, max "
         f"{s['response_length_max']}.",
-        f"Restarts: {len(s['restarts'])}" + "".join(
+        f"Restarts: {len(s['restarts'])}"
+        + "".join(
             f"\n- step {r['failed_step']} failed ({r['error']}), resumed from step {r['resumed_step']}"
-            for r in s["restarts"]), "",
+            for r in s["restarts"]
+        ),
+        "",
         "| step | reward | drafter | rollout s | tail s | update s | idle s | harvested s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in history:
-        lines.append(f"| {m['step']} | {m['reward_mean']:.3f} | {_fmt(drafter_quality(m))} | {m['rollout_seconds']:.2f} "
-                     f"| {m['tail_seconds']:.2f} | {m['update_seconds']:.2f} | {m.get('idle_seconds', 0.0):.2f} "
-                     f"| {m.get('harvested_seconds') or 0.0:.2f} |")
-    lines += ["", "drafter: accept length where the speculative stepper reports it, else top-1 agreement of the "
-              "step's drafter on the step's fresh rollouts (before training on them).", ""]
+        lines.append(
+            f"| {m['step']} | {m['reward_mean']:.3f} | {_fmt(drafter_quality(m))} | {m['rollout_seconds']:.2f} "
+            f"| {m['tail_seconds']:.2f} | {m['update_seconds']:.2f} | {m.get('idle_seconds', 0.0):.2f} "
+            f"| {m.get('harvested_seconds') or 0.0:.2f} |"
+        )
+    lines += [
+        "",
+        "drafter: accept length where the speculative stepper reports it, else top-1 agreement of the "
+        "step's drafter on the step's fresh rollouts (before training on them).",
+        "",
+    ]
     if s["heldout"]:
-        lines += ["Held-out evaluation (`algorithm.evalEvery`; its time is not part of the steps'):", "",
-                  "| after step | reward | accuracy | problems | seconds |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {step} | {reward:.3f} | {accuracy:.3f} | {n} | {seconds:.1f} |"
-                  for step, reward, accuracy, n, seconds in s["heldout"]]
+        lines += [
+            "Held-out evaluation (`algorithm.evalEvery`; its time is not part of the steps'):",
+            "",
+            "| after step | reward | accuracy | problems | seconds |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {step} | {reward:.3f} | {accuracy:.3f} | {n} | {seconds:.1f} |"
+            for step, reward, accuracy, n, seconds in s["heldout"]
+        ]
         lines += [""]
     lines += [f"![{name}]({name})" for name in PLOTS]
     path = out / REPORT_FILE

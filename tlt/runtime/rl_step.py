@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.spec.run import AlgorithmSpec, RunSpec
 from tlt.rl.grpo import group_advantages
 from tlt.rl.packing import micro_batches
-from tlt.rl.rewards import score
 from tlt.rl.reward_plugin import RewardError, RewardFn, call_reward
+from tlt.rl.rewards import score
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
-from tlt.rollout.draft_switch import sd_bucket
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.engine import Engine
 from tlt.rollout.decode_step import Stepper
+from tlt.rollout.draft_switch import sd_bucket
+from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion, Request, SamplingParams, StepMetrics
+from tlt.spec.run import AlgorithmSpec, RunSpec
 from tlt.tasks.evaluate import length_stats
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import encode_prompt
@@ -193,8 +193,7 @@ def score_completions(
         if reward is None:
             rewards[p, g] = score(text, problems[p].answer, answer_format)
             continue
-        rewards[p, g], error = call_reward(reward, problems[p].prompt, text, problems[p].record,
-                                           completion.request_id)
+        rewards[p, g], error = call_reward(reward, problems[p].prompt, text, problems[p].record, completion.request_id)
         if error is not None and errors is not None:
             errors.append(error)
     return rewards
@@ -257,8 +256,12 @@ def policy_logprobs(
     with _compute_context(policy, compute_dtype):
         for rows in micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout):
             logp, _ = response_logprobs(
-                policy, [batch.prompt_ids[b] for b in rows], [batch.response_ids[b] for b in rows], pad_id=pad_id,
-                temperature=temperature, packed=algo.update_layout == "packed",
+                policy,
+                [batch.prompt_ids[b] for b in rows],
+                [batch.response_ids[b] for b in rows],
+                pad_id=pad_id,
+                temperature=temperature,
+                packed=algo.update_layout == "packed",
             )
             out[rows, : logp.shape[1]] = logp.to(out)
     policy.train(was_training)
@@ -301,8 +304,9 @@ def learn(
     plus `logprob_gap`, the largest engine-vs-policy log-prob difference."""
     batch = build_batch(completions, rewards)
     engine_logprobs = batch.old_logprobs
-    update = update_policy(policy, optimizer, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype,
-                           old_from_first_pass=True)
+    update = update_policy(
+        policy, optimizer, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype, old_from_first_pass=True
+    )
     return {**update, "logprob_gap": logprob_gap(engine_logprobs, batch.old_logprobs, batch)}
 
 

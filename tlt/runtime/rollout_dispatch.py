@@ -18,20 +18,23 @@ from tlt.runtime.spot_trainers import SpotTrainers
 from tlt.tasks.problem import Problem
 
 
-def dispatch(workers: list[Any], step: int, ids: list[int], problems: list[Problem], weights: Any, drafter: Any,
-             candidate: Any) -> dict[Any, Any]:
+def dispatch(
+    workers: list[Any], step: int, ids: list[int], problems: list[Problem], weights: Any, drafter: Any, candidate: Any
+) -> dict[Any, Any]:
     """Start every worker's rollout of its shard of `ids` (`rl_step.shards`; a worker with an empty shard gets
     none). Returns {result ref: worker}, in shard order."""
     futures = {}
     for worker, shard in zip(workers, rl_step.shards(ids, len(workers))):
         if shard:
-            futures[worker.rollout.remote(step, shard, [problems[i] for i in shard], weights, drafter,
-                                          candidate)] = worker
+            futures[worker.rollout.remote(step, shard, [problems[i] for i in shard], weights, drafter, candidate)] = (
+                worker
+            )
     return futures
 
 
-def collect(futures: dict[Any, Any], step: int, trainers: SpotTrainers | None,
-            emit_workers: Callable[[], None]) -> tuple[list[dict[str, Any]], dict[Any, float]]:
+def collect(
+    futures: dict[Any, Any], step: int, trainers: SpotTrainers | None, emit_workers: Callable[[], None]
+) -> tuple[list[dict[str, Any]], dict[Any, float]]:
     """Wait for every shard; start each finished worker's trainer where `trainers.starts` allows (None: the
     step trains no drafter). Returns the results in shard order and the trainers started (worker -> when).
 

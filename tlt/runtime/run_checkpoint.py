@@ -79,18 +79,35 @@ def _per_worker(actors: Actors, method: str, states: list[Any] | None, otherwise
         return
     workers = actors.rollout
     if len(states) != len(workers):
-        log.warning("the checkpoint holds %d rollout workers' states for %s, the run has %d workers: %s",
-                    len(states), method, len(workers), otherwise)
+        log.warning(
+            "the checkpoint holds %d rollout workers' states for %s, the run has %d workers: %s",
+            len(states),
+            method,
+            len(workers),
+            otherwise,
+        )
         return
     ray.get([getattr(w, method).remote(state) for w, state in zip(workers, states)])
 
 
-def save_run(root: Path, keep: int, *, step: int, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             history: list[dict[str, Any]], restarts: int, spec: dict[str, Any], states: ActorStates) -> Path:
+def save_run(
+    root: Path,
+    keep: int,
+    *,
+    step: int,
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    history: list[dict[str, Any]],
+    restarts: int,
+    spec: dict[str, Any],
+    states: ActorStates,
+) -> Path:
     """Write the whole-run checkpoint of `step` under `root` (keeping the newest `keep`); returns its folder.
     `spec`: the run spec as JSON, checked against the run that resumes from it."""
-    tensors = {"policy": {k: v.detach().clone() for k, v in policy.state_dict().items()},
-               "rng": {"torch": torch.get_rng_state()}}
+    tensors = {
+        "policy": {k: v.detach().clone() for k, v in policy.state_dict().items()},
+        "rng": {"torch": torch.get_rng_state()},
+    }
     state: dict[str, Any] = {"step": step, "metrics": history, "restarts": restarts, "spec": spec}
     if states.bandits is not None:
         state["bandits"] = states.bandits
@@ -99,8 +116,9 @@ def save_run(root: Path, keep: int, *, step: int, policy: torch.nn.Module, optim
     return save_checkpoint(root, ckpt, keep=keep)
 
 
-def restore_run(ckpt: Checkpoint, policy: torch.nn.Module,
-                optimizer: torch.optim.Optimizer) -> tuple[int, list[dict[str, Any]], int, ActorStates]:
+def restore_run(
+    ckpt: Checkpoint, policy: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[int, list[dict[str, Any]], int, ActorStates]:
     """Load `ckpt` into `policy`, `optimizer` and the torch RNG; returns (step, metrics, restarts, actor
     states)."""
     policy.load_state_dict(ckpt.tensors["policy"])
@@ -113,15 +131,29 @@ def restore_run(ckpt: Checkpoint, policy: torch.nn.Module,
 
 def restart_event(failed: int, resumed: int, restarts: int, limit: int, exc: BaseException) -> dict[str, Any]:
     """The `restart` event of step `failed`, the run resumed at step `resumed` after `restarts` restarts."""
-    return {"failed_step": failed, "resumed_step": resumed, "restarts": restarts, "limit": limit,
-            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", "detail": str(exc)}
+    return {
+        "failed_step": failed,
+        "resumed_step": resumed,
+        "restarts": restarts,
+        "limit": limit,
+        "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        "detail": str(exc),
+    }
 
 
 def check_backoff(event: dict[str, Any], exc: BaseException) -> None:
     """Log the restart `event` (`restart_event`); raise RunFailed once its restarts exceed its limit."""
     failed, restarts, limit = event["failed_step"], event["restarts"], event["limit"]
-    log.warning("step %d failed (%s); restart %d of %d from checkpoint step %d\n%s", failed, type(exc).__name__,
-                restarts, limit, event["resumed_step"], exc)
+    log.warning(
+        "step %d failed (%s); restart %d of %d from checkpoint step %d\n%s",
+        failed,
+        type(exc).__name__,
+        restarts,
+        limit,
+        event["resumed_step"],
+        exc,
+    )
     if restarts > limit:
-        raise RunFailed(f"step {failed} failed and {restarts} restarts exceed runPolicy.backoffLimit={limit}; "
-                        f"last error: {exc}") from exc
+        raise RunFailed(
+            f"step {failed} failed and {restarts} restarts exceed runPolicy.backoffLimit={limit}; last error: {exc}"
+        ) from exc

@@ -61,6 +61,7 @@ class StepDrafters:
             if id(drafter) not in objects:
                 objects[id(drafter)] = ray.put(drafter)
             return objects[id(drafter)]
+
         served, candidate = ref(self.served), ref(self.candidate)
         self._objects = [(d, obj) for d, obj in ((self.served, served), (self.candidate, candidate)) if d is not None]
         return served, candidate
@@ -75,8 +76,9 @@ class StepDrafters:
         """The drafter the next step would draft with, given the hub's `newest`."""
         return step_drafters(self.publish, self.served, newest)[0]
 
-    def write_served(self, out_dir: Path, hub: Any | None, checkpointed: dict[str, Any] | None, config: Any,
-                     step: int) -> None:
+    def write_served(
+        self, out_dir: Path, hub: Any | None, checkpointed: dict[str, Any] | None, config: Any, step: int
+    ) -> None:
         """Write the drafter the next step would draft with (the served one under `drafter.publish: validated`,
         the hub's newest under `latest`) as `<out>/drafter-served/`, what `tlt export-drafter RUN` exports. The
         hub's newest comes from `hub`, or from the `checkpointed` hub state when no actors ran (a finished run

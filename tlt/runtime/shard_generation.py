@@ -39,8 +39,16 @@ def release_kv_cache(engine: Engine) -> None:
 class ShardGenerator:
     """Generation on `engine` for worker `index` (its sampling seed), drafting with `drafter` (or none)."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, spec: RunSpec, index: int, drafter: EagleDrafter | None,
-                 rows: int, context: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        spec: RunSpec,
+        index: int,
+        drafter: EagleDrafter | None,
+        rows: int,
+        context: int,
+    ) -> None:
         self.engine = engine
         self.plain_stepper = engine.stepper
         self.tokenizer = tokenizer
@@ -75,8 +83,9 @@ class ShardGenerator:
         for sequences in waves:
             self.history.observe(sequences)
 
-    def generate(self, step: int, problem_ids: list[int], problems: list[Problem], verifiers: list[Any],
-                 states: WorkerStates) -> dict[str, Any]:
+    def generate(
+        self, step: int, problem_ids: list[int], problems: list[Problem], verifiers: list[Any], states: WorkerStates
+    ) -> dict[str, Any]:
         """Generate the shard, streaming each finished response to a verifier (round robin over `verifiers`);
         `states.running` follows the running batch. Returns "completions" (on the CPU, hidden states kept),
         "rewards" (refs in completion order), "generate_started", and the rollout's result fields: the
@@ -89,6 +98,7 @@ class ShardGenerator:
         def verify(verifier: Any, request_id: str, text: str) -> Any:
             problem = by_request[request_id]
             return verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record), request_id)
+
         rewards: dict[str, Any] = {}
         first_done: list[float] = []
 
@@ -104,9 +114,16 @@ class ShardGenerator:
             states.running = metrics.running
             trace(metrics)
 
-        stepper = rollout_stepper(self.spec.speculative, self.engine.runner, self.drafter, rows=self.rows,
-                                  context=self.context, bandit=self.bandit, seed=self.spec.algorithm.seed + self.index,
-                                  history=self.history)
+        stepper = rollout_stepper(
+            self.spec.speculative,
+            self.engine.runner,
+            self.drafter,
+            rows=self.rows,
+            context=self.context,
+            bandit=self.bandit,
+            seed=self.spec.algorithm.seed + self.index,
+            history=self.history,
+        )
         if isinstance(stepper, AdaptiveStepper) and self._bandit_state is not None:
             stepper.bandit.load_state_dict(self._bandit_state)
             self._bandit_state = None
@@ -128,18 +145,27 @@ class ShardGenerator:
         for completion in completions:
             if completion.request_id not in rewards:
                 rewards[completion.request_id] = verify(
-                    verifiers[0], completion.request_id,
-                    self.tokenizer.decode(completion.token_ids, skip_special_tokens=True))
+                    verifiers[0],
+                    completion.request_id,
+                    self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+                )
         finished = time.time()
-        return {"completions": completions, "rewards": [rewards[c.request_id] for c in completions],
-                "generate_started": generate_started, "streamed": streamed, "trace": trace.steps,
-                "finished_at": finished, "generate_seconds": finished - generate_started,
-                "first_response_at": first_done[0] if first_done else finished,
-                "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
-                "sd_accepted": adaptive.stats.accepted if adaptive else 0,
-                "sd_by_position": ({str(e): list(c) for e, c in sorted(adaptive.stats.by_position.items())}
-                                   if adaptive else {}),
-                "sd_arms": summary["arms_chosen"],
-                "sd_arm_rates": summary["arm_rates"], "draft_vocab_coverage": self.engine.draft_vocab_coverage,
-                **({"step_split": split.table()} if split is not None else {})}
-
+        return {
+            "completions": completions,
+            "rewards": [rewards[c.request_id] for c in completions],
+            "generate_started": generate_started,
+            "streamed": streamed,
+            "trace": trace.steps,
+            "finished_at": finished,
+            "generate_seconds": finished - generate_started,
+            "first_response_at": first_done[0] if first_done else finished,
+            "sd_row_steps": adaptive.stats.row_steps if adaptive else 0,
+            "sd_accepted": adaptive.stats.accepted if adaptive else 0,
+            "sd_by_position": (
+                {str(e): list(c) for e, c in sorted(adaptive.stats.by_position.items())} if adaptive else {}
+            ),
+            "sd_arms": summary["arms_chosen"],
+            "sd_arm_rates": summary["arm_rates"],
+            "draft_vocab_coverage": self.engine.draft_vocab_coverage,
+            **({"step_split": split.table()} if split is not None else {}),
+        }

@@ -29,12 +29,19 @@ def pool_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str,
 def accept_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str, dict[str, float]]:
     """Accept length (accepted drafts + 1 per row-step) per response-position range, `counts` pooled:
     {edge: {"accept_length", "row_steps"}}; ranges without a row-step left out."""
-    return {edge: {"accept_length": (n + a) / n, "row_steps": n}
-            for edge, (n, a) in pool_by_position(counts).items() if n}
+    return {
+        edge: {"accept_length": (n + a) / n, "row_steps": n} for edge, (n, a) in pool_by_position(counts).items() if n
+    }
 
 
-def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results: list[dict[str, Any]],
-                          started: float, rollout_end: float, prepare: dict[str, float] | None = None) -> dict[str, Any]:
+def shard_rollout_metrics(
+    completions: list[Any],
+    rewards: torch.Tensor,
+    results: list[dict[str, Any]],
+    started: float,
+    rollout_end: float,
+    prepare: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """rl_step.rollout_metrics over all shards; the tail is the slowest worker's (the critical path).
 
     completions: every shard's, in order; rewards [P, G]; results: each worker's `RolloutWorker.rollout`
@@ -51,8 +58,12 @@ def shard_rollout_metrics(completions: list[Any], rewards: torch.Tensor, results
     out["rollout_overhead_seconds"] = (rollout_end - started) - out["generate_seconds"]
     if "called_at" in slowest:  # the slowest worker's overhead, part by part (its critical path)
         prepare = prepare or {}
-        out["rollout_overhead_parts"] = {**prepare, "dispatch": slowest["called_at"] - started - sum(prepare.values()),
-                                         **slowest["setup_seconds"], "return": rollout_end - slowest["finished_at"]}
+        out["rollout_overhead_parts"] = {
+            **prepare,
+            "dispatch": slowest["called_at"] - started - sum(prepare.values()),
+            **slowest["setup_seconds"],
+            "return": rollout_end - slowest["finished_at"],
+        }
     row_steps = sum(r["sd_row_steps"] for r in results)
     out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
     out["sd_row_steps"] = row_steps

@@ -55,7 +55,7 @@ class SlotSource:
         try:
             listed = json.loads(self.path.read_text()).get("enabled", [])
         except (OSError, json.JSONDecodeError, AttributeError) as exc:
-            raise ValueError(f"{self.path}: expected {{\"enabled\": [worker names]}}: {exc}") from exc
+            raise ValueError(f'{self.path}: expected {{"enabled": [worker names]}}: {exc}') from exc
         return worker in listed
 
 
@@ -64,8 +64,9 @@ class SpotTrainers:
 
     emit(kind, **info) records a run event; emit_workers() the workers' states after a change."""
 
-    def __init__(self, slots: SlotSource, max_trainers: int, stop_at: str, emit: Emit,
-                 emit_workers: Callable[[], None]) -> None:
+    def __init__(
+        self, slots: SlotSource, max_trainers: int, stop_at: str, emit: Emit, emit_workers: Callable[[], None]
+    ) -> None:
         if stop_at not in STOP_POINTS:
             raise ValueError(f"stop_trainers_at must be 'update' or 'rollout', got {stop_at!r}")
         self.slots = slots
@@ -103,8 +104,14 @@ class SpotTrainers:
             ack.update(requested_at=requested, acked_at=acked, start_requested_at=started)
             if ack.get("error"):
                 log.warning("trainer on %s failed: %s", ack["worker"], ack["error"])
-            self.emit("trainer", worker=ack["worker"], action="stop", requested_at=requested, acked_at=acked,
-                      stopped_at=ack["stopped_at"])
+            self.emit(
+                "trainer",
+                worker=ack["worker"],
+                action="stop",
+                requested_at=requested,
+                acked_at=acked,
+                stopped_at=ack["stopped_at"],
+            )
         self.emit_workers()
         return acks
 
@@ -123,8 +130,9 @@ class SpotTrainers:
         return carried
 
 
-def drafter_step_metrics(results: list[dict[str, Any]], acks: list[dict[str, Any]],
-                         pushes: list[dict[str, Any]]) -> dict[str, Any]:
+def drafter_step_metrics(
+    results: list[dict[str, Any]], acks: list[dict[str, Any]], pushes: list[dict[str, Any]]
+) -> dict[str, Any]:
     """A Ray step's drafter metrics: agreement, the hub's optimizer steps and the trainers' harvested time.
 
     results: the rollout workers' results (`agree` / `agree_total`: positions where the served

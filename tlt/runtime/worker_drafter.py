@@ -49,23 +49,27 @@ class WorkerDrafter:
             self.drafter.bind_policy(model)
         # the reduced draft vocabulary (before the drafter's graphs compile), re-picked every rollout
         size = spec.speculative.draft_vocab if self.drafter is not None else 0
-        self.draft_vocab = (DraftVocabTracker(self.drafter.set_draft_vocab(size), model.get_output_embeddings())
-                            if size else None)
+        self.draft_vocab = (
+            DraftVocabTracker(self.drafter.set_draft_vocab(size), model.get_output_embeddings()) if size else None
+        )
 
     def setup_trainer(self, hub: Any | None) -> None:
         """The co-located spot trainer and its buffer (`drafter.placement: in-container`)."""
         if self.drafter is not None and self.spec.drafter.placement == "in-container":
-            self.buffer = OnlineBuffer(self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens,
-                                       seed=self.spec.algorithm.seed)
+            self.buffer = OnlineBuffer(
+                self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens, seed=self.spec.algorithm.seed
+            )
             push = hub_push(hub) if hub is not None else no_hub
-            self.trainer = SpotTrainer(self.name, self.drafter, self.buffer, push,
-                                       learning_rate=self.spec.drafter.learning_rate)
+            self.trainer = SpotTrainer(
+                self.name, self.drafter, self.buffer, push, learning_rate=self.spec.drafter.learning_rate
+            )
 
     def attach_sidecar(self, sidecar: Any) -> None:
         """Train with `sidecar` (a `SidecarTrainer` actor; `drafter.placement: sidecar`)."""
         if self.drafter is None or self.trainer is not None:
-            raise RuntimeError(f"{self.name}: a sidecar trainer needs speculative.mode static or tlt and "
-                               "drafter.placement 'sidecar'")
+            raise RuntimeError(
+                f"{self.name}: a sidecar trainer needs speculative.mode static or tlt and drafter.placement 'sidecar'"
+            )
         self.sidecar = sidecar
 
     def check_ready(self, step: int) -> None:
@@ -89,8 +93,9 @@ class WorkerDrafter:
         run = self.trainer.current if self.trainer is not None else None
         return run.iterations if run is not None else 0
 
-    def take_rollouts(self, model: Any, completions: list[Any], step: int, drafter: Drafter | None,
-                      candidate: Drafter | None) -> dict[str, Any]:
+    def take_rollouts(
+        self, model: Any, completions: list[Any], step: int, drafter: Drafter | None, candidate: Drafter | None
+    ) -> dict[str, Any]:
         """Buffer `step`'s completions (with hidden states) and score the drafter (and a `candidate`, which the
         trainer then holds) on them: the top-1 agreement ("agree", "agree_total", "candidate_*"). `model`: the
         policy copy, whose head a sidecar needs."""
@@ -99,8 +104,9 @@ class WorkerDrafter:
             return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter, candidate))
         if self.trainer is None or self.buffer is None:
             return dict(NO_AGREEMENT)
-        return buffer_and_agreement(self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens,
-                                    candidate)
+        return buffer_and_agreement(
+            self.buffer, self.trainer, completions, step, self.spec.drafter.batch_tokens, candidate
+        )
 
     def state(self) -> dict[str, Any] | None:
         """The trainer's buffer and shuffle epoch (`SpotTrainer.state_dict`), in the container or the sidecar,
@@ -126,8 +132,10 @@ class WorkerDrafter:
         elif self.trainer is not None:
             self.trainer.load_state_dict(state)
         else:
-            raise RuntimeError(f"{self.name}: the checkpoint holds a drafter buffer but speculative.mode "
-                               f"{self.spec.speculative.mode!r} keeps none")
+            raise RuntimeError(
+                f"{self.name}: the checkpoint holds a drafter buffer but speculative.mode "
+                f"{self.spec.speculative.mode!r} keeps none"
+            )
 
     def start(self, step: int, after: Future | None) -> float:
         """Start training for `step` once `after` (the rollout's samples entering the buffer) is done."""

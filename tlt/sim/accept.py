@@ -38,7 +38,7 @@ class AcceptCurve:
 
 
 def _geometric(alpha: float, depth: int) -> float:
-    return sum(alpha ** i for i in range(depth + 1))
+    return sum(alpha**i for i in range(depth + 1))
 
 
 def accept_length(arm: ArmSpec, alpha: float, ngram_alpha: float) -> float:
@@ -68,8 +68,10 @@ def alpha_for_accept(arm: ArmSpec, target: float) -> float:
         raise ValueError(f"arm kind {arm.kind!r} does not depend on the learned drafter's acceptance")
     low, high = 0.0, 1.0 - 1e-12
     if not accept_length(arm, low, 0.0) <= target <= accept_length(arm, high, 0.0):
-        raise ValueError(f"accept length {target} is outside what a {arm.kind} of depth {arm.depth} yields "
-                         f"({accept_length(arm, low, 0.0):.2f} .. {accept_length(arm, high, 0.0):.2f})")
+        raise ValueError(
+            f"accept length {target} is outside what a {arm.kind} of depth {arm.depth} yields "
+            f"({accept_length(arm, low, 0.0):.2f} .. {accept_length(arm, high, 0.0):.2f})"
+        )
     for _ in range(100):
         mid = (low + high) / 2
         low, high = (mid, high) if accept_length(arm, mid, 0.0) < target else (low, mid)

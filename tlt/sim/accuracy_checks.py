@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlt.bench.cost_timing import amdahl
-from tlt.spec.run import ArmSpec, SpeculativeSpec
 from tlt.sim.accept import AcceptCurve, accept_length, alpha_for_accept
 from tlt.sim.cost_model import CostModel
 from tlt.sim.profiles import load_cost_model
@@ -24,6 +23,7 @@ from tlt.sim.replica import round_seconds
 from tlt.sim.simulator import build_variants, simulate
 from tlt.sim.step import ClusterConfig
 from tlt.sim.trace import parametric_trace
+from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 WIDE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # SD counts as switched off at large batches when the bandit decodes plainly at least this share of
@@ -71,11 +71,16 @@ def h20_check(gpu: str = "h20", model: str = "qwen2.5-7b", gpus: int = 8, steps:
         spec = _wide_spec(with_plain)
         result = simulate(trace, build_variants(spec, ("vanilla", "tlt")), cost, cluster, spec, curve)
         summary = result.summary()
-        out[label] = {"speedup": summary["tlt"]["speedup"], "plain_share_batch_ge_32": plain_share(
-            result.steps["tlt"][-1:], 32)}
+        out[label] = {
+            "speedup": summary["tlt"]["speedup"],
+            "plain_share_batch_ge_32": plain_share(result.steps["tlt"][-1:], 32),
+        }
     adaptive, forced = out["adaptive"], out["forced"]
-    out["sd_off"] = (adaptive["plain_share_batch_ge_32"] >= PLAIN_SHARE and adaptive["speedup"] >= 0.98
-                     and adaptive["speedup"] >= forced["speedup"])
+    out["sd_off"] = (
+        adaptive["plain_share_batch_ge_32"] >= PLAIN_SHARE
+        and adaptive["speedup"] >= 0.98
+        and adaptive["speedup"] >= forced["speedup"]
+    )
     return out
 
 
@@ -129,12 +134,14 @@ def paper_curve(spec: SpeculativeSpec) -> AcceptCurve:
     """The acceptance curve whose first arm yields the paper's static accept length untrained and its
     adaptive one fully trained."""
     arm = spec.arms[0]
-    return AcceptCurve(alpha0=alpha_for_accept(arm, PAPER_ACCEPT["static"]),
-                       alpha_max=alpha_for_accept(arm, PAPER_ACCEPT["adaptive"]))
+    return AcceptCurve(
+        alpha0=alpha_for_accept(arm, PAPER_ACCEPT["static"]), alpha_max=alpha_for_accept(arm, PAPER_ACCEPT["adaptive"])
+    )
 
 
-def paper_sweep(gpu: str = "h100", steps: int = 3, setups: tuple[PaperSetup, ...] = PAPER_SETUPS,
-                trace: str = PAPER_TRACE) -> dict[str, dict[str, float]]:
+def paper_sweep(
+    gpu: str = "h100", steps: int = 3, setups: tuple[PaperSetup, ...] = PAPER_SETUPS, trace: str = PAPER_TRACE
+) -> dict[str, dict[str, float]]:
     """Predicted TLT-over-vanilla speedup per '<model>@<gpus>' beside the published one (colocated:
     rollout on gpus / tp engines, the update on every GPU), with the terms that make it: the rollout
     speed-up, vanilla's rollout share, the decode time SD may act on, the accept length reached.
@@ -144,15 +151,17 @@ def paper_sweep(gpu: str = "h100", steps: int = 3, setups: tuple[PaperSetup, ...
     out = {}
     for setup in setups:
         cost = load_cost_model(gpu, model=setup.model, tp=setup.tp)
-        cluster = ClusterConfig(replicas=setup.gpus // setup.tp, gpus_per_replica=setup.tp, update_gpus=setup.gpus,
-                                prompt_len=256)
+        cluster = ClusterConfig(
+            replicas=setup.gpus // setup.tp, gpus_per_replica=setup.tp, update_gpus=setup.gpus, prompt_len=256
+        )
         lengths = parametric_trace(trace.format(n=setup.responses), steps, 0)
         result = simulate(lengths, build_variants(spec, ("vanilla", "tlt")), cost, cluster, spec, curve)
         summary = result.summary()
         rollout = {v: sum(r.rollout_seconds for r in result.steps[v]) for v in ("vanilla", "tlt")}
         rollout_speedup = rollout["vanilla"] / rollout["tlt"]
         out[f"{setup.model}@{setup.gpus}"] = {
-            "predicted": summary["tlt"]["speedup"], "published": setup.published,
+            "predicted": summary["tlt"]["speedup"],
+            "published": setup.published,
             "rollout_speedup": rollout_speedup,
             "vanilla_step_seconds": summary["vanilla"]["step_seconds"],
             "vanilla_rollout_share": summary["vanilla"]["rollout_share"],
@@ -167,7 +176,8 @@ def paper_sweep(gpu: str = "h100", steps: int = 3, setups: tuple[PaperSetup, ...
         speedup_1 = round_speedup(cost, spec.arms[0], PAPER_ACCEPT["adaptive"], PAPER_CONTEXT)
         out[f"{setup.model}@{setup.gpus}"].update(
             round_speedup_batch1=speedup_1,
-            implied_sd_share=implied_sd_share(setup.published, PAPER_ROLLOUT_SHARE, speedup_1))
+            implied_sd_share=implied_sd_share(setup.published, PAPER_ROLLOUT_SHARE, speedup_1),
+        )
     return out
 
 
@@ -176,8 +186,10 @@ def implied_sd_share(published: float, rollout_share: float, round_speedup: floa
     faster than a plain one, for a step whose rollout is `rollout_share` of it to speed up `published`
     times (Amdahl twice; the rest of the decode and of the step as before). Above 1: not reachable so."""
     if not 0.0 < rollout_share <= 1.0 or published < 1.0 or round_speedup <= 1.0:
-        raise ValueError(f"need 0 < rollout_share <= 1, published >= 1 and round_speedup > 1, got {rollout_share}, "
-                         f"{published} and {round_speedup}")
+        raise ValueError(
+            f"need 0 < rollout_share <= 1, published >= 1 and round_speedup > 1, got {rollout_share}, "
+            f"{published} and {round_speedup}"
+        )
     if 1.0 / published <= 1.0 - rollout_share:
         return float("inf")  # past Amdahl's bound: no rollout speed-up gives it
     needed = rollout_share / (1.0 / published - (1.0 - rollout_share))  # the rollout speed-up it takes

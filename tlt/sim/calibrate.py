@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tlt.spec.run import RunSpec
 from tlt.sim.accept import AcceptCurve
 from tlt.sim.measured import MeasuredCost
 from tlt.sim.simulator import build_variants, simulate
 from tlt.sim.step import ClusterConfig, update_tokens
+from tlt.spec.run import RunSpec
 
 MODE_VARIANT = {"off": "vanilla", "static": "static", "tlt": "tlt"}
 
@@ -64,25 +64,41 @@ def fit_update(tokens: list[int], seconds: list[float]) -> tuple[float, float]:
 
 def _decode_ends(result_steps: list[Any]) -> list[float]:
     """The simulated engines' time per step: the last replica's decode end (without reward verification)."""
-    return [max((seg.end for row in s.timelines for seg in row if seg.kind not in ("idle", "train", "update", "sync")),
-                default=0.0) for s in result_steps]
+    return [
+        max(
+            (seg.end for row in s.timelines for seg in row if seg.kind not in ("idle", "train", "update", "sync")),
+            default=0.0,
+        )
+        for s in result_steps
+    ]
 
 
-def compare_run(history: list[dict[str, Any]], bench: dict[str, Any], spec: RunSpec, cluster: ClusterConfig,
-                curve: AcceptCurve, *, fit_slowdown: bool = True) -> dict[str, Any]:
+def compare_run(
+    history: list[dict[str, Any]],
+    bench: dict[str, Any],
+    spec: RunSpec,
+    cluster: ClusterConfig,
+    curve: AcceptCurve,
+    *,
+    fit_slowdown: bool = True,
+) -> dict[str, Any]:
     """Predicted vs measured step seconds of a run's held-out steps (see the module docstring).
     fit_slowdown False: the decode costs as measured (factor 1)."""
     steps = [m for m in history if "response_lengths" in m]
     if len(steps) < 2:
-        raise ValueError(f"the run has {len(steps)} steps with response_lengths; at least 2 are needed (the Ray "
-                         "runtime records them: `tlt train` without --local)")
+        raise ValueError(
+            f"the run has {len(steps)} steps with response_lengths; at least 2 are needed (the Ray "
+            "runtime records them: `tlt train` without --local)"
+        )
     if spec.speculative.mode not in MODE_VARIANT:
-        raise ValueError(f"speculative.mode {spec.speculative.mode!r} has no simulated variant; "
-                         f"allowed: {sorted(MODE_VARIANT)}")
-    fit, held = steps[: len(steps) // 2], steps[len(steps) // 2:]
+        raise ValueError(
+            f"speculative.mode {spec.speculative.mode!r} has no simulated variant; allowed: {sorted(MODE_VARIANT)}"
+        )
+    fit, held = steps[: len(steps) // 2], steps[len(steps) // 2 :]
     layout = (cluster.prompt_len, cluster.micro_batch_size, cluster.update_layout)
-    fixed, per_token = fit_update([update_tokens(m["response_lengths"], *layout) for m in fit],
-                                  [float(m["update_seconds"]) for m in fit])
+    fixed, per_token = fit_update(
+        [update_tokens(m["response_lengths"], *layout) for m in fit], [float(m["update_seconds"]) for m in fit]
+    )
     overhead = sum(float(m.get("rollout_overhead_seconds") or 0.0) for m in fit) / len(fit)
     # The fixed update seconds ride in the cost model's per-step sync term (added after the update).
     cost = MeasuredCost.from_bench(bench, per_token * cluster.update_gpus, fixed)
@@ -90,8 +106,15 @@ def compare_run(history: list[dict[str, Any]], bench: dict[str, Any], spec: RunS
 
     def run(part: list[dict[str, Any]], model: MeasuredCost) -> list[Any]:
         variants = build_variants(spec.speculative, (variant_name,), spec.drafter.training)
-        result = simulate([m["response_lengths"] for m in part], variants, model, cluster, spec.speculative, curve,
-                          seed=spec.algorithm.seed)
+        result = simulate(
+            [m["response_lengths"] for m in part],
+            variants,
+            model,
+            cluster,
+            spec.speculative,
+            curve,
+            seed=spec.algorithm.seed,
+        )
         return result.steps[variants[0].name]
 
     slowdown = 1.0
@@ -100,17 +123,30 @@ def compare_run(history: list[dict[str, Any]], bench: dict[str, Any], spec: RunS
         simulated = sum(_decode_ends(run(fit, cost)))
         slowdown = sum(float(g) for g in measured_generate) / simulated if simulated > 0 else 1.0
     if slowdown != 1.0:
-        cost = replace(cost, verify=tuple(replace(p, seconds=p.seconds * slowdown) for p in cost.verify),
-                       drafter=tuple((b, s * slowdown) for b, s in cost.drafter),
-                       contexts=tuple((c, tuple((b, s * slowdown) for b, s in plain),
-                                       tuple((b, s * slowdown) for b, s in dr)) for c, plain, dr in cost.contexts))
+        cost = replace(
+            cost,
+            verify=tuple(replace(p, seconds=p.seconds * slowdown) for p in cost.verify),
+            drafter=tuple((b, s * slowdown) for b, s in cost.drafter),
+            contexts=tuple(
+                (c, tuple((b, s * slowdown) for b, s in plain), tuple((b, s * slowdown) for b, s in dr))
+                for c, plain, dr in cost.contexts
+            ),
+        )
     held_steps = run(held, cost)
     predicted = [r.step_seconds + overhead for r in held_steps]
     measured = [float(m["step_seconds"]) for m in held]
-    rows = [{"step": m["step"], "predicted_seconds": p, "measured_seconds": s,
-             "predicted_rollout": r.rollout_seconds + overhead, "measured_rollout": m.get("rollout_seconds"),
-             "predicted_update": r.update_seconds + r.sync_seconds, "measured_update": m.get("update_seconds")}
-            for m, p, s, r in zip(held, predicted, measured, held_steps)]
+    rows = [
+        {
+            "step": m["step"],
+            "predicted_seconds": p,
+            "measured_seconds": s,
+            "predicted_rollout": r.rollout_seconds + overhead,
+            "measured_rollout": m.get("rollout_seconds"),
+            "predicted_update": r.update_seconds + r.sync_seconds,
+            "measured_update": m.get("update_seconds"),
+        }
+        for m, p, s, r in zip(held, predicted, measured, held_steps)
+    ]
     return {
         "variant": variant_name,
         "update_seconds_per_token": per_token,

@@ -45,8 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         out[str(context)] = {"verify": verify, "drafter": drafter}
         print(f"context {context}: {time.perf_counter() - started:.1f} s", flush=True)
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    args.out.write_text(json.dumps({**out[str(base)], "context": base, "load_average": load, "machine": machine_info(),
-                                    "contexts": {c: v for c, v in out.items() if int(c) in contexts}}) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                **out[str(base)],
+                "context": base,
+                "load_average": load,
+                "machine": machine_info(),
+                "contexts": {c: v for c, v in out.items() if int(c) in contexts},
+            }
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

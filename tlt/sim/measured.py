@@ -28,22 +28,27 @@ def _linear(x: float, xs: list[int], ys: list[float]) -> float:
     if len(xs) == 1:
         return ys[0] * x / xs[0]
     i = 0 if x <= xs[0] else len(xs) - 2 if x >= xs[-1] else max(j for j in range(len(xs) - 1) if xs[j] <= x)
-    (x0, x1), (y0, y1) = xs[i:i + 2], ys[i:i + 2]
+    (x0, x1), (y0, y1) = xs[i : i + 2], ys[i : i + 2]
     return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
 
 
 def _points(rows: list[dict[str, Any]], width_one: bool) -> tuple[tuple[int, float], ...]:
-    return tuple(sorted((int(r["batch"]), float(r["seconds"])) for r in rows
-                        if not width_one or int(r.get("width", 1)) == 1))
+    return tuple(
+        sorted((int(r["batch"]), float(r["seconds"])) for r in rows if not width_one or int(r.get("width", 1)) == 1)
+    )
 
 
-def context_points(costs: dict[str, Any]) -> tuple[tuple[int, tuple[tuple[int, float], ...],
-                                                           tuple[tuple[int, float], ...]], ...]:
+def context_points(
+    costs: dict[str, Any],
+) -> tuple[tuple[int, tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]], ...]:
     """A costs file's `contexts` section as (context, plain points, drafter points), by context; () when absent."""
     section = costs.get("contexts") or {}
     out = []
     for context, part in section.items():
-        plain, drafter = _points(part["verify"], True), _points(part.get("drafter", part.get("drafter_step", [])), False)
+        plain, drafter = (
+            _points(part["verify"], True),
+            _points(part.get("drafter", part.get("drafter_step", [])), False),
+        )
         if not plain or not drafter:
             raise ValueError(f"costs.contexts[{context}] needs width-1 verify points and drafter points")
         out.append((int(context), plain, drafter))
@@ -74,23 +79,28 @@ class MeasuredCost:
         batches = {p.batch for p in self.verify}
         plain = {p.batch for p in self.verify if p.width == 1}
         if not batches or batches != plain:
-            raise ValueError(f"costs.verify needs a width-1 point at every measured batch; batches {sorted(batches)},"
-                             f" width 1 at {sorted(plain)}")
+            raise ValueError(
+                f"costs.verify needs a width-1 point at every measured batch; batches {sorted(batches)},"
+                f" width 1 at {sorted(plain)}"
+            )
         if not self.drafter:
             raise ValueError("costs.drafter_step must hold at least one (batch, seconds) point")
         if self.update_seconds_per_token < 0 or self.sync_cost_seconds < 0:
             raise ValueError("update_seconds_per_token and sync_seconds must be >= 0")
 
     @classmethod
-    def from_bench(cls, bench: dict[str, Any], update_seconds_per_token: float, sync_seconds: float,
-                   name: str = "measured") -> MeasuredCost:
+    def from_bench(
+        cls, bench: dict[str, Any], update_seconds_per_token: float, sync_seconds: float, name: str = "measured"
+    ) -> MeasuredCost:
         """From `tlt bench engine --json` output (its `costs` section: `verify` and `drafter_step`) or
         `tlt bench run --work-dir`'s `costs.json` (`verify` and `drafter`)."""
         costs = bench.get("costs", bench)
         drafter_key = "drafter_step" if "drafter_step" in costs else "drafter"
         if not isinstance(costs, dict) or "verify" not in costs or drafter_key not in costs:
-            raise ValueError("bench JSON has no costs.verify / costs.drafter_step: run `tlt bench engine --part sd --json"
-                             " FILE` (the sd part writes them), or use `tlt bench run --work-dir DIR`'s DIR/costs.json")
+            raise ValueError(
+                "bench JSON has no costs.verify / costs.drafter_step: run `tlt bench engine --part sd --json"
+                " FILE` (the sd part writes them), or use `tlt bench run --work-dir DIR`'s DIR/costs.json"
+            )
         fields = ("batch", "width", "seconds", "ratio", "ratio_min", "ratio_max")
         verify = tuple(CostPoint(**{k: p[k] for k in fields}) for p in costs["verify"])
         drafter = tuple(sorted((int(d["batch"]), float(d["seconds"])) for d in costs[drafter_key]))

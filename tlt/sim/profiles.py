@@ -52,8 +52,10 @@ def _build(cls: type, doc: dict[str, Any], path: Path) -> Any:
     """A `cls` from the YAML mapping `doc`, every field cast to its declared type (str, int or float)."""
     fields = cls.__dataclass_fields__
     if set(doc) != set(fields):
-        raise ValueError(f"{path}: fields must be exactly {sorted(fields)}; missing {sorted(set(fields) - set(doc))},"
-                         f" unknown {sorted(set(doc) - set(fields))}")
+        raise ValueError(
+            f"{path}: fields must be exactly {sorted(fields)}; missing {sorted(set(fields) - set(doc))},"
+            f" unknown {sorted(set(doc) - set(fields))}"
+        )
     casts = {"str": str, "int": int, "float": float}
     try:
         return cls(**{k: casts[str(f.type)](doc[k]) for k, f in fields.items()})
@@ -66,16 +68,19 @@ def load_model_shape(name: str) -> ModelShape:
     return _build(ModelShape, doc, path)
 
 
-def load_cost_model(hardware: str, *, model: str = "qwen2.5-7b", tp: int = 1,
-                    update_cost: tuple[float, float] | None = None) -> CostModel:
+def load_cost_model(
+    hardware: str, *, model: str = "qwen2.5-7b", tp: int = 1, update_cost: tuple[float, float] | None = None
+) -> CostModel:
     """The cost model `hardware` names (see the module docstring). update_cost: (seconds per token,
     sync seconds) for a bench JSON, or to override a measured profile's."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     if hardware.endswith(".json"):
         if update_cost is None:
-            raise ValueError(f"{hardware}: a bench JSON holds no update cost; pass --calibrate-run DIR (a `tlt train`"
-                             " output) or use a measured profile YAML with update_seconds_per_token and sync_seconds")
+            raise ValueError(
+                f"{hardware}: a bench JSON holds no update cost; pass --calibrate-run DIR (a `tlt train`"
+                " output) or use a measured profile YAML with update_seconds_per_token and sync_seconds"
+            )
         bench = json.loads(Path(hardware).read_text())
         return MeasuredCost.from_bench(bench, *update_cost, name=f"{Path(hardware).name} (measured)")
     doc, path = _read_yaml(hardware, "gpus")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from tlt.adaptive.arms import arm_label, verify_width
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.rollout.draft_switch import sd_bucket
-from tlt.spec.run import ArmSpec
 from tlt.sim.accept import accept_length, drafter_steps
 from tlt.sim.cost_model import CostModel
+from tlt.spec.run import ArmSpec
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,14 @@ def round_seconds(cost: CostModel, arm: ArmSpec, running: int, context: int) -> 
     """Seconds of one speculative round of `arm` over `running` rows: the verify forward over its width
     and the drafter's passes (each over `running` x its fan-out rows)."""
     passes, fan = drafter_steps(arm)
-    return cost.target_seconds(running, verify_width(arm), context) + passes * cost.drafter_seconds(running * fan, context)
+    return cost.target_seconds(running, verify_width(arm), context) + passes * cost.drafter_seconds(
+        running * fan, context
+    )
 
 
-def _round(cost: CostModel, drafting: Drafting | None, running: int,
-           context: float) -> tuple[int | None, int | None, float, float]:
+def _round(
+    cost: CostModel, drafting: Drafting | None, running: int, context: float
+) -> tuple[int | None, int | None, float, float]:
     """(bucket, arm, tokens per row per round, seconds per round) of the next chunk; bucket and arm are
     None for a plain step (no drafting, or SD off at this batch)."""
     bucket = None if drafting is None else sd_bucket(running, drafting.threshold, drafting.buckets)
@@ -72,12 +75,17 @@ def _round(cost: CostModel, drafting: Drafting | None, running: int,
         return None, None, 1.0, cost.target_seconds(running, 1, int(context))
     arm = drafting.bandit.choose(bucket)
     spec = drafting.arms[arm]
-    return bucket, arm, accept_length(spec, drafting.alpha, drafting.ngram_alpha), round_seconds(
-        cost, spec, running, int(context))
+    return (
+        bucket,
+        arm,
+        accept_length(spec, drafting.alpha, drafting.ngram_alpha),
+        round_seconds(cost, spec, running, int(context)),
+    )
 
 
-def decode_shard(lengths: list[int], cost: CostModel, *, prompt_len: int, drafting: Drafting | None,
-                 decision_tokens: int) -> ReplicaRollout:
+def decode_shard(
+    lengths: list[int], cost: CostModel, *, prompt_len: int, drafting: Drafting | None, decision_tokens: int
+) -> ReplicaRollout:
     """Simulate one replica generating `lengths` (response tokens per request, all admitted at once);
     drafting None: plain decoding throughout (vanilla)."""
     if decision_tokens < 1:

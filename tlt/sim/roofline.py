@@ -73,8 +73,10 @@ class RooflineCost:
         kv_per_layer = 2 * m.kv_heads * head_dim * m.dtype_bytes
         nbytes = params * m.dtype_bytes + batch * (context + width) * kv_per_layer * layers
         flops = 2 * params * tokens + 4 * layers * m.heads * head_dim * tokens * (context + width)
-        seconds = max(nbytes / (self.tp * g.hbm_bytes_per_s * g.memory_efficiency),
-                      flops / (self.tp * g.bf16_flops_per_s * g.compute_efficiency))
+        seconds = max(
+            nbytes / (self.tp * g.hbm_bytes_per_s * g.memory_efficiency),
+            flops / (self.tp * g.bf16_flops_per_s * g.compute_efficiency),
+        )
         if self.tp > 1:
             message = tokens * m.hidden * m.dtype_bytes * 2 * (self.tp - 1) / self.tp
             seconds += 2 * layers * (g.allreduce_latency_s + message / g.interconnect_bytes_per_s)

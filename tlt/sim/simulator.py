@@ -12,19 +12,20 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
-from tlt.adaptive.arms import arm_indices
 from tlt.adaptive.adaptive_stepper import new_bandit
-from tlt.spec.run import SpeculativeSpec
+from tlt.adaptive.arms import arm_indices
 from tlt.sim.accept import AcceptCurve
 from tlt.sim.cost_model import CostModel
 from tlt.sim.replica import Drafting
 from tlt.sim.step import ClusterConfig, StepResult, Variant, simulate_step
+from tlt.spec.run import SpeculativeSpec
 
 VARIANTS = ("vanilla", "static", "tlt")
 
 
-def build_variants(spec: SpeculativeSpec, names: tuple[str, ...] = VARIANTS, drafter_training: bool = True
-                   ) -> list[Variant]:
+def build_variants(
+    spec: SpeculativeSpec, names: tuple[str, ...] = VARIANTS, drafter_training: bool = True
+) -> list[Variant]:
     """vanilla (no SD), static (every arm, the drafter never trained) and tlt (trained in idle time)."""
     unknown = set(names) - set(VARIANTS)
     if unknown:
@@ -35,8 +36,11 @@ def build_variants(spec: SpeculativeSpec, names: tuple[str, ...] = VARIANTS, dra
             out.append(Variant("vanilla"))
         else:
             moded = spec.model_copy(update={"mode": name})
-            out.append(Variant(name, tuple(spec.arms[i] for i in arm_indices(moded)),
-                               trains=name == "tlt" and drafter_training))
+            out.append(
+                Variant(
+                    name, tuple(spec.arms[i] for i in arm_indices(moded)), trains=name == "tlt" and drafter_training
+                )
+            )
     return out
 
 
@@ -66,20 +70,33 @@ class SimResult:
         return out
 
 
-def simulate(trace: list[list[int]], variants: list[Variant], cost: CostModel, cluster: ClusterConfig,
-             spec: SpeculativeSpec, curve: AcceptCurve, *, seed: int = 0,
-             on_step: Callable[[str, int], None] | None = None) -> SimResult:
+def simulate(
+    trace: list[list[int]],
+    variants: list[Variant],
+    cost: CostModel,
+    cluster: ClusterConfig,
+    spec: SpeculativeSpec,
+    curve: AcceptCurve,
+    *,
+    seed: int = 0,
+    on_step: Callable[[str, int], None] | None = None,
+) -> SimResult:
     """Run every step of `trace` for every variant; on_step(variant, step) after each step."""
     result = SimResult()
     for variant in variants:
-        bandits = [new_bandit(spec, len(variant.arms), seed + r) if variant.arms else None
-                   for r in range(cluster.replicas)]
+        bandits = [
+            new_bandit(spec, len(variant.arms), seed + r) if variant.arms else None for r in range(cluster.replicas)
+        ]
         trained = 0.0
         steps = result.steps.setdefault(variant.name, [])
         for number, lengths in enumerate(trace, 1):
             alpha = curve.alpha(trained)
-            drafting = [None if b is None else Drafting(variant.arms, spec.threshold, tuple(spec.buckets), b, alpha,
-                                                        curve.ngram) for b in bandits]  # None: vanilla
+            drafting = [
+                None
+                if b is None
+                else Drafting(variant.arms, spec.threshold, tuple(spec.buckets), b, alpha, curve.ngram)
+                for b in bandits
+            ]  # None: vanilla
             step = simulate_step(lengths, variant, cost, cluster, drafting)
             trained += step.harvested_gpu_seconds
             steps.append(step)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tlt.spec.run import ArmSpec, RunSpec
 from tlt.rl.packing import LAYOUTS, micro_batches
 from tlt.sim.cost_model import CostModel
 from tlt.sim.replica import Drafting, ReplicaRollout, Segment, decode_shard
+from tlt.spec.run import ArmSpec, RunSpec
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,26 @@ class ClusterConfig:
         if self.reward_seconds < 0:
             raise ValueError(f"cluster reward_seconds must be >= 0, got {self.reward_seconds}")
         if self.micro_batch_size < 0 or self.update_layout not in LAYOUTS:
-            raise ValueError(f"cluster micro_batch_size must be >= 0 and update_layout one of {list(LAYOUTS)}, got "
-                             f"{self.micro_batch_size}, {self.update_layout!r}")
+            raise ValueError(
+                f"cluster micro_batch_size must be >= 0 and update_layout one of {list(LAYOUTS)}, got "
+                f"{self.micro_batch_size}, {self.update_layout!r}"
+            )
 
     @classmethod
     def from_run(cls, spec: RunSpec, *, prompt_len: int, reward_seconds: float, decision_tokens: int) -> ClusterConfig:
         """A run's roles: one engine per rollout pod over its GPUs, the update over every policy pod's GPUs
         (a CPU pod counts as one device), one reward worker per verifier pod."""
-        return cls(replicas=max(1, spec.rollout.replicas), gpus_per_replica=max(1, spec.rollout.resources.gpus),
-                   update_gpus=max(1, spec.policy.replicas) * max(1, spec.policy.resources.gpus),
-                   prompt_len=prompt_len, verifiers=max(1, spec.verifier.replicas), reward_seconds=reward_seconds,
-                   decision_tokens=decision_tokens, micro_batch_size=spec.algorithm.micro_batch_size,
-                   update_layout=spec.algorithm.update_layout)
+        return cls(
+            replicas=max(1, spec.rollout.replicas),
+            gpus_per_replica=max(1, spec.rollout.resources.gpus),
+            update_gpus=max(1, spec.policy.replicas) * max(1, spec.policy.resources.gpus),
+            prompt_len=prompt_len,
+            verifiers=max(1, spec.verifier.replicas),
+            reward_seconds=reward_seconds,
+            decision_tokens=decision_tokens,
+            micro_batch_size=spec.algorithm.micro_batch_size,
+            update_layout=spec.algorithm.update_layout,
+        )
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,9 @@ def update_tokens(lengths: list[int], prompt_len: int, micro_batch_size: int = 0
     sequences = [prompt_len + n for n in lengths]
     if micro_batch_size == 0 or layout == "packed":
         return sum(sequences)
-    return sum(len(rows) * max(sequences[b] for b in rows)
-               for rows in micro_batches(sequences, micro_batch_size, layout))
+    return sum(
+        len(rows) * max(sequences[b] for b in rows) for rows in micro_batches(sequences, micro_batch_size, layout)
+    )
 
 
 def verification_end(finish_times: list[float], verifiers: int, reward_seconds: float) -> float:
@@ -110,8 +119,9 @@ def verification_end(finish_times: list[float], verifiers: int, reward_seconds: 
     return end
 
 
-def simulate_step(lengths: list[int], variant: Variant, cost: CostModel, cluster: ClusterConfig,
-                  drafting: list[Drafting | None]) -> StepResult:
+def simulate_step(
+    lengths: list[int], variant: Variant, cost: CostModel, cluster: ClusterConfig, drafting: list[Drafting | None]
+) -> StepResult:
     """The step of `lengths` (prompt-major responses) split in contiguous near-equal shards over the
     replicas; drafting: per replica, its SD state (None for vanilla)."""
     if len(drafting) != cluster.replicas:
@@ -130,8 +140,12 @@ def simulate_step(lengths: list[int], variant: Variant, cost: CostModel, cluster
     end = rollout_end + update + sync
     spare = "train" if variant.trains else "idle"
     timelines = [
-        [*r.segments, *([Segment(r.end, rollout_end, spare)] if rollout_end > r.end else []),
-         Segment(rollout_end, rollout_end + update, "update"), Segment(rollout_end + update, end, "sync")]
+        [
+            *r.segments,
+            *([Segment(r.end, rollout_end, spare)] if rollout_end > r.end else []),
+            Segment(rollout_end, rollout_end + update, "update"),
+            Segment(rollout_end + update, end, "sync"),
+        ]
         for r in rollouts
     ]
     alpha = next((d.alpha for d in drafting if d is not None), 0.0)

@@ -7,8 +7,15 @@ from pathlib import Path
 
 from tlt.sim.replica import Segment
 
-COLORS = {"prefill": "#9e9e9e", "decode": "#1f77b4", "sd": "#2ca02c", "idle": "#d62728", "train": "#ff7f0e",
-          "update": "#9467bd", "sync": "#8c564b"}
+COLORS = {
+    "prefill": "#9e9e9e",
+    "decode": "#1f77b4",
+    "sd": "#2ca02c",
+    "idle": "#d62728",
+    "train": "#ff7f0e",
+    "update": "#9467bd",
+    "sync": "#8c564b",
+}
 
 
 def plot_timelines(timelines: dict[str, list[list[Segment]]], path: Path, title: str, max_rows: int = 32) -> Path:
@@ -22,8 +29,7 @@ def plot_timelines(timelines: dict[str, list[list[Segment]]], path: Path, title:
 
     if not timelines:
         raise ValueError("no timelines to plot")
-    fig, axes = plt.subplots(len(timelines), 1, sharex=True, squeeze=False,
-                             figsize=(11, 1.2 + 2.2 * len(timelines)))
+    fig, axes = plt.subplots(len(timelines), 1, sharex=True, squeeze=False, figsize=(11, 1.2 + 2.2 * len(timelines)))
     for ax, (variant, rows) in zip(axes[:, 0], timelines.items()):
         stride = max(1, -(-len(rows) // max_rows))
         shown = rows[::stride]
@@ -39,8 +45,13 @@ def plot_timelines(timelines: dict[str, list[list[Segment]]], path: Path, title:
     axes[-1, 0].set_xlabel("seconds into the step")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
-    fig.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="upper center", ncol=len(COLORS),
-               frameon=False, bbox_to_anchor=(0.5, 0.95))
+    fig.legend(
+        handles=[Patch(color=c, label=k) for k, c in COLORS.items()],
+        loc="upper center",
+        ncol=len(COLORS),
+        frameon=False,
+        bbox_to_anchor=(0.5, 0.95),
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -28,7 +28,9 @@ def parse_parametric(text: str) -> tuple[str, dict[str, float]]:
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in (*PARAMS[kind], "max"):
-            raise ValueError(f"{kind} trace takes {', '.join(PARAMS[kind])} and optional max, as key=value; got {item!r}")
+            raise ValueError(
+                f"{kind} trace takes {', '.join(PARAMS[kind])} and optional max, as key=value; got {item!r}"
+            )
         params[key] = float(value)
     missing = [k for k in PARAMS[kind] if k not in params]
     if missing:
@@ -64,8 +66,10 @@ def file_trace(path: Path) -> list[list[int]]:
         row = json.loads(line)
         lengths = row if isinstance(row, list) else row.get("lengths", row.get("response_lengths"))
         if not isinstance(lengths, list) or not lengths or not all(isinstance(n, int) and n >= 1 for n in lengths):
-            raise ValueError(f"{path}:{number}: a step needs a non-empty list of lengths >= 1 (a list, or `lengths` /"
-                             " `response_lengths`; the local runtime's metrics.jsonl has only length statistics)")
+            raise ValueError(
+                f"{path}:{number}: a step needs a non-empty list of lengths >= 1 (a list, or `lengths` /"
+                " `response_lengths`; the local runtime's metrics.jsonl has only length statistics)"
+            )
         steps.append(lengths)
     if not steps:
         raise ValueError(f"{path} holds no steps")

@@ -43,13 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     started = time.perf_counter()
     try:
-        RayTrainer(variant_run(workload, args.variant, 0, drafter), args.out, warmstart=workload.warmstart,
-                   num_cpus=args.num_cpus).train()
+        RayTrainer(
+            variant_run(workload, args.variant, 0, drafter),
+            args.out,
+            warmstart=workload.warmstart,
+            num_cpus=args.num_cpus,
+        ).train()
     finally:
         ray.shutdown()
-    info = {"workload": str(workload.path), "variant": args.variant, "steps": args.steps, "num_cpus": args.num_cpus,
-            "wall_seconds": time.perf_counter() - started, "load_before": load_before,
-            "load_after": Path("/proc/loadavg").read_text().split()[:3]}
+    info = {
+        "workload": str(workload.path),
+        "variant": args.variant,
+        "steps": args.steps,
+        "num_cpus": args.num_cpus,
+        "wall_seconds": time.perf_counter() - started,
+        "load_before": load_before,
+        "load_after": Path("/proc/loadavg").read_text().split()[:3],
+    }
     (args.out / "validation_run.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
     return 0

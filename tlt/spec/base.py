@@ -14,15 +14,18 @@ Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki
 ShortStr = Annotated[str, Field(max_length=253)]
 # An image reference (the distribution grammar, simplified): optional registry host[:port], a lowercase
 # path of components joined by '/', an optional tag, an optional sha256 digest.
-IMAGE_PATTERN = (r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*"
-                 r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
+IMAGE_PATTERN = (
+    r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*"
+    r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
 # A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and
 # ending with a letter or digit.
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
 # A label or taint key (a qualified name): an optional DNS-subdomain prefix and '/', then a name of at
 # most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
 QUALIFIED_NAME = (
-    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 QualifiedName = Annotated[str, Field(max_length=316, pattern=f"^{QUALIFIED_NAME}$")]
 
 
@@ -30,6 +33,9 @@ class Spec(BaseModel):
     """Base of every spec section: camelCase aliases, unknown fields refused."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
         strict=True,  # as the apiserver: "10" is not an integer, "true" is not a boolean
     )

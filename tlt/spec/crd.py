@@ -60,8 +60,10 @@ MSG_DRAFT_VOCAB = "speculative.draftVocab must be 0 (the whole vocabulary) or >=
 MSG_SIDECAR = "drafter.deviceClassName is required when drafter.placement is 'sidecar'"
 MSG_MANAGED_BY = "managedBy is immutable"
 MSG_MODEL = "model is immutable: the run's weights, dtype and context shape every checkpoint; start a new run"
-MSG_QUEUED_REPLICAS = ("policy, rollout and verifier replicas are immutable while schedulingPolicy.queue is set "
-                       "(Kueue admitted the pod group at its size); scale runs without a queue")
+MSG_QUEUED_REPLICAS = (
+    "policy, rollout and verifier replicas are immutable while schedulingPolicy.queue is set "
+    "(Kueue admitted the pod group at its size); scale runs without a queue"
+)
 _SAME_REPLICAS = " && ".join(f"self.{r}.replicas == oldSelf.{r}.replicas" for r in ("policy", "rollout", "verifier"))
 MSG_TOLERATION = "toleration.value must be empty when toleration.operator is 'Exists'"
 MSG_ENV = "env.value and env.secretKeyRef are mutually exclusive"
@@ -71,8 +73,9 @@ def _pod_template_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:
     """The toleration and env rules of every role's pod template (the checks the Pod API would make later)."""
     toleration = "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || size(self.value) == 0"
     env = "!has(self.value) || size(self.value) == 0 || !has(self.secretKeyRef)"
-    reserved = " && ".join(f"(!has(self.{m}) || self.{m}.all(k, !k.startsWith('{RESERVED_PREFIX}')))"
-                           for m in ("labels", "annotations"))
+    reserved = " && ".join(
+        f"(!has(self.{m}) || self.{m}.all(k, !k.startsWith('{RESERVED_PREFIX}')))" for m in ("labels", "annotations")
+    )
     rules: dict[tuple[str, ...], list[dict[str, str]]] = {}
     for role in ("policy", "rollout", "verifier"):
         rules[(role, "podTemplate", "tolerations", "[]")] = [{"rule": toleration, "message": MSG_TOLERATION}]
@@ -103,46 +106,76 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("speculative",): [
         {
             "rule": "!has(self.buckets) || (self.buckets.isSorted() && "
-                    "self.buckets.all(b, self.buckets.exists_one(c, c == b)))",
+            "self.buckets.all(b, self.buckets.exists_one(c, c == b)))",
             "message": MSG_BUCKETS,
         },
         {"rule": f"!({_present('ngramMin', 'ngramMax')}) || self.ngramMin <= self.ngramMax", "message": MSG_NGRAM},
-        {"rule": f"!({_present('arms', 'history', 'history.maxDraft')}) || self.arms.all(a, !has(a.kind) || "
-                 "!has(a.depth) || (a.kind != 'history' && a.kind != 'mixed') || a.depth <= self.history.maxDraft)",
-         "message": MSG_HISTORY_DEPTH},
-        {"rule": f"!({_present('draftVocab', 'arms')}) || self.draftVocab == 0 || "
-                 "self.arms.all(a, !has(a.topk) || a.topk <= self.draftVocab)", "message": MSG_DRAFT_VOCAB},
+        {
+            "rule": f"!({_present('arms', 'history', 'history.maxDraft')}) || self.arms.all(a, !has(a.kind) || "
+            "!has(a.depth) || (a.kind != 'history' && a.kind != 'mixed') || a.depth <= self.history.maxDraft)",
+            "message": MSG_HISTORY_DEPTH,
+        },
+        {
+            "rule": f"!({_present('draftVocab', 'arms')}) || self.draftVocab == 0 || "
+            "self.arms.all(a, !has(a.topk) || a.topk <= self.draftVocab)",
+            "message": MSG_DRAFT_VOCAB,
+        },
     ],
-    ("speculative", "arms", "[]"): [{"rule": "!has(self.kind) || self.kind != 'block' || ((!has(self.depth) || "
-                                             "(self.depth >= 2 && self.depth <= 8)) && (!has(self.topk) || self.topk == 1))",
-                                     "message": MSG_BLOCK_ARM}],
-    ("speculative", "history"): [{"rule": f"!({_present('minMatch', 'maxMatch')}) || self.minMatch <= self.maxMatch",
-                                  "message": MSG_HISTORY_MATCH}],
+    ("speculative", "arms", "[]"): [
+        {
+            "rule": "!has(self.kind) || self.kind != 'block' || ((!has(self.depth) || "
+            "(self.depth >= 2 && self.depth <= 8)) && (!has(self.topk) || self.topk == 1))",
+            "message": MSG_BLOCK_ARM,
+        }
+    ],
+    ("speculative", "history"): [
+        {
+            "rule": f"!({_present('minMatch', 'maxMatch')}) || self.minMatch <= self.maxMatch",
+            "message": MSG_HISTORY_MATCH,
+        }
+    ],
     ("drafter",): [
-        {"rule": f"!({_present('minTrainers', 'maxTrainers')}) || self.minTrainers <= self.maxTrainers",
-         "message": MSG_TRAINERS},
+        {
+            "rule": f"!({_present('minTrainers', 'maxTrainers')}) || self.minTrainers <= self.maxTrainers",
+            "message": MSG_TRAINERS,
+        },
         {
             "rule": "!has(self.placement) || self.placement != 'sidecar' || "
-                    "(has(self.deviceClassName) && size(self.deviceClassName) > 0)",
+            "(has(self.deviceClassName) && size(self.deviceClassName) > 0)",
             "message": MSG_SIDECAR,
         },
     ],
     ("managedBy",): [{"rule": "self == oldSelf", "message": MSG_MANAGED_BY}],
-    ("monitoring",): [{"rule": f"!has(self.metricsPort) || (self.metricsPort != {GCS_PORT} && "
-                               f"self.metricsPort != {RAY_CLIENT_PORT})", "message": MSG_METRICS_PORT}],
+    ("monitoring",): [
+        {
+            "rule": f"!has(self.metricsPort) || (self.metricsPort != {GCS_PORT} && "
+            f"self.metricsPort != {RAY_CLIENT_PORT})",
+            "message": MSG_METRICS_PORT,
+        }
+    ],
     ("model",): [{"rule": "self == oldSelf", "message": MSG_MODEL}],
-    (): [{"rule": "!has(self.schedulingPolicy) || !has(self.schedulingPolicy.queue) || "
-                  "!has(oldSelf.schedulingPolicy) || !has(oldSelf.schedulingPolicy.queue) || "
-                  f"({_SAME_REPLICAS})",
-          "message": MSG_QUEUED_REPLICAS}],
-    ("checkpoint",): [{"rule": f"!has(self.path) || !self.path.matches({cel_string(PARENT_SEGMENT)})",
-                       "message": MSG_CHECKPOINT_PATH},
-                      {"rule": "!has(self.path) || self.path == '.' || "
-                               f"!self.path.matches({cel_string(NON_CANONICAL)})",
-                       "message": MSG_CHECKPOINT_CANONICAL},
-                      {"rule": "!has(self.claimName) || !has(self.path) || "
-                               f"!self.path.matches({cel_string(FORBIDDEN_MOUNT)})",
-                       "message": MSG_CHECKPOINT_MOUNT}],
+    (): [
+        {
+            "rule": "!has(self.schedulingPolicy) || !has(self.schedulingPolicy.queue) || "
+            "!has(oldSelf.schedulingPolicy) || !has(oldSelf.schedulingPolicy.queue) || "
+            f"({_SAME_REPLICAS})",
+            "message": MSG_QUEUED_REPLICAS,
+        }
+    ],
+    ("checkpoint",): [
+        {
+            "rule": f"!has(self.path) || !self.path.matches({cel_string(PARENT_SEGMENT)})",
+            "message": MSG_CHECKPOINT_PATH,
+        },
+        {
+            "rule": f"!has(self.path) || self.path == '.' || !self.path.matches({cel_string(NON_CANONICAL)})",
+            "message": MSG_CHECKPOINT_CANONICAL,
+        },
+        {
+            "rule": f"!has(self.claimName) || !has(self.path) || !self.path.matches({cel_string(FORBIDDEN_MOUNT)})",
+            "message": MSG_CHECKPOINT_MOUNT,
+        },
+    ],
     **_pod_template_rules(),
 }
 
@@ -282,8 +315,10 @@ def build_schema() -> dict[str, Any]:
     spec = model_schema(RunSpec, "spec")
     spec["default"] = {}
     _attach_rules(spec)
-    name_rule = (f"!has(self.metadata.name) || (size(self.metadata.name) <= {RUN_NAME_MAX} && "
-                 f"self.metadata.name.matches({cel_string(RUN_NAME_PATTERN)}))")
+    name_rule = (
+        f"!has(self.metadata.name) || (size(self.metadata.name) <= {RUN_NAME_MAX} && "
+        f"self.metadata.name.matches({cel_string(RUN_NAME_PATTERN)}))"
+    )
     return {
         "description": "A GRPO training run with lossless speculative rollouts and an online drafter (TLT).",
         "type": "object",

@@ -18,8 +18,13 @@ _REASONS = {
     "Duplicate value": "FieldValueDuplicate",
 }
 # Schema errors after which the apiserver evaluates no CEL rule at all (it says so instead).
-BLOCKING_REASONS = {"FieldValueRequired", "FieldValueNotSupported", "FieldValueTooLong", "FieldValueTooMany",
-             "FieldValueTypeInvalid"}
+BLOCKING_REASONS = {
+    "FieldValueRequired",
+    "FieldValueNotSupported",
+    "FieldValueTooLong",
+    "FieldValueTooMany",
+    "FieldValueTypeInvalid",
+}
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,15 @@ class Validation:
 
 
 def _status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                            "message": message, "reason": reason, "code": code}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if details is not None:
         body["details"] = details
     return body

@@ -47,9 +47,18 @@ def _is_sorted(items: list[Any]) -> bool:
 @cache
 def _env() -> Any:
     cel = _engine()
-    is_sorted = cel.FunctionDecl("isSorted", [cel.Overload(
-        "list_is_sorted", return_type=cel.Type.BOOL, parameters=[cel.Type.List(cel.Type.DYN)], is_member=True,
-        impl=_is_sorted)])
+    is_sorted = cel.FunctionDecl(
+        "isSorted",
+        [
+            cel.Overload(
+                "list_is_sorted",
+                return_type=cel.Type.BOOL,
+                parameters=[cel.Type.List(cel.Type.DYN)],
+                is_member=True,
+                impl=_is_sorted,
+            )
+        ],
+    )
     return cel.NewEnv(variables={"self": cel.Type.DYN, "oldSelf": cel.Type.DYN}, functions=[is_sorted])
 
 
@@ -144,8 +153,10 @@ def schema_problems(schema: dict[str, Any], where: str = "openAPIV3Schema") -> l
             if field_path is not None and not _field_path_ok(node, field_path):
                 problems.append(f"{at}.fieldPath: {field_path!r} must be a valid path (a field declared here)")
         if "default" in node:
-            problems += [f"{path}.default: {failure}"
-                         for failure in _rule_failures(node, node["default"], node["default"], "", transitions=True)]
+            problems += [
+                f"{path}.default: {failure}"
+                for failure in _rule_failures(node, node["default"], node["default"], "", transitions=True)
+            ]
     return problems
 
 

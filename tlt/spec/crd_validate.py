@@ -42,6 +42,8 @@ DNS_SUBDOMAIN_MSG = (
     "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
     "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
 )
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -61,8 +63,11 @@ def _show(value: Any) -> str:
 
 def _draft4(node: dict[str, Any]) -> dict[str, Any]:
     """A structural schema node as plain JSON Schema draft 4 (the k8s extensions translated)."""
-    out = {k: v for k, v in node.items()
-           if not k.startswith("x-kubernetes-") and k not in ("nullable", "default", "description")}
+    out = {
+        k: v
+        for k, v in node.items()
+        if not k.startswith("x-kubernetes-") and k not in ("nullable", "default", "description")
+    }
     if node.get("nullable"):
         out["type"] = [node["type"], "null"]
         if "enum" in out:
@@ -210,7 +215,7 @@ def _cel(node: dict[str, Any], value: Any, old: Any, path: str, out: list[FieldE
         except celpy.CELEvalError as exc:
             result = exc
         if isinstance(result, celpy.CELEvalError):
-            out.append(FieldError(path, "Invalid value", f'{_show(value)}: {result} evaluating rule: {rule["rule"]}'))
+            out.append(FieldError(path, "Invalid value", f"{_show(value)}: {result} evaluating rule: {rule['rule']}"))
         elif not result:
             message = rule.get("message") or f"failed rule: {rule['rule']}"
             where = path + rule["fieldPath"] if rule.get("fieldPath") else path  # the apiserver reports there

@@ -34,15 +34,15 @@ def _pattern(annotated: Any) -> str:
 PATTERN_WORDS = {
     _pattern(Name): "a DNS name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
     _pattern(LabelValue): "a label value: empty or up to 63 letters, digits, '-', '_' and '.', starting and ending "
-                          "with a letter or digit",
+    "with a letter or digit",
     _pattern(QualifiedName): "a qualified name: an optional DNS prefix and '/', then up to 63 letters, digits, '-', "
-                             "'_' and '.', starting and ending with a letter or digit",
+    "'_' and '.', starting and ending with a letter or digit",
     _pattern(Quantity): "a quantity: a number with an optional suffix m, k, M, G, T, Ki, Mi, Gi or Ti (e.g. 4Gi, 500m)",
     _pattern(PromMetric): "a Prometheus metric name: letters, digits, '_' and ':', not starting with a digit",
     _pattern(PromLabel): "a Prometheus label name: letters, digits and '_', not starting with a digit",
     IMAGE_PATTERN: "an image reference: [registry[:port]/]lowercase/path[:tag][@sha256:digest], no spaces",
     RUN_NAME_PATTERN: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a "
-                      "letter or digit",
+    "letter or digit",
 }
 
 
@@ -122,8 +122,10 @@ def _boolean_for_word(err: dict[str, Any]) -> str | None:
     word = next((w for w in YAML_BOOLEAN_WORDS[value] if f"'{w}'" in expected), None)
     fix = f'quote it: "{word}"' if word else "quote the word you meant"
     allowed = f"; allowed: {expected}" if expected else ""
-    return (f"read as the boolean {str(value).lower()} (YAML reads unquoted on/off/yes/no/true/false as booleans); "
-            f"{fix}{allowed}")
+    return (
+        f"read as the boolean {str(value).lower()} (YAML reads unquoted on/off/yes/no/true/false as booleans); "
+        f"{fix}{allowed}"
+    )
 
 
 def _format(err: dict[str, Any]) -> str:
@@ -154,8 +156,12 @@ def _too_many(node: dict[str, Any], value: Any, path: str) -> list[str]:
             return [f"{path}: Too many: {len(value)}: must have at most {limit} items"]
         return [e for i, item in enumerate(value) for e in _too_many(node["items"], item, f"{path}[{i}]")]
     if isinstance(value, dict) and "properties" in node:
-        return [e for key, item in value.items() if key in node["properties"]
-                for e in _too_many(node["properties"][key], item, f"{path}.{key}")]
+        return [
+            e
+            for key, item in value.items()
+            if key in node["properties"]
+            for e in _too_many(node["properties"][key], item, f"{path}.{key}")
+        ]
     return []
 
 
@@ -171,8 +177,13 @@ def parse_run(doc: Any, source: str = "<run>") -> TLTTrainingRun:
         raise SpecError(source, errors)
     manifest = "kind" in doc or "apiVersion" in doc  # what kubectl would send
     if manifest and not (isinstance(meta, dict) and (meta.get("name") or meta.get("generateName"))):
-        raise SpecError(source, ["metadata.name: Required value: name or generateName is required (as the API "
-                                 "server says; a spec without kind and apiVersion runs as 'tlt-run')"])
+        raise SpecError(
+            source,
+            [
+                "metadata.name: Required value: name or generateName is required (as the API "
+                "server says; a spec without kind and apiVersion runs as 'tlt-run')"
+            ],
+        )
     try:
         if full:
             return TLTTrainingRun.model_validate(doc)
@@ -185,13 +196,19 @@ def decode_manifest(raw: bytes, source: str) -> str:
     """The text of a manifest file, refused (one line, `SpecError`) where the API server would refuse it
     or it is not text: over MAX_OBJECT_BYTES, or not UTF-8 (the offset of the first bad byte)."""
     if len(raw) > MAX_OBJECT_BYTES:
-        raise SpecError(source, [f"the file is {len(raw)} bytes; the API server stores objects of at most "
-                                 f"{MAX_OBJECT_BYTES} bytes (1.5 MiB)"])
+        raise SpecError(
+            source,
+            [
+                f"the file is {len(raw)} bytes; the API server stores objects of at most "
+                f"{MAX_OBJECT_BYTES} bytes (1.5 MiB)"
+            ],
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(source, [f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
-                                 "(save the file as UTF-8)"]) from None
+        raise SpecError(
+            source, [f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} (save the file as UTF-8)"]
+        ) from None
 
 
 def _annotation_errors(doc: Any) -> list[str]:

@@ -49,12 +49,16 @@ def reference_problems(run_name: str, spec: RunSpec, shared: SharedNames) -> lis
         for i, var in enumerate(template.env):
             ref = var.secret_key_ref
             if ref is not None and not ref.name.startswith(own) and ref.name not in shared.secrets:
-                out.append(f"spec.{role}.podTemplate.env[{i}].secretKeyRef.name: Secret {ref.name!r} is not this "
-                           f"run's: name one that starts with '{own}', or ask the cluster admin to list it in "
-                           f"{SHARED_SECRETS_ENV}")
+                out.append(
+                    f"spec.{role}.podTemplate.env[{i}].secretKeyRef.name: Secret {ref.name!r} is not this "
+                    f"run's: name one that starts with '{own}', or ask the cluster admin to list it in "
+                    f"{SHARED_SECRETS_ENV}"
+                )
         account = template.service_account_name
         if account is not None and not account.startswith(own) and account not in shared.service_accounts:
-            out.append(f"spec.{role}.podTemplate.serviceAccountName: ServiceAccount {account!r} is not this run's: "
-                       f"name one that starts with '{own}', or ask the cluster admin to list it in "
-                       f"{SERVICE_ACCOUNTS_ENV}")
+            out.append(
+                f"spec.{role}.podTemplate.serviceAccountName: ServiceAccount {account!r} is not this run's: "
+                f"name one that starts with '{own}', or ask the cluster admin to list it in "
+                f"{SERVICE_ACCOUNTS_ENV}"
+            )
     return out

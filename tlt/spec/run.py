@@ -14,8 +14,18 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tlt.spec.base import (IMAGE_PATTERN, QUALIFIED_NAME, LabelValue, Name, PathStr, QualifiedName, Quantity,
-                             ShortStr, Spec)
+from tlt.spec.base import (
+    IMAGE_PATTERN,
+    QUALIFIED_NAME,
+    LabelValue,
+    Name,
+    PathStr,
+    QualifiedName,
+    Quantity,
+    ShortStr,
+    Spec,
+)
+
 # The checkpoint, speculative and drafter sections live in their own modules; imported from here as every
 # section is (the CRD, the builders and the tests read them from tlt.spec.run).
 from tlt.spec.checkpoint import (  # noqa: F401
@@ -29,7 +39,7 @@ from tlt.spec.checkpoint import (  # noqa: F401
     TOKEN_DIRS,
     CheckpointSpec,
 )
-from tlt.spec.speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec
+from tlt.spec.speculative import DrafterSpec, SpeculativeSpec
 
 API_GROUP = "tlt.dev"
 API_VERSION = "v1alpha1"
@@ -40,11 +50,15 @@ SHORT_NAME = "tltrun"
 # Ray's ports on the policy pod (GCS, Ray client; tlt_operator.names): the metrics port must be another.
 GCS_PORT = 6379
 RAY_CLIENT_PORT = 10001
-MSG_METRICS_PORT = (f"monitoring.metricsPort must differ from Ray's ports on the policy pod ({GCS_PORT} GCS, "
-                    f"{RAY_CLIENT_PORT} Ray client)")
+MSG_METRICS_PORT = (
+    f"monitoring.metricsPort must differ from Ray's ports on the policy pod ({GCS_PORT} GCS, "
+    f"{RAY_CLIENT_PORT} Ray client)"
+)
 RESERVED_PREFIX = "tlt.dev/"  # labels and annotations only the operator and its workers set
-MSG_RESERVED = (f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
-                "own keys: run, role, rank, spec hash, progress, worker state)")
+MSG_RESERVED = (
+    f"podTemplate labels and annotations must not use the prefix '{RESERVED_PREFIX}' (the operator's "
+    "own keys: run, role, rank, spec hash, progress, worker state)"
+)
 
 
 class ModelSpec(Spec):
@@ -85,20 +99,28 @@ class DatasetSpec(Spec):
     )
     builtin: BuiltinTaskSpec = Field(default_factory=BuiltinTaskSpec, description="Built-in task settings.")
     eval_path: PathStr | None = Field(
-        None, description="Held-out JSONL or Parquet file for evaluation (source `file`); without it, "
-        "`evalFraction` of `path`'s records are held out."
+        None,
+        description="Held-out JSONL or Parquet file for evaluation (source `file`); without it, "
+        "`evalFraction` of `path`'s records are held out.",
     )
     eval_fraction: float = Field(
-        0.1, ge=0, lt=1, description="Without `evalPath`: the fraction of `path`'s records held out for "
-        "evaluation (chosen by `splitSeed`, never trained on); 0 disables held-out evaluation."
+        0.1,
+        ge=0,
+        lt=1,
+        description="Without `evalPath`: the fraction of `path`'s records held out for "
+        "evaluation (chosen by `splitSeed`, never trained on); 0 disables held-out evaluation.",
     )
     split_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the train / held-out split of `path`.")
     prompt: Annotated[str, Field(min_length=1, max_length=8192)] | None = Field(
-        None, description="Prompt template over record fields (Python format syntax, e.g. "
-        "`{question}\\nThink step by step.`); without it the `promptKey` field is the prompt."
+        None,
+        description="Prompt template over record fields (Python format syntax, e.g. "
+        "`{question}\\nThink step by step.`); without it the `promptKey` field is the prompt.",
     )
-    chat: bool = Field(False, description="Wrap the prompt in the tokenizer's chat template (a user message, "
-                       "after `system` when set, with the generation prompt).")
+    chat: bool = Field(
+        False,
+        description="Wrap the prompt in the tokenizer's chat template (a user message, "
+        "after `system` when set, with the generation prompt).",
+    )
     system: Annotated[str, Field(min_length=1, max_length=8192)] | None = Field(
         None, description="System message when `chat` is true."
     )
@@ -138,9 +160,12 @@ class AlgorithmSpec(Spec):
     max_new_tokens: int = Field(512, ge=1, le=131072, description="Response length cap (truncation).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling, shuffling and initialisation.")
     eval_every: int = Field(
-        0, ge=0, le=1_000_000,
+        0,
+        ge=0,
+        le=1_000_000,
         description="Held-out evaluation every this many steps and after the last (the dataset's eval split: "
-        "reward and accuracy in the metrics, the report and the status); 0: never.")
+        "reward and accuracy in the metrics, the report and the status); 0: never.",
+    )
     eval_samples: int = Field(64, ge=1, le=100_000, description="Held-out problems evaluated (the eval split's first).")
     eval_temperature: float = Field(0.0, ge=0, le=10.0, description="Held-out sampling temperature; 0 is greedy.")
 
@@ -167,7 +192,8 @@ class SecretKeyRef(Spec):
 
     name: Name = Field(description="Secret name.")
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
-        description="Key within the Secret: letters, digits, '-', '_' and '.'.")
+        description="Key within the Secret: letters, digits, '-', '_' and '.'."
+    )
 
 
 class EnvVar(Spec):
@@ -197,9 +223,7 @@ class Resources(Spec):
 class PodOverrides(Spec):
     """The bounded set of pod-template fields a run may override."""
 
-    labels: dict[str, LabelValue] = Field(
-        default_factory=dict, max_length=32, description="Extra pod labels."
-    )
+    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=32, description="Extra pod labels.")
     annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict, max_length=32, description="Extra pod annotations."
     )
@@ -213,10 +237,13 @@ class PodOverrides(Spec):
         default_factory=list, max_length=8, description="Secrets used to pull the image."
     )
     termination_grace_period_seconds: int | None = Field(
-        None, ge=0, le=86400,
+        None,
+        ge=0,
+        le=86400,
         description="Seconds a pod has after SIGTERM before it is killed. On the policy pods: at least one "
         "step plus one checkpoint, so a stop (drain, eviction, suspend) keeps the step. Unset: the cluster's "
-        "default (30).")
+        "default (30).",
+    )
 
     @model_validator(mode="after")
     def _no_reserved_keys(self) -> PodOverrides:
@@ -224,12 +251,15 @@ class PodOverrides(Spec):
             raise ValueError(MSG_RESERVED)
         # The CRD cannot check map keys cheaply (a CEL regex over unbounded keys fails the apiserver's
         # cost check); the apiserver refuses such a pod later (the run shows Created=False).
-        bad = sorted(k for k in [*self.labels, *self.annotations, *self.node_selector]
-                     if not re.fullmatch(QUALIFIED_NAME, k))
+        bad = sorted(
+            k for k in [*self.labels, *self.annotations, *self.node_selector] if not re.fullmatch(QUALIFIED_NAME, k)
+        )
         if bad:
-            raise ValueError(f"podTemplate label, annotation and nodeSelector keys must be qualified names (an "
-                             "optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' and '.', starting "
-                             f"and ending with a letter or digit), got {bad[:5]}")
+            raise ValueError(
+                f"podTemplate label, annotation and nodeSelector keys must be qualified names (an "
+                "optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' and '.', starting "
+                f"and ending with a letter or digit), got {bad[:5]}"
+            )
         return self
 
 
@@ -249,8 +279,9 @@ class VerifierSpec(RoleSpec):
     """The reward verifier pods and the reward they compute."""
 
     reward: Annotated[str, Field(max_length=253, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")] | None = Field(
-        None, description="Reward plug-in `module:function`, called as function(prompt, response, record) -> float "
-        "(importable where verifiers run); without it `dataset.answerFormat` decides the reward."
+        None,
+        description="Reward plug-in `module:function`, called as function(prompt, response, record) -> float "
+        "(importable where verifiers run); without it `dataset.answerFormat` decides the reward.",
     )
 
 
@@ -297,7 +328,8 @@ class SchedulingPolicy(Spec):
     """Queueing and scheduling of the run's pods."""
 
     queue: Annotated[LabelValue, Field(min_length=1)] | None = Field(
-        None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name`, a label value).")
+        None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name`, a label value)."
+    )
     priority_class_name: Name | None = Field(None, description="PriorityClass of every pod.")
     gang: PodGroupPolicy | None = Field(None, description="Create a PodGroup for gang scheduling.")
 
@@ -313,14 +345,19 @@ class MonitoringSpec(Spec):
     utilisation (the rest)."""
 
     loggers: list[Literal["jsonl", "tensorboard", "prometheus", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["jsonl"], max_length=5,
+        default_factory=lambda: ["jsonl"],
+        max_length=5,
         description="Metric backends of the coordinator (tlt.monitoring): jsonl (always on, <out>/metrics.jsonl), "
         "tensorboard (<out>/tensorboard), prometheus (serves /metrics on metricsPort), wandb, mlflow (their "
         "libraries' own environment variables: WANDB_PROJECT, MLFLOW_TRACKING_URI, ...).",
     )
-    metrics_port: int = Field(8080, ge=1024, le=65535,
-                              description="Port of the coordinator's Prometheus /metrics: the pods' container "
-                              "port 'metrics', the run Service's and NetworkPolicy's metrics port.")
+    metrics_port: int = Field(
+        8080,
+        ge=1024,
+        le=65535,
+        description="Port of the coordinator's Prometheus /metrics: the pods' container "
+        "port 'metrics', the run Service's and NetworkPolicy's metrics port.",
+    )
 
     @model_validator(mode="after")
     def _metrics_port_free(self) -> MonitoringSpec:
@@ -329,8 +366,9 @@ class MonitoringSpec(Spec):
         return self
 
     prometheus_url: Annotated[str, Field(max_length=1024, pattern=r"^https?://")] | None = Field(
-        None, description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "
-        "allowlist (TLT_OPERATOR_PROMETHEUS_URLS, set by the cluster admin); empty: reported state only."
+        None,
+        description="Prometheus base URL for per-pod GPU utilisation, read only when it is in the operator's "
+        "allowlist (TLT_OPERATOR_PROMETHEUS_URLS, set by the cluster admin); empty: reported state only.",
     )
     gpu_util_metric: PromMetric = Field("DCGM_FI_DEV_GPU_UTIL", description="Utilisation metric (0-100).")
     pod_label: PromLabel = Field("exported_pod", description="Label holding the pod name.")
@@ -345,7 +383,9 @@ class RunSpec(Spec):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec, description="GRPO update pods; rank 0 runs the coordinator.")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine pods (drafter-trainer slots).")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Rollout engine pods (drafter-trainer slots)."
+    )
     verifier: VerifierSpec = Field(default_factory=VerifierSpec, description="Reward verifier pods (CPU).")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     drafter: DrafterSpec = Field(default_factory=DrafterSpec)
@@ -363,15 +403,18 @@ class RunSpec(Spec):
 # (`<run>-rollout-<rank>`, the Service `<run>`, hostnames under it) stays a valid name.
 RUN_NAME_MAX = 53
 RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-MSG_RUN_NAME = (f"metadata.name must be at most {RUN_NAME_MAX} characters of lowercase letters, digits and '-', "
-                "starting with a letter and ending with a letter or digit (DNS-1035, so every child name fits)")
+MSG_RUN_NAME = (
+    f"metadata.name must be at most {RUN_NAME_MAX} characters of lowercase letters, digits and '-', "
+    "starting with a letter and ending with a letter or digit (DNS-1035, so every child name fits)"
+)
 RunName = Annotated[str, Field(min_length=1, max_length=RUN_NAME_MAX, pattern=RUN_NAME_PATTERN)]
 
 
 # `generateName`: the server appends 5 characters, so the prefix leaves room for them within RUN_NAME_MAX.
 GENERATED_SUFFIX = 5
-RunNamePrefix = Annotated[str, Field(min_length=1, max_length=RUN_NAME_MAX - GENERATED_SUFFIX,
-                                     pattern=r"^[a-z][-a-z0-9]*$")]
+RunNamePrefix = Annotated[
+    str, Field(min_length=1, max_length=RUN_NAME_MAX - GENERATED_SUFFIX, pattern=r"^[a-z][-a-z0-9]*$")
+]
 
 
 class ObjectMeta(BaseModel):

@@ -10,8 +10,18 @@ from fractions import Fraction
 
 from tlt.spec.run import ArmSpec, RunSpec
 
-_SUFFIX = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SUFFIX = {
+    "": 1,
+    "m": Fraction(1, 1000),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 
 
@@ -33,36 +43,52 @@ def spec_warnings(spec: RunSpec) -> list[str]:
     out: list[str] = []
     sd = spec.speculative
     if sd.mode != "off" and sd.buckets and sd.threshold > sd.buckets[-1]:
-        out.append(f"spec.speculative.threshold: {sd.threshold} is past the last bucket ({sd.buckets[-1]}); running "
-                   f"batches above {sd.buckets[-1]} have no bucket and decode plainly, so the rest does nothing")
+        out.append(
+            f"spec.speculative.threshold: {sd.threshold} is past the last bucket ({sd.buckets[-1]}); running "
+            f"batches above {sd.buckets[-1]} have no bucket and decode plainly, so the rest does nothing"
+        )
     for i, arm in enumerate(sd.arms):
         if arm.kind == "tree" and arm.verify_tokens > tree_candidates(arm):
-            out.append(f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the "
-                       f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the budget does nothing")
+            out.append(
+                f"spec.speculative.arms[{i}].verifyTokens: {arm.verify_tokens} is past the "
+                f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the "
+                "budget does nothing"
+            )
         if arm.kind == "block" and sd.mode in ("static", "tlt"):
-            out.append(f"spec.speculative.arms[{i}]: kind block drafts with a block drafter, which the engine API and "
-                       "`tlt bench engine --part sd` build and `tlt train` does not yet: its rollout workers refuse "
-                       "this arm")
+            out.append(
+                f"spec.speculative.arms[{i}]: kind block drafts with a block drafter, which the engine API and "
+                "`tlt bench engine --part sd` build and `tlt train` does not yet: its rollout workers refuse "
+                "this arm"
+            )
     seen: dict[tuple[str, int, int, int], int] = {}
     for i, arm in enumerate(sd.arms):
         key = (arm.kind, arm.depth, arm.topk, arm.verify_tokens)
         if key in seen:
-            out.append(f"spec.speculative.arms[{i}]: the same arm as arms[{seen[key]}]; the bandit splits its "
-                       "rounds between the two copies, so the duplicate only slows its learning")
+            out.append(
+                f"spec.speculative.arms[{i}]: the same arm as arms[{seen[key]}]; the bandit splits its "
+                "rounds between the two copies, so the duplicate only slows its learning"
+            )
         seen.setdefault(key, i)
     if sd.draft_vocab and (sd.mode in ("off", "ngram") or spec.rollout.engine == "vllm"):
-        why = ("rollout.engine vllm drafts from the whole vocabulary" if spec.rollout.engine == "vllm"
-               else f"speculative.mode {sd.mode} has no learned drafter")
+        why = (
+            "rollout.engine vllm drafts from the whole vocabulary"
+            if spec.rollout.engine == "vllm"
+            else f"speculative.mode {sd.mode} has no learned drafter"
+        )
         out.append(f"spec.speculative.draftVocab: {sd.draft_vocab} does nothing here: {why}")
     if spec.algorithm.max_new_tokens >= spec.model.max_context:
-        out.append(f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
-                   f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing")
+        out.append(
+            f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
+            f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing"
+        )
     out.extend(dataset_warnings(spec))
     for role in ("policy", "rollout", "verifier"):
         memory = getattr(spec, role).resources.memory
         if quantity_bytes(memory) % 1:
-            out.append(f"spec.{role}.resources.memory: {memory!r} is a fraction of a byte; Kubernetes rounds it up "
-                       "(write a whole number of bytes, e.g. 4Gi)")
+            out.append(
+                f"spec.{role}.resources.memory: {memory!r} is a fraction of a byte; Kubernetes rounds it up "
+                "(write a whole number of bytes, e.g. 4Gi)"
+            )
     return out
 
 
@@ -74,12 +100,16 @@ def dataset_warnings(spec: RunSpec) -> list[str]:
     if data.source == "builtin":
         for field, alias in (("path", "path"), ("eval_path", "evalPath"), ("prompt", "prompt"), ("chat", "chat")):
             if getattr(data, field) != getattr(defaults, field):
-                out.append(f"spec.dataset.{alias}: the built-in task (dataset.source builtin) has its own prompts "
-                           "and splits, so it does nothing")
+                out.append(
+                    f"spec.dataset.{alias}: the built-in task (dataset.source builtin) has its own prompts "
+                    "and splits, so it does nothing"
+                )
         return out
     if data.prompt is not None and data.prompt_key != defaults.prompt_key:
         out.append(f"spec.dataset.promptKey: {data.prompt_key!r} is not read when dataset.prompt (a template) is set")
     if data.eval_path is not None and data.eval_fraction != defaults.eval_fraction:
-        out.append(f"spec.dataset.evalFraction: {data.eval_fraction} does nothing beside dataset.evalPath, "
-                   "which is the whole held-out set")
+        out.append(
+            f"spec.dataset.evalFraction: {data.eval_fraction} does nothing beside dataset.evalPath, "
+            "which is the whole held-out set"
+        )
     return out

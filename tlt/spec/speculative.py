@@ -47,7 +47,9 @@ class HistorySpec(Spec):
 
     enabled: bool = Field(True, description="Build arms of kind history and mixed; false drops them.")
     max_nodes: int = Field(
-        400_000, ge=1_000, le=100_000_000,
+        400_000,
+        ge=1_000,
+        le=100_000_000,
         description="Suffix-index nodes kept per rollout worker (~0.3 KB each); the oldest finished "
         "responses are forgotten first.",
     )
@@ -75,13 +77,16 @@ class SpeculativeSpec(Spec):
         default_factory=_default_arms, min_length=1, max_length=32, description="Strategies the bandit chooses from."
     )
     buckets: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
-        default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=16,
+        default_factory=lambda: [1, 2, 4, 8],
+        min_length=1,
+        max_length=16,
         description="Upper bounds of running-batch buckets, ascending; one bandit per bucket.",
     )
     epsilon: float = Field(0.1, ge=0, le=1, description="Bandit exploration probability.")
     exploration: Exploration = Field(
-        "weighted", description="Which arm an exploring round tries: weighted: arms close to the bucket's best "
-        "more often, every arm at least 1/20 as often as the best; uniform: any arm equally (the paper's BEG-MAB)."
+        "weighted",
+        description="Which arm an exploring round tries: weighted: arms close to the bucket's best "
+        "more often, every arm at least 1/20 as often as the best; uniform: any arm equally (the paper's BEG-MAB).",
     )
     window: int = Field(64, ge=1, le=4096, description="Sliding window of rounds per arm and bucket.")
     ngram_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
@@ -89,7 +94,9 @@ class SpeculativeSpec(Spec):
     drafter_path: PathStr | None = Field(None, description="Initial drafter checkpoint folder.")
     history: HistorySpec = Field(default_factory=HistorySpec, description="Rollout-history drafting.")
     draft_vocab: int = Field(
-        0, ge=0, le=16_777_216,
+        0,
+        ge=0,
+        le=16_777_216,
         description="The learned drafter drafts from this many tokens only: the ones each rollout worker's prompts "
         "and responses hold most often, recounted every rollout (EAGLE-3's reduced draft vocabulary; its head "
         "costs draftVocab / vocabulary of the full one). 0: the whole vocabulary. Lossless either way; must be "
@@ -99,7 +106,9 @@ class SpeculativeSpec(Spec):
     @model_validator(mode="after")
     def _ordered(self) -> SpeculativeSpec:
         if any(a.kind in ("history", "mixed") and a.depth > self.history.max_draft for a in self.arms):
-            raise ValueError("speculative.arms of kind history or mixed must have depth <= speculative.history.maxDraft")
+            raise ValueError(
+                "speculative.arms of kind history or mixed must have depth <= speculative.history.maxDraft"
+            )
         if any(b >= a for b, a in zip(self.buckets, self.buckets[1:])):
             raise ValueError("speculative.buckets must be strictly ascending")
         if self.ngram_min > self.ngram_max:
@@ -117,9 +126,10 @@ class DrafterSpec(Spec):
     batch_tokens: int = Field(2048, ge=16, le=1_048_576, description="Packed tokens per drafter batch.")
     buffer_steps: int = Field(2, ge=1, le=16, description="RL steps of rollouts kept (one-step offset).")
     publish: Literal["validated", "latest"] = Field(
-        "validated", description="validated: rollouts draft with the trained drafter only once it agrees with the "
+        "validated",
+        description="validated: rollouts draft with the trained drafter only once it agrees with the "
         "policy at least as often as the drafter in use, on a step's fresh rollouts (neither trained on them); "
-        "latest: every step drafts with the newest parameters."
+        "latest: every step drafts with the newest parameters.",
     )
     enabled_slots: Literal["auto", "all", "none"] = Field(
         "auto", description="auto: the operator enables slots of idle pods; all / none: fixed."
@@ -134,7 +144,8 @@ class DrafterSpec(Spec):
         "in-container", description="Trainer in the rollout container, or a sidecar sharing a DRA claim."
     )
     device_class_name: Annotated[str, Field(max_length=253, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$")] | None = (
-        Field(None, description="DRA DeviceClass (sidecar placement), a DNS subdomain name."))
+        Field(None, description="DRA DeviceClass (sidecar placement), a DNS subdomain name.")
+    )
     export_format: Literal["eagle"] = Field("eagle", description="Format of the exported drafter.")
 
     @model_validator(mode="after")

@@ -66,10 +66,13 @@ class StepStatus(StatusPart):
     total: Count | None = Field(None, description="Steps the run will take (spec.algorithm.steps).")
     last_step_seconds: Seconds | None = Field(None, description="Wall time of the last finished step.")
     eval_accuracy: Annotated[float, Field(ge=0, le=1)] | None = Field(
-        None, description="Share of held-out problems answered with the full reward, last evaluation "
-        "(spec.algorithm.evalEvery).")
+        None,
+        description="Share of held-out problems answered with the full reward, last evaluation "
+        "(spec.algorithm.evalEvery).",
+    )
     eval_reward: Annotated[float, Field(ge=-1e9, le=1e9)] | None = Field(
-        None, description="Mean reward on the held-out problems, last evaluation.")
+        None, description="Mean reward on the held-out problems, last evaluation."
+    )
 
 
 class DrafterStatus(StatusPart):
@@ -114,8 +117,10 @@ class RunStatus(StatusPart):
     completion_time: datetime | None = Field(None, description="When the run Succeeded or Failed.")
     message: Message | None = Field(None, description="Human-readable summary of the phase.")
     ray_token_secret: Annotated[str, Field(max_length=253)] | None = Field(
-        None, description="Name of the run's Ray token Secret, made by the server when the operator created it "
-        "(generateName): the pods use this one only, never a Secret someone else named.")
+        None,
+        description="Name of the run's Ray token Secret, made by the server when the operator created it "
+        "(generateName): the pods use this one only, never a Secret someone else named.",
+    )
 
     @model_validator(mode="after")
     def _one_condition_per_type(self) -> RunStatus:

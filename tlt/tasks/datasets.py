@@ -51,8 +51,10 @@ def load_problems(spec: DatasetSpec, split: Split = "train") -> list[Problem]:
     problems = read_problems(Path(spec.path), spec)
     held_out = set(held_out_indices(len(problems), spec.eval_fraction, spec.split_seed))
     if split == "eval" and not held_out:
-        raise DatasetError(f"no held-out evaluation for {spec.path}: set dataset.evalPath, or dataset.evalFraction "
-                           f"> 0 with at least 2 records (training records are never evaluated on)")
+        raise DatasetError(
+            f"no held-out evaluation for {spec.path}: set dataset.evalPath, or dataset.evalFraction "
+            f"> 0 with at least 2 records (training records are never evaluated on)"
+        )
     return [p for i, p in enumerate(problems) if (i in held_out) == (split == "eval")]
 
 
@@ -82,15 +84,17 @@ def located_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise DatasetError(f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of "
-                                       "the line)") from None
+                    raise DatasetError(
+                        f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line)"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{where}: not a JSON object per line ({exc.msg} at column {exc.colno})") \
-                        from None
+                    raise DatasetError(
+                        f"{where}: not a JSON object per line ({exc.msg} at column {exc.colno})"
+                    ) from None
                 if not isinstance(record, dict):
                     raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}")
                 records.append((where, record))

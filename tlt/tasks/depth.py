@@ -27,8 +27,9 @@ def heldout_loss(model: PreTrainedModel, batches: list[tuple[torch.Tensor, torch
     for input_ids, mask, labels in batches:
         logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
         target = labels[:, 1:]
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                           ignore_index=-100, reduction="sum")
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         total += float(loss)
         count += int((target != -100).sum())
     if count == 0:

@@ -32,7 +32,9 @@ def template_fields(template: str) -> list[str]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise PromptError(f"dataset.prompt is not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
+        raise PromptError(
+            f"dataset.prompt is not a valid template ({exc}); write literal braces as {{{{ }}}}"
+        ) from None
     names = []
     for _, name, _, _ in parsed:
         if name is None:
@@ -48,8 +50,10 @@ def render_prompt(template: str, record: Mapping[str, Any], where: str) -> str:
     """`template` filled in from `record`; `where` names the record in errors (e.g. "data.jsonl:3")."""
     for name in template_fields(template):
         if name not in record:
-            raise PromptError(f"{where}: dataset.prompt names field {name!r}, which the record lacks; "
-                              f"fields present: {sorted(record)}")
+            raise PromptError(
+                f"{where}: dataset.prompt names field {name!r}, which the record lacks; "
+                f"fields present: {sorted(record)}"
+            )
     try:
         return template.format_map(record)
     except (KeyError, IndexError, AttributeError, ValueError, TypeError) as exc:
@@ -67,8 +71,10 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[
     if not problem.chat:
         return list(tokenizer(problem.prompt).input_ids)
     if not getattr(tokenizer, "chat_template", None):
-        raise PromptError("dataset.chat is true but the tokenizer has no chat template "
-                          "(chat_template in tokenizer_config.json); set dataset.chat: false or use a chat model")
+        raise PromptError(
+            "dataset.chat is true but the tokenizer has no chat template "
+            "(chat_template in tokenizer_config.json); set dataset.chat: false or use a chat model"
+        )
     ids = tokenizer.apply_chat_template(chat_messages(problem), add_generation_prompt=True, tokenize=True)
     if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
         ids = ids["input_ids"]

@@ -6,7 +6,8 @@ character, in the order and with the ids the earlier char-level tokenizer had, s
 encodes as before), the byte-level decoder, and a post-processor that prepends `<bos>`. It is the
 built-in task's tokenizer, not a general one: Qwen2Tokenizer's BPE has no unknown token, so a
 character outside the task's alphabet (an upper-case letter, '$', 'é') is left out, the same way in
-training and in every tool that loads the folder. Real data runs with its model's own tokenizer. It is saved once with `tokenizer_class: Qwen2Tokenizer` and loaded
+training and in every tool that loads the folder. Real data runs with its model's own tokenizer. It is saved once with
+`tokenizer_class: Qwen2Tokenizer` and loaded
 back through `AutoTokenizer`, so the tokenizer the project trains with IS the one any standard tool
 (vLLM, lm-eval, a user's script) gets from a folder the project writes: same class, same ids.
 Special ids match `tlt.models.tiny.tiny_config`: pad 0, bos 1, eos 2 (and `<unk>` 3, kept for the
@@ -54,10 +55,12 @@ def _core(characters: str) -> Tokenizer:
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     vocab.update({_byte_symbol(ch): len(SPECIAL_TOKENS) + i for i, ch in enumerate(characters)})
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(SPECIAL_TOKENS))
     core.post_processor = processors.TemplateProcessing(
@@ -72,8 +75,13 @@ def build_task_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerBas
     if len(set(characters)) != len(characters) or any(len(ch.encode()) != 1 for ch in characters):
         raise ValueError("characters must be distinct one-byte characters")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=_core(characters), pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
-        padding_side="left", clean_up_tokenization_spaces=False,
+        tokenizer_object=_core(characters),
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
     )
     with tempfile.TemporaryDirectory(prefix="tlt-tokenizer-") as folder:
         fast.save_pretrained(folder)

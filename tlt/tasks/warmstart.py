@@ -42,7 +42,6 @@ from tlt.tasks.evaluate import greedy_accuracy, length_stats, sample_lengths
 from tlt.tasks.problem import Problem
 from tlt.tasks.tokenizer import TOKENIZER_VERSION, build_task_tokenizer
 
-
 log = logging.getLogger(__name__)
 
 METADATA_FILE = "warmstart.json"
@@ -109,8 +108,14 @@ def reduced_config() -> WarmstartConfig:
     """A reduced config that trains in seconds: a weak policy that still earns some reward."""
     return WarmstartConfig(
         task=CountdownTask(max_start=60, alpha=1.0),
-        policy=PolicyShape(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                           max_position_embeddings=256),
+        policy=PolicyShape(
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=256,
+        ),
         num_train=4000,
         steps=400,
         batch_tokens=512,
@@ -130,8 +135,9 @@ def deep_config() -> WarmstartConfig:
     this recipe here reached training loss 0.6 (an earlier deep trial without them stalled at 3.5 after
     200 steps). Every layer's use is reported in the metrics (held-out loss with each layer skipped)."""
     return WarmstartConfig(
-        policy=PolicyShape(hidden_size=96, num_layers=16, num_heads=4, num_kv_heads=2, intermediate_size=256,
-                           depth_scaled_init=True),
+        policy=PolicyShape(
+            hidden_size=96, num_layers=16, num_heads=4, num_kv_heads=2, intermediate_size=256, depth_scaled_init=True
+        ),
         learning_rate=2e-3,
         warmup_steps=100,
     )
@@ -230,8 +236,9 @@ def train_policy(
     examples = encode_examples(tokenizer, problems)
     model = build_policy(config, len(tokenizer))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95),
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=config.weight_decay
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
     batches = token_batches(examples, config.batch_tokens, config.train_seed)
     tokens = 0
@@ -260,8 +267,12 @@ def train_policy(
     return model, metrics
 
 
-def evaluate_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, config: WarmstartConfig,
-                    on_part: Callable[[int, str], None] | None = None) -> dict:
+def evaluate_policy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    config: WarmstartConfig,
+    on_part: Callable[[int, str], None] | None = None,
+) -> dict:
     """Greedy accuracy on held-out problems and the length tail of the policy's own T=1 samples.
     on_part(parts done, what): called after each of the three parts."""
     report = on_part or (lambda done, what: None)
@@ -275,13 +286,10 @@ def evaluate_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, 
     batches = [collate(examples[i : i + 16], tokenizer.pad_token_id) for i in range(0, len(examples), 16)]
     skipped = layer_skip_losses(model, batches)
     report(3, "layer-skip losses")
-    return {"greedy_accuracy": accuracy, "sampled_length": length_stats(lengths),
-            "heldout_loss_layer_skipped": skipped}
+    return {"greedy_accuracy": accuracy, "sampled_length": length_stats(lengths), "heldout_loss_layer_skipped": skipped}
 
 
-def warm_start(
-    config: WarmstartConfig, *, root: Path | None = None, on_step: StepCallback | None = None
-) -> Path:
+def warm_start(config: WarmstartConfig, *, root: Path | None = None, on_step: StepCallback | None = None) -> Path:
     """The folder of the warm-started policy for `config`: from the cache, else trained and cached."""
     root = (root or cache_root()) / "warmstart"
     target = root / config.cache_key()
@@ -290,8 +298,10 @@ def warm_start(
         return target
     root.mkdir(parents=True, exist_ok=True)
     if config.tokenizer != TOKENIZER_VERSION:
-        raise ValueError(f"warm start tokenizer must be {TOKENIZER_VERSION!r} (the built-in task tokenizer), "
-                         f"got {config.tokenizer!r}")
+        raise ValueError(
+            f"warm start tokenizer must be {TOKENIZER_VERSION!r} (the built-in task tokenizer), "
+            f"got {config.tokenizer!r}"
+        )
     tokenizer = build_task_tokenizer()
     if on_step is None:  # nobody shows progress: say what happens and how far along it is
         with phase(f"warm start {config.cache_key()[:8]}: policy SFT", config.steps) as update:

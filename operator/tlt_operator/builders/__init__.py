@@ -9,6 +9,15 @@ from .resourceclaim import build_resource_claim_template
 from .security import build_network_policy, build_ray_token_secret, build_worker_identity
 from .service import build_service
 
-__all__ = ["build_configmap", "build_event", "build_network_policy", "build_pod", "build_podgroup",
-           "build_ray_token_secret", "build_reports_configmap", "build_resource_claim_template", "build_service",
-           "build_worker_identity"]
+__all__ = [
+    "build_configmap",
+    "build_event",
+    "build_network_policy",
+    "build_pod",
+    "build_podgroup",
+    "build_ray_token_secret",
+    "build_reports_configmap",
+    "build_resource_claim_template",
+    "build_service",
+    "build_worker_identity",
+]

@@ -20,8 +20,14 @@ class RunRef:
 
 
 def owner_reference(run: RunRef) -> dict[str, Any]:
-    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": run.name, "uid": run.uid,
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": run.name,
+        "uid": run.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def total_pods(spec: RunSpec) -> int:
@@ -51,8 +57,14 @@ def scheduling_annotations(run: RunRef, spec: RunSpec) -> dict[str, str]:
     return annotations
 
 
-def metadata(run: RunRef, spec: RunSpec, name: str, component: str, labels: dict[str, str] | None = None,
-             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def metadata(
+    run: RunRef,
+    spec: RunSpec,
+    name: str,
+    component: str,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Metadata of a child: fixed name, the run's namespace, owner reference, run labels, and the
     scheduling labels and annotations (on every child, as Kueue's pod groups expect)."""
     all_labels = {

@@ -7,8 +7,9 @@ import uuid
 from typing import Any
 
 
-def build_event(run: dict[str, Any], level: str, reason: str, message: str, now: datetime.datetime,
-                component: str = "tlt-operator") -> dict[str, Any]:
+def build_event(
+    run: dict[str, Any], level: str, reason: str, message: str, now: datetime.datetime, component: str = "tlt-operator"
+) -> dict[str, Any]:
     """`level` is Normal or Warning. Events are the one child with a unique (not fixed) name."""
     meta = run["metadata"]
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -16,9 +17,14 @@ def build_event(run: dict[str, Any], level: str, reason: str, message: str, now:
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{meta['name'][:200]}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": run["apiVersion"], "kind": run["kind"], "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta["uid"],
-                           "resourceVersion": meta.get("resourceVersion", "")},
+        "involvedObject": {
+            "apiVersion": run["apiVersion"],
+            "kind": run["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta.get("resourceVersion", ""),
+        },
         "type": level,
         "reason": reason,
         "message": message[:1024],

@@ -100,8 +100,7 @@ def _env(run: RunRef, spec: RunSpec, role: names.Role, token_secret: str) -> lis
         {"name": "TLT_REPORTS_CONFIGMAP", "value": names.reports_name(run.name)},
         {"name": "HOME", "value": HOME_DIR},
         {"name": "RAY_AUTH_MODE", "value": "token"},
-        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": token_secret, "key": names.RAY_TOKEN_KEY}}},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": token_secret, "key": names.RAY_TOKEN_KEY}}},
     ]
     taken = {e["name"] for e in fixed}
     for var in role_spec(spec, role).pod_template.env:
@@ -132,13 +131,21 @@ def sidecar_placement(spec: RunSpec, role: names.Role) -> bool:
     if role != "rollout" or spec.drafter.placement != "sidecar":
         return False
     if not spec.drafter.device_class_name:
-        raise ValueError("drafter.deviceClassName is required when drafter.placement is 'sidecar' "
-                         "(the DRA DeviceClass whose device the worker and the trainer share)")
+        raise ValueError(
+            "drafter.deviceClassName is required when drafter.placement is 'sidecar' "
+            "(the DRA DeviceClass whose device the worker and the trainer share)"
+        )
     return True
 
 
-def _container(name: str, image: str, command: list[str], env: list[dict[str, Any]],
-               resources: dict[str, Any], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+def _container(
+    name: str,
+    image: str,
+    command: list[str],
+    env: list[dict[str, Any]],
+    resources: dict[str, Any],
+    mounts: list[dict[str, Any]],
+) -> dict[str, Any]:
     return {
         "name": name,
         "image": image,
@@ -147,15 +154,24 @@ def _container(name: str, image: str, command: list[str], env: list[dict[str, An
         "env": env,
         "resources": resources,
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
 
 
 def _volumes(run: RunRef, spec: RunSpec, role: names.Role) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
-        {"name": "spec", "configMap": {"name": names.configmap_name(run.name),
-                                       "items": [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}]}},
+        {
+            "name": "spec",
+            "configMap": {
+                "name": names.configmap_name(run.name),
+                "items": [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}],
+            },
+        },
         {"name": "tmp", "emptyDir": {}},
         {"name": "home", "emptyDir": {}},
         {"name": "work", "emptyDir": {}},
@@ -177,8 +193,10 @@ def _volumes(run: RunRef, spec: RunSpec, role: names.Role) -> tuple[list[dict[st
 def _ports(spec: RunSpec, role: names.Role) -> list[dict[str, Any]]:
     ports = [{"name": "metrics", "containerPort": spec.monitoring.metrics_port, "protocol": "TCP"}]
     if role == "policy":
-        ports += [{"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
-                  {"name": "ray-client", "containerPort": names.RAY_CLIENT_PORT, "protocol": "TCP"}]
+        ports += [
+            {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
+            {"name": "ray-client", "containerPort": names.RAY_CLIENT_PORT, "protocol": "TCP"},
+        ]
     return ports
 
 
@@ -197,8 +215,9 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int, token_sec
     sidecar = sidecar_placement(spec, role)
     spec_file = posixpath.join(names.SPEC_DIR, names.SPEC_FILE)
     env, resources = _env(run, spec, role, token_secret), _resources(rs, sidecar)
-    worker = _container("worker", rs.image, ["tlt", "worker", "--role", role, "--spec", spec_file],
-                        env, resources, mounts)
+    worker = _container(
+        "worker", rs.image, ["tlt", "worker", "--role", role, "--spec", spec_file], env, resources, mounts
+    )
     worker["ports"] = _ports(spec, role)
     containers = [worker]
     labels = {**overrides.labels, names.ROLE_LABEL: role, names.RANK_LABEL: str(rank)}
@@ -207,17 +226,22 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int, token_sec
         "hostname": names.hostname(role, rank),
         "subdomain": names.service_name(run.name),
         "enableServiceLinks": False,
-        "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "fsGroup": UID,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": containers,
         "volumes": volumes,
     }
     if sidecar:
-        trainer = _container(SIDECAR, rs.image, ["tlt", "drafter-trainer", "--spec", spec_file], env, resources,
-                             mounts)
+        trainer = _container(SIDECAR, rs.image, ["tlt", "drafter-trainer", "--spec", spec_file], env, resources, mounts)
         pod_spec["initContainers"] = [{**trainer, "restartPolicy": "Always"}]
-        pod_spec["resourceClaims"] = [{"name": GPU_CLAIM,
-                                       "resourceClaimTemplateName": names.claim_template_name(run.name)}]
+        pod_spec["resourceClaims"] = [
+            {"name": GPU_CLAIM, "resourceClaimTemplateName": names.claim_template_name(run.name)}
+        ]
     if overrides.node_selector:
         pod_spec["nodeSelector"] = dict(overrides.node_selector)
     if overrides.tolerations:
@@ -237,8 +261,9 @@ def build_pod(run: RunRef, spec: RunSpec, role: names.Role, rank: int, token_sec
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": metadata(run, spec, names.pod_name(run.name, role, rank), role, labels,
-                             dict(overrides.annotations)),
+        "metadata": metadata(
+            run, spec, names.pod_name(run.name, role, rank), role, labels, dict(overrides.annotations)
+        ),
         "spec": pod_spec,
     }
     pod["metadata"]["annotations"][names.SPEC_HASH_ANNOTATION] = spec_hash(pod)

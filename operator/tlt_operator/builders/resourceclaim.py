@@ -18,9 +18,14 @@ def build_resource_claim_template(run: RunRef, spec: RunSpec) -> dict[str, Any] 
     one) of `drafter.deviceClassName`."""
     if not sidecar_placement(spec, "rollout"):
         return None
-    request = {"name": GPU_CLAIM, "exactly": {"deviceClassName": spec.drafter.device_class_name,
-                                              "allocationMode": "ExactCount",
-                                              "count": max(1, spec.rollout.resources.gpus)}}
+    request = {
+        "name": GPU_CLAIM,
+        "exactly": {
+            "deviceClassName": spec.drafter.device_class_name,
+            "allocationMode": "ExactCount",
+            "count": max(1, spec.rollout.resources.gpus),
+        },
+    }
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",

@@ -50,8 +50,10 @@ def build_network_policy(run: RunRef, spec: RunSpec, operator_namespace: str) ->
     """Ingress to the run's pods: from the run's pods (every port), and from the operator's pods in
     `operator_namespace` to the metrics port. Egress is left open (model downloads, the API)."""
     own = {"podSelector": {"matchLabels": {names.RUN_LABEL: names.label_value(run.name)}}}
-    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
-                "podSelector": {"matchLabels": dict(OPERATOR_SELECTOR)}}
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
+        "podSelector": {"matchLabels": dict(OPERATOR_SELECTOR)},
+    }
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -70,17 +72,29 @@ def build_network_policy(run: RunRef, spec: RunSpec, operator_namespace: str) ->
 def build_worker_identity(run: RunRef, spec: RunSpec) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding `<run>-worker` (see the module docstring)."""
     name = names.worker_account_name(run.name)
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(run, spec, name, "worker"),
-               "automountServiceAccountToken": False}
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(run, spec, name, "worker"),
+        "automountServiceAccountToken": False,
+    }
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": metadata(run, spec, name, "worker"),
         "rules": [
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
-             "resourceNames": [names.reports_name(run.name)]},
-            {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get"],
-             "resourceNames": [run.name]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "verbs": ["patch"],
+                "resourceNames": [names.reports_name(run.name)],
+            },
+            {
+                "apiGroups": [API_GROUP],
+                "resources": [f"{PLURAL}/status"],
+                "verbs": ["get"],
+                "resourceNames": [run.name],
+            },
         ],
     }
     binding = {

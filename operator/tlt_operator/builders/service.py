@@ -22,10 +22,18 @@ def build_service(run: RunRef, spec: RunSpec) -> dict[str, Any]:
             "selector": {names.RUN_LABEL: names.label_value(run.name)},
             "ports": [
                 {"name": "gcs", "port": names.GCS_PORT, "targetPort": names.GCS_PORT, "protocol": "TCP"},
-                {"name": "ray-client", "port": names.RAY_CLIENT_PORT, "targetPort": names.RAY_CLIENT_PORT,
-                 "protocol": "TCP"},
-                {"name": "metrics", "port": spec.monitoring.metrics_port, "targetPort": spec.monitoring.metrics_port,
-                 "protocol": "TCP"},
+                {
+                    "name": "ray-client",
+                    "port": names.RAY_CLIENT_PORT,
+                    "targetPort": names.RAY_CLIENT_PORT,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": "metrics",
+                    "port": spec.monitoring.metrics_port,
+                    "targetPort": spec.monitoring.metrics_port,
+                    "protocol": "TCP",
+                },
             ],
         },
     }

@@ -56,8 +56,10 @@ class FakeKube:
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the server's loop (the store is not thread-safe) and return its result."""
+
         async def wrapper() -> T:
             return fn()
+
         return self.call_async(wrapper())
 
     def call_async(self, coro: Any) -> Any:

@@ -24,8 +24,9 @@ class Kubelet:
     def _created(self, obj: dict[str, Any]) -> None:
         if obj["kind"] == "Pod" and self.auto_start:
             meta = obj["metadata"]
-            asyncio.get_running_loop().call_later(_START_DELAY_S, self.start, meta["namespace"], meta["name"],
-                                                  meta["uid"])
+            asyncio.get_running_loop().call_later(
+                _START_DELAY_S, self.start, meta["namespace"], meta["name"], meta["uid"]
+            )
 
     def _pods(self) -> Any:
         return self.store.types[("", "v1", "pods")]
@@ -38,14 +39,29 @@ class Kubelet:
             return
         if (uid and pod["metadata"]["uid"] != uid) or pod.get("status", {}).get("phase") != "Pending":
             return
-        status = {"phase": "Running", "podIP": "10.0.0.1", "startTime": now(),
-                  "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}]}
+        status = {
+            "phase": "Running",
+            "podIP": "10.0.0.1",
+            "startTime": now(),
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}],
+        }
         self.store.replace(self._pods(), namespace, name, {**pod, "status": status}, "status")
 
     def finish(self, namespace: str, name: str, phase: str, exit_code: int) -> None:
         """End the pod's container: `Succeeded` (exit 0) or `Failed`."""
         pod = self.store.get(self._pods(), namespace, name)
-        status = {"phase": phase, "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
-                  "containerStatuses": [{"name": "worker", "ready": False, "restartCount": 0, "image": "",
-                                         "imageID": "", "state": {"terminated": {"exitCode": exit_code}}}]}
+        status = {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": exit_code}},
+                }
+            ],
+        }
         self.store.replace(self._pods(), namespace, name, {**pod, "status": status}, "status")

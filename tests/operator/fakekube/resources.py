@@ -6,8 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-Validator = Callable[[dict[str, Any], dict[str, Any] | None, bool],
-                     tuple[dict[str, Any], dict[str, Any] | None]]
+Validator = Callable[[dict[str, Any], dict[str, Any] | None, bool], tuple[dict[str, Any], dict[str, Any] | None]]
 """(new, old, strict) -> (the object as stored, None) or (_, the apiserver's Status body of the
 rejection); strict: the request asked for `fieldValidation=Strict`."""
 
@@ -54,13 +53,21 @@ BUILTIN: tuple[ResourceType, ...] = (
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
     ResourceType("events.k8s.io", "v1", "events", "Event", True),
-    ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
-                 False, frozenset({"status"}), ("crd", "crds")),
+    ResourceType(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        frozenset({"status"}),
+        ("crd", "crds"),
+    ),
 )
 
 
-def from_crd(crd: Mapping[str, Any], validator_factory: Callable[[Mapping[str, Any]], Validator] | None
-             ) -> list[ResourceType]:
+def from_crd(
+    crd: Mapping[str, Any], validator_factory: Callable[[Mapping[str, Any]], Validator] | None
+) -> list[ResourceType]:
     """The served versions of a CustomResourceDefinition as resource types."""
     spec = crd["spec"]
     names = spec["names"]
@@ -70,11 +77,17 @@ def from_crd(crd: Mapping[str, Any], validator_factory: Callable[[Mapping[str, A
             continue
         sub = version.get("subresources") or {}
         scale = sub.get("scale")
-        types.append(ResourceType(
-            group=spec["group"], version=version["name"], plural=names["plural"], kind=names["kind"],
-            namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-            subresources=frozenset(sub), short_names=tuple(names.get("shortNames", ())),
-            scale_paths=(scale["specReplicasPath"], scale["statusReplicasPath"]) if scale else None,
-            validator=validator_factory(crd) if validator_factory else None,
-        ))
+        types.append(
+            ResourceType(
+                group=spec["group"],
+                version=version["name"],
+                plural=names["plural"],
+                kind=names["kind"],
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                subresources=frozenset(sub),
+                short_names=tuple(names.get("shortNames", ())),
+                scale_paths=(scale["specReplicasPath"], scale["statusReplicasPath"]) if scale else None,
+                validator=validator_factory(crd) if validator_factory else None,
+            )
+        )
     return types

@@ -40,8 +40,9 @@ class Faults:
         self._faults: list[Fault] = []
         self.hits = 0
 
-    def add(self, method: str, path_regex: str, *, status: int | None = None, delay: float = 0.0,
-            times: int = 1) -> None:
+    def add(
+        self, method: str, path_regex: str, *, status: int | None = None, delay: float = 0.0, times: int = 1
+    ) -> None:
         with self._lock:
             self._faults.append(Fault(method.upper(), re.compile(path_regex), status, delay, times))
 
@@ -62,9 +63,13 @@ class Faults:
 def _filtered_type(ev: WatchEvent, labels_ok: Callable[..., bool], fields_ok: Callable[..., bool]) -> str | None:
     """The event a selector-filtered watch sees: an object that starts matching is ADDED, one that
     stops matching is DELETED (as the apiserver's watch cache does), others pass or vanish."""
+
     def matches(obj: dict[str, Any] | None) -> bool:
-        return obj is not None and labels_ok(obj["metadata"].get("labels") or {}) and fields_ok(
-            selectors.field_values(obj))
+        return (
+            obj is not None
+            and labels_ok(obj["metadata"].get("labels") or {})
+            and fields_ok(selectors.field_values(obj))
+        )
 
     now, before = matches(ev.obj), matches(ev.previous)
     if ev.type != "MODIFIED" or now == before:
@@ -105,8 +110,13 @@ class Api:
         if fault is not None:
             await asyncio.sleep(fault.delay)
             if fault.status is not None:
-                return _error(ApiError(fault.status, "InternalError" if fault.status >= 500 else "Conflict",
-                                       f"injected fault {fault.status}"))
+                return _error(
+                    ApiError(
+                        fault.status,
+                        "InternalError" if fault.status >= 500 else "Conflict",
+                        f"injected fault {fault.status}",
+                    )
+                )
         return await handler(request)
 
     # -- discovery -----------------------------------------------------------------------------
@@ -126,15 +136,33 @@ class Api:
         for (g, v, _), rt in sorted(self.store.types.items()):
             if (g, v) != (group, version):
                 continue
-            resources.append({"name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
-                              "kind": rt.kind, "shortNames": list(rt.short_names),
-                              "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]})
+            resources.append(
+                {
+                    "name": rt.plural,
+                    "singularName": rt.kind.lower(),
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "shortNames": list(rt.short_names),
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                }
+            )
             for sub in sorted(rt.subresources):
                 kind = "Scale" if sub == "scale" else rt.kind
-                resources.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
-                                  "kind": kind, "verbs": ["get", "patch", "update"]})
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}".lstrip("/"),
-                "resources": resources}
+                resources.append(
+                    {
+                        "name": f"{rt.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "kind": kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}".lstrip("/"),
+            "resources": resources,
+        }
 
     def _discovery(self, parts: list[str]) -> dict[str, Any] | None:
         if parts == ["version"]:
@@ -199,9 +227,14 @@ class Api:
             if q.get("watch", "") in _TRUE:
                 return await self._watch(request, t)
             items = store.list(t.rt, t.namespace, q.get("labelSelector"), q.get("fieldSelector"))
-            return web.json_response({"kind": f"{t.rt.kind}List", "apiVersion": t.rt.api_version,
-                                      "metadata": {"resourceVersion": str(store.resource_version)},
-                                      "items": items})
+            return web.json_response(
+                {
+                    "kind": f"{t.rt.kind}List",
+                    "apiVersion": t.rt.api_version,
+                    "metadata": {"resourceVersion": str(store.resource_version)},
+                    "items": items,
+                }
+            )
         if t.name is None and request.method == "POST":
             return web.json_response(store.create(t.rt, ns, await self._body(request), strict), status=201)
         if t.name is None:
@@ -248,8 +281,15 @@ class Api:
             return node if isinstance(node, int) else 0
 
         meta = {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")}
-        return web.json_response({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta,
-                                  "spec": {"replicas": dig(spec_path)}, "status": {"replicas": dig(status_path)}})
+        return web.json_response(
+            {
+                "kind": "Scale",
+                "apiVersion": "autoscaling/v1",
+                "metadata": meta,
+                "spec": {"replicas": dig(spec_path)},
+                "status": {"replicas": dig(status_path)},
+            }
+        )
 
     async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
         store, q = self.store, request.query
@@ -270,8 +310,17 @@ class Api:
                     await send("ADDED", obj)
                 cursor = store.resource_version
                 if q.get("sendInitialEvents") in _TRUE:
-                    await send("BOOKMARK", {"kind": t.rt.kind, "apiVersion": t.rt.api_version, "metadata": {
-                        "resourceVersion": str(cursor), "annotations": {"k8s.io/initial-events-end": "true"}}})
+                    await send(
+                        "BOOKMARK",
+                        {
+                            "kind": t.rt.kind,
+                            "apiVersion": t.rt.api_version,
+                            "metadata": {
+                                "resourceVersion": str(cursor),
+                                "annotations": {"k8s.io/initial-events-end": "true"},
+                            },
+                        },
+                    )
             else:
                 cursor = int(since)
             while loop.time() < deadline:

@@ -25,8 +25,16 @@ from .patching import PatchError, json_patch, merge_patch
 from .resources import BUILTIN, ResourceType, from_crd
 
 Obj = dict[str, Any]
-_IMMUTABLE_META = ("uid", "creationTimestamp", "name", "namespace", "generation", "deletionTimestamp",
-                   "deletionGracePeriodSeconds", "generateName")
+_IMMUTABLE_META = (
+    "uid",
+    "creationTimestamp",
+    "name",
+    "namespace",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generateName",
+)
 _GC_DELAY_S = 0.05
 
 
@@ -38,8 +46,15 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, dict(details or {})
 
     def status(self) -> Obj:
-        body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                     "message": self.message, "reason": self.reason, "code": self.code}
+        body: Obj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details:
             body["details"] = self.details
         return body
@@ -99,18 +114,30 @@ class Store:
     def get(self, rt: ResourceType, namespace: str, name: str) -> Obj:
         obj = self._objects[rt.key].get((namespace, name))
         if obj is None:
-            raise ApiError(404, "NotFound", f'{rt.qualified} "{name}" not found',
-                           {"name": name, "group": rt.group, "kind": rt.plural})
+            raise ApiError(
+                404,
+                "NotFound",
+                f'{rt.qualified} "{name}" not found',
+                {"name": name, "group": rt.group, "kind": rt.plural},
+            )
         return copy.deepcopy(obj)
 
-    def list(self, rt: ResourceType, namespace: str | None, label_selector: str | None = None,
-             field_selector: str | None = None) -> list[Obj]:
+    def list(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
         labels_ok = selectors.parse(label_selector)
         fields_ok = selectors.parse(field_selector)
-        items = [obj for (ns, _), obj in sorted(self._objects[rt.key].items())
-                 if (namespace is None or ns == namespace)
-                 and labels_ok(obj["metadata"].get("labels") or {})
-                 and fields_ok(selectors.field_values(obj))]
+        items = [
+            obj
+            for (ns, _), obj in sorted(self._objects[rt.key].items())
+            if (namespace is None or ns == namespace)
+            and labels_ok(obj["metadata"].get("labels") or {})
+            and fields_ok(selectors.field_values(obj))
+        ]
         return copy.deepcopy(items)
 
     # -- writes --------------------------------------------------------------------------------
@@ -119,23 +146,37 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if rt.namespaced:
             if meta.get("namespace", namespace) != namespace:
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
-                               "the namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
             if ("", namespace) not in self._objects[("", "namespaces")]:
                 raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
             meta["namespace"] = namespace
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise ApiError(422, "Invalid", f"{rt.kind} in version \"{rt.version}\" cannot be handled: "
-                               "metadata.name: Required value: name or generateName is required")
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{rt.kind} in version "{rt.version}" cannot be handled: '
+                    "metadata.name: Required value: name or generateName is required",
+                )
             meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         name = meta["name"]
         if rt.validator is None and (len(name) > 253 or not DNS_SUBDOMAIN.match(name)):  # built-in kinds
-            raise ApiError(422, "Invalid", f'{rt.kind} "{name}" is invalid: metadata.name: Invalid value: '
-                           f'"{name}": {DNS_SUBDOMAIN_MSG}')
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{rt.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": {DNS_SUBDOMAIN_MSG}',
+            )
         if (namespace if rt.namespaced else "", name) in self._objects[rt.key]:
-            raise ApiError(409, "AlreadyExists", f'{rt.qualified} "{name}" already exists',
-                           {"name": name, "group": rt.group, "kind": rt.plural})
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{rt.qualified} "{name}" already exists',
+                {"name": name, "group": rt.group, "kind": rt.plural},
+            )
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         for transient in ("resourceVersion", "deletionTimestamp", "selfLink", "managedFields"):
@@ -146,8 +187,10 @@ class Store:
             obj["status"] = {"phase": "Pending"}
         if rt.kind == "Secret" and "stringData" in obj:  # write-only: the server folds it into data
             strings = obj.pop("stringData") or {}
-            obj["data"] = {**(obj.get("data") or {}),
-                           **{k: base64.b64encode(v.encode()).decode() for k, v in strings.items()}}
+            obj["data"] = {
+                **(obj.get("data") or {}),
+                **{k: base64.b64encode(v.encode()).decode() for k, v in strings.items()},
+            }
         stored = self._commit(rt, self._validate(rt, obj, None, strict), "ADDED")
         if rt.kind == "CustomResourceDefinition":
             self._establish(stored)
@@ -157,13 +200,22 @@ class Store:
             hook(copy.deepcopy(stored))
         return copy.deepcopy(stored)
 
-    def replace(self, rt: ResourceType, namespace: str, name: str, body: Obj, subresource: str | None,
-                strict: bool = False) -> Obj:
+    def replace(
+        self, rt: ResourceType, namespace: str, name: str, body: Obj, subresource: str | None, strict: bool = False
+    ) -> Obj:
         old = self.get(rt, namespace, name)
         return self._update(rt, old, copy.deepcopy(body), subresource, strict)
 
-    def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, patch: Any,
-              subresource: str | None, strict: bool = False) -> Obj:
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        content_type: str,
+        patch: Any,
+        subresource: str | None,
+        strict: bool = False,
+    ) -> Obj:
         old = self.get(rt, namespace, name)
         try:
             if content_type == "application/json-patch+json":
@@ -173,12 +225,19 @@ class Store:
             elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 new = merge_patch(old, patch)
             else:
-                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown "
-                               f"format - accepted media types include: application/json-patch+json, "
-                               f"application/merge-patch+json (got {content_type})")
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown "
+                    f"format - accepted media types include: application/json-patch+json, "
+                    f"application/merge-patch+json (got {content_type})",
+                )
         except PatchError as exc:
-            raise ApiError(422 if exc.test_failed else 400, "Invalid" if exc.test_failed else "BadRequest",
-                           f"the server rejected our request due to an error in our request: {exc}") from exc
+            raise ApiError(
+                422 if exc.test_failed else 400,
+                "Invalid" if exc.test_failed else "BadRequest",
+                f"the server rejected our request due to an error in our request: {exc}",
+            ) from exc
         return self._update(rt, old, new, subresource, strict)
 
     def delete(self, rt: ResourceType, namespace: str, name: str, options: Mapping[str, Any]) -> Obj:
@@ -187,9 +246,13 @@ class Store:
         pre = options.get("preconditions") or {}
         for field in ("uid", "resourceVersion"):
             if pre.get(field) and pre[field] != meta.get(field):
-                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on {rt.qualified} \"{name}\": "
-                               f"Precondition failed: {field} in precondition: {pre[field]}, "
-                               f"{field} in object meta: {meta.get(field)}")
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {rt.qualified} "{name}": '
+                    f"Precondition failed: {field} in precondition: {pre[field]}, "
+                    f"{field} in object meta: {meta.get(field)}",
+                )
         if options.get("propagationPolicy") == "Orphan":
             self._orphan(meta["uid"])
         if meta.get("finalizers"):
@@ -205,9 +268,13 @@ class Store:
         new_meta = new.setdefault("metadata", {})
         sent_rv = new_meta.get("resourceVersion")
         if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
-            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {rt.qualified} "{name}": the '
-                           "object has been modified; please apply your changes to the latest version and try again",
-                           {"name": name, "group": rt.group, "kind": rt.plural})
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {rt.qualified} "{name}": the '
+                "object has been modified; please apply your changes to the latest version and try again",
+                {"name": name, "group": rt.group, "kind": rt.plural},
+            )
         if subresource == "status":
             new = {**copy.deepcopy(old), "status": new.get("status")}
             if new["status"] is None:
@@ -228,8 +295,12 @@ class Store:
         if new_meta.get("deletionTimestamp"):
             added = set(new_meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
             if added:
-                raise ApiError(422, "Invalid", f'{rt.kind} "{name}" is invalid: metadata.finalizers: Forbidden: '
-                               "no new finalizers can be added if the object is being deleted")
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{rt.kind} "{name}" is invalid: metadata.finalizers: Forbidden: '
+                    "no new finalizers can be added if the object is being deleted",
+                )
         if new == old:
             return old
         if _content(new) != _content(old):
@@ -249,8 +320,9 @@ class Store:
         if rt.kind == "CustomResourceDefinition" and self._validator_factory is not None:
             problems = crd_problems(obj)
             if problems:
-                raise ApiError(422, "Invalid", f'{rt.qualified} "{obj["metadata"]["name"]}" is invalid: '
-                               + "; ".join(problems))
+                raise ApiError(
+                    422, "Invalid", f'{rt.qualified} "{obj["metadata"]["name"]}" is invalid: ' + "; ".join(problems)
+                )
         if rt.validator is None:
             return obj
         stored, status = rt.validator(obj, old, strict)
@@ -266,8 +338,16 @@ class Store:
         previous = self._objects[rt.key].get((namespace, meta["name"]))
         self._objects[rt.key][(namespace, meta["name"])] = obj
         self._uids[meta["uid"]] = (rt, namespace, meta["name"])
-        self._history.append(WatchEvent(self._rv, rt.key, namespace, event_type, copy.deepcopy(obj),
-                                        copy.deepcopy(previous) if event_type == "MODIFIED" else None))
+        self._history.append(
+            WatchEvent(
+                self._rv,
+                rt.key,
+                namespace,
+                event_type,
+                copy.deepcopy(obj),
+                copy.deepcopy(previous) if event_type == "MODIFIED" else None,
+            )
+        )
         self._wake()
         return obj
 
@@ -293,8 +373,7 @@ class Store:
             refs = obj["metadata"].get("ownerReferences") or []
             if any(ref.get("uid") == owner_uid for ref in refs):
                 kept = [ref for ref in refs if ref.get("uid") != owner_uid]
-                self._update(rt, copy.deepcopy(obj), merge_patch(obj, {"metadata": {"ownerReferences": kept}}),
-                             None)
+                self._update(rt, copy.deepcopy(obj), merge_patch(obj, {"metadata": {"ownerReferences": kept}}), None)
 
     # -- garbage collection (background propagation) ---------------------------------------------
     def _schedule_gc(self) -> None:
@@ -314,8 +393,7 @@ class Store:
             if not alive:
                 self.delete(rt, namespace, name, {})
             elif len(alive) < len(refs):
-                self._update(rt, copy.deepcopy(obj), merge_patch(obj, {"metadata": {"ownerReferences": alive}}),
-                             None)
+                self._update(rt, copy.deepcopy(obj), merge_patch(obj, {"metadata": {"ownerReferences": alive}}), None)
 
     # -- watching ------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -344,6 +422,4 @@ class Store:
                 lo = mid + 1
             else:
                 hi = mid
-        return [ev for ev in self._history[lo:]
-                if ev.key == key and (namespace is None or ev.namespace == namespace)]
-
+        return [ev for ev in self._history[lo:] if ev.key == key and (namespace is None or ev.namespace == namespace)]

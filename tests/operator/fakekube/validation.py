@@ -19,8 +19,9 @@ def crd_validator(crd: Mapping[str, Any]) -> Validator:
         return lambda obj, old, strict: (obj, None)  # schemaless (e.g. the PodGroup CRDs in the tests)
     validator = CRDValidator(dict(crd))
 
-    def validate(obj: dict[str, Any], old: dict[str, Any] | None,
-                 strict: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def validate(
+        obj: dict[str, Any], old: dict[str, Any] | None, strict: bool
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         result = validator.validate(obj, old, strict=strict)
         stored = {**result.object, "apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": obj["metadata"]}
         return stored, result.status(obj.get("metadata", {}).get("name", ""))

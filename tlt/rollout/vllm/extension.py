@@ -24,8 +24,9 @@ class WeightSync:
     def tlt_update_policy(self, named: list[tuple[str, torch.Tensor]]) -> int:
         """Load the policy's HF-named tensors in place; returns how many were given."""
         model = self.model_runner.get_model()
-        reload_weights(self.vllm_config, model, weights_iterator=iter(named), weights_path=None,
-                       is_checkpoint_format=True)
+        reload_weights(
+            self.vllm_config, model, weights_iterator=iter(named), weights_path=None, is_checkpoint_format=True
+        )
         refresh_tied_head(model)
         self.model_runner.reset_encoder_cache()
         return len(named)
@@ -34,10 +35,13 @@ class WeightSync:
         """Load EAGLE-named drafter tensors (`tlt.models.eagle_layout.EAGLE_WEIGHT_NAMES`) in place."""
         drafter = getattr(self.model_runner, "drafter", None)
         if drafter is None or not hasattr(drafter, "model"):
-            raise RuntimeError("tlt_update_drafter: this vLLM engine runs no EAGLE drafter "
-                               "(start it with speculative_config method 'eagle')")
-        reload_weights(self.vllm_config, drafter.model, weights_iterator=iter(named), weights_path=None,
-                       is_checkpoint_format=True)
+            raise RuntimeError(
+                "tlt_update_drafter: this vLLM engine runs no EAGLE drafter "
+                "(start it with speculative_config method 'eagle')"
+            )
+        reload_weights(
+            self.vllm_config, drafter.model, weights_iterator=iter(named), weights_path=None, is_checkpoint_format=True
+        )
         return len(named)
 
 

@@ -33,8 +33,10 @@ def eagle_draft_tokens(speculative: SpeculativeSpec) -> int:
     depths = [arm.depth for arm in speculative.arms if arm.kind in EAGLE_KINDS]
     if not depths:
         kinds = sorted({arm.kind for arm in speculative.arms})
-        raise ValueError(f"speculative.arms has no arm of kind {', '.join(EAGLE_KINDS)} (got {kinds}): with "
-                         "rollout.engine vllm the learned drafter's draft length is the deepest such arm's depth")
+        raise ValueError(
+            f"speculative.arms has no arm of kind {', '.join(EAGLE_KINDS)} (got {kinds}): with "
+            "rollout.engine vllm the learned drafter's draft length is the deepest such arm's depth"
+        )
     return max(depths)
 
 
@@ -50,27 +52,34 @@ def vllm_spec_problem(spec: RunSpec, *, cuda: bool) -> str | None:
         return None
     speculative = spec.speculative
     if speculative.mode == "ngram":
-        return ("speculative.mode 'ngram' is not available with rollout.engine 'vllm' (TLT's n-gram drafter is "
-                "not vLLM's); use mode off, static or tlt, or rollout.engine 'tlt'")
+        return (
+            "speculative.mode 'ngram' is not available with rollout.engine 'vllm' (TLT's n-gram drafter is "
+            "not vLLM's); use mode off, static or tlt, or rollout.engine 'tlt'"
+        )
     if not vllm_drafts(speculative):
         return None
     if any(arm.kind == "block" for arm in speculative.arms):
-        return ("speculative.arms of kind block are not available with rollout.engine 'vllm' (it runs EAGLE "
-                "drafters only); drop them, or use rollout.engine 'tlt'")
+        return (
+            "speculative.arms of kind block are not available with rollout.engine 'vllm' (it runs EAGLE "
+            "drafters only); drop them, or use rollout.engine 'tlt'"
+        )
     try:
         eagle_draft_tokens(speculative)
     except ValueError as exc:
         return str(exc)
     if not cuda and spec.algorithm.temperature > 0:
-        return (f"algorithm.temperature {spec.algorithm.temperature} with speculative.mode "
-                f"{speculative.mode!r} and rollout.engine 'vllm': vLLM's CPU build does not sample reproducibly "
-                "with EAGLE, so the draw is not shown lossless here; use temperature 0, speculative.mode 'off' "
-                "(or threshold 0: the drafter trains, never drafts), rollout.engine 'tlt', or a CUDA build")
+        return (
+            f"algorithm.temperature {spec.algorithm.temperature} with speculative.mode "
+            f"{speculative.mode!r} and rollout.engine 'vllm': vLLM's CPU build does not sample reproducibly "
+            "with EAGLE, so the draw is not shown lossless here; use temperature 0, speculative.mode 'off' "
+            "(or threshold 0: the drafter trains, never drafts), rollout.engine 'tlt', or a CUDA build"
+        )
     return None
 
 
-def kv_cache_bytes(rows: int, context: int, *, layers: int, kv_heads: int, head_dim: int, dtype_bytes: int,
-                   block: int = 32) -> int:
+def kv_cache_bytes(
+    rows: int, context: int, *, layers: int, kv_heads: int, head_dim: int, dtype_bytes: int, block: int = 32
+) -> int:
     """A KV cache that holds `rows` sequences of `context` tokens (each rounded up to whole blocks of
     `block` tokens) for a model of that shape, plus one spare block per row; bytes. vLLM's CPU build
     otherwise sizes its cache from a share of the machine's RAM."""
