@@ -39,7 +39,7 @@ from tlt.spec.checkpoint import (  # noqa: F401
     TOKEN_DIRS,
     CheckpointSpec,
 )
-from tlt.spec.speculative import DrafterSpec, SpeculativeSpec
+from tlt.spec.speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec  # noqa: F401 (re-exported)
 
 API_GROUP = "tlt.dev"
 API_VERSION = "v1alpha1"
