@@ -17,10 +17,10 @@ from transformers import PreTrainedModel
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.block import BlockChainDrafter, block_guesses, warm_up_block
+from tlt.rollout.decode_step import prefill
 from tlt.rollout.engine import Engine
 from tlt.rollout.sampling import sample_from
 from tlt.rollout.sequence import Sequence
-from tlt.rollout.stepper import prefill
 from tlt.rollout.types import Request, SamplingParams
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11, 12, 13, 14, 11]]
