@@ -29,6 +29,7 @@ class ReportsChannel:
     """The run's reports ConfigMap, as the operator creates it, and the workers' API clients to it."""
 
     cluster: Cluster
+    uid: str  # the run's: the ConfigMap's controller (a ConfigMap owned by no live run is garbage collected)
 
     def api(self, pod: str, uid: str | None = None) -> SlotApi:
         return SlotApi(self.cluster.fake.url, pod, NAMESPACE, "r1", "r1-reports", uid)
@@ -40,8 +41,10 @@ class ReportsChannel:
 
 @pytest.fixture
 def reports(cluster: Cluster) -> ReportsChannel:
-    cluster.core.create_namespaced_config_map(NAMESPACE, build_reports_configmap(REF, RunSpec()))
-    return ReportsChannel(cluster)
+    uid = cluster.create_run("r1", {})["metadata"]["uid"]
+    ref = RunRef("r1", NAMESPACE, uid)
+    cluster.core.create_namespaced_config_map(NAMESPACE, build_reports_configmap(ref, RunSpec()))
+    return ReportsChannel(cluster, uid)
 
 
 def test_outside_a_cluster_both_calls_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,8 +88,8 @@ def test_reported_state_lands_in_the_reports_configmap_and_the_operator_reads_it
         "since": "2026-01-02T03:04:05.250000Z",
         "uid": "pod-uid-0",
     }
-    assert live["metadata"]["ownerReferences"][0]["uid"] == "uid-1", "the workers' writes leave ownership alone"
-    seen = parse_reports(live, "uid-1")
+    assert live["metadata"]["ownerReferences"][0]["uid"] == reports.uid, "the workers' writes leave ownership alone"
+    seen = parse_reports(live, reports.uid)
     assert parse_worker_state("r1-rollout-0", state_of_pod(seen, 0, "pod-uid-0")) == (
         WorkerState.TRAINING,
         since.timestamp(),
@@ -96,7 +99,7 @@ def test_reported_state_lands_in_the_reports_configmap_and_the_operator_reads_it
 
 def test_a_state_left_by_an_earlier_pod_of_the_same_name_does_not_count(reports: ReportsChannel) -> None:
     reports.api("r1-rollout-0", "old-pod").report_state("TRAINING")
-    seen = parse_reports(reports.read(), "uid-1")
+    seen = parse_reports(reports.read(), reports.uid)
     assert state_of_pod(seen, 0, "new-pod") is None
     assert state_of_pod(seen, 0, "old-pod") is not None
 
@@ -154,7 +157,6 @@ def test_unreadable_worker_state_is_ignored() -> None:
 
 
 def test_worker_rbac_allows_exactly_the_slot_calls(cluster: Cluster, reports: ReportsChannel) -> None:
-    cluster.create_run("r1", {})
     reports.api("r1-rollout-0").report_state("IDLE")
     reports.api("r1-policy-0").report_progress({"step": 1})
     reports.api("r1-rollout-0").enabled_slots()
@@ -197,7 +199,7 @@ def test_coordinator_progress_lands_in_the_reports_and_the_operator_reads_it(rep
             "eval_reward_mean": 0.3,
         }
     )
-    assert parse_reports(reports.read(), "uid-1").progress == {
+    assert parse_reports(reports.read(), reports.uid).progress == {
         "step": 3,
         "lastStepSeconds": 41.5,
         "drafterVersion": 7,
