@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from tlt.spec.references import reference_problems
 from tlt.spec.run import API_GROUP, API_VERSION, KIND, RunSpec
-from tlt.spec.status import Condition, DrafterStatus, RunStatus, set_condition, status_patch
+from tlt.spec.status import Condition, DrafterStatus, RunStatus, set_condition
 
 from . import metrics, names, settings
 from .builders import (
@@ -37,6 +37,7 @@ from .idleness import SlotTracker
 from .kube import ChildConflict, Kube, KubeError, path_of
 from .lifecycle import FINAL, PodView, decide, desired_pods, view_pod
 from .reports import Reports, parse_reports, state_of_pod
+from .status_write import post_event, write_status
 
 log = logging.getLogger(__name__)
 RUN_API = f"{API_GROUP}/{API_VERSION}"
@@ -174,7 +175,7 @@ async def _token_secret(kube: Kube, run: dict[str, Any], ref: RunRef, spec: RunS
         raise
     metrics.CHILDREN_CREATED.labels(kind="Secret").inc()
     name = str(created["metadata"]["name"])
-    await _write_status(kube, run, old.model_copy(update={"ray_token_secret": name}), 0)
+    await write_status(kube, run, old.model_copy(update={"ray_token_secret": name}), 0)
     return name
 
 
@@ -202,52 +203,6 @@ async def _create_children(
                 raise _rejected(child, exc) from exc
             raise
     await asyncio.gather(*(_create_once(kube, pod) for name, pod in pods.items() if name not in live))
-
-
-def merge_diff(old: Any, new: Any) -> Any:
-    """The smallest JSON merge patch turning `old` into `new` (None: nothing to change)."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return None if old == new else new
-    patch: dict[str, Any] = {k: None for k in old if k not in new}
-    for key, value in new.items():
-        if key not in old:
-            patch[key] = value
-        elif (sub := merge_diff(old[key], value)) is not None:
-            patch[key] = sub
-    return patch or None
-
-
-async def _write_status(kube: Kube, run: dict[str, Any], new: RunStatus, restarts_added: int) -> None:
-    """Merge-patch only the status fields this pass changed, with a resourceVersion precondition, so
-    fields other writers own survive. On a conflict, re-read the run and send the same change again,
-    with the restart count re-added on top of the fresh one (the counter that must not be lost)."""
-    meta = run["metadata"]
-    path = path_of(RUN_API, KIND, meta["namespace"], meta["name"], "status")
-    before = status_patch(RunStatus.model_validate(run.get("status") or {}))
-    patch = merge_diff(before, status_patch(new))
-    for _ in range(3):
-        if patch is None:
-            return
-        try:
-            await kube.merge_patch(path, {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch})
-            return
-        except KubeError as exc:
-            if exc.code != 409:
-                raise
-        run = await kube.get(path_of(RUN_API, KIND, meta["namespace"], meta["name"]))
-        meta = run["metadata"]
-        if restarts_added:
-            fresh = RunStatus.model_validate(run.get("status") or {})
-            patch = {**patch, "restarts": (fresh.restarts or 0) + restarts_added}
-    raise KubeError(409, f"status of {meta['name']} kept changing under the operator")
-
-
-async def _post_event(kube: Kube, event: dict[str, Any]) -> None:
-    """Events are best effort: a lost one is logged, never a reason to redo the pass."""
-    try:
-        await kube.request("POST", path_of("v1", "Event", event["metadata"]["namespace"]), event)
-    except KubeError as exc:
-        log.warning("event %s not posted: %s", event["reason"], exc)
 
 
 def _training_slots(spec: RunSpec) -> bool:
@@ -324,12 +279,12 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
         spec = RunSpec.model_validate(run.get("spec") or {})
     except ValidationError as exc:
         error = SpecError(f"spec of {namespace}/{name} is not a valid RunSpec: {exc}")
-        await _write_status(kube, run, _spec_condition(run, str(error)), 0)
+        await write_status(kube, run, _spec_condition(run, str(error)), 0)
         raise error from exc
     references = reference_problems(name, spec, settings.shared_names())
     if references:  # the CRD cannot know the admin's lists: the operator is the gate, and creates nothing
         error = SpecError(f"spec of {namespace}/{name} names what it may not: " + "; ".join(references))
-        await _write_status(kube, run, _spec_condition(run, str(error)), 0)
+        await write_status(kube, run, _spec_condition(run, str(error)), 0)
         raise error
     ref = RunRef(name, namespace, meta["uid"])
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
@@ -340,8 +295,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
             token = await _token_secret(kube, run, ref, spec, old)
         except ChildRejected as exc:
             log.warning("%s/%s: %s", namespace, name, exc)
-            await _write_status(kube, run, _created(old, str(exc), int(meta.get("generation", 1)), now), 0)
-            await _post_event(kube, build_event(run, "Warning", "ChildRejected", str(exc), now))
+            await write_status(kube, run, _created(old, str(exc), int(meta.get("generation", 1)), now), 0)
+            await post_event(kube, build_event(run, "Warning", "ChildRejected", str(exc), now))
             return
         run = await kube.get(path_of(RUN_API, KIND, namespace, name))  # its status now records the token
         meta = run["metadata"]
@@ -393,10 +348,10 @@ async def reconcile(kube: Kube, namespace: str, name: str, slots: SlotTracker | 
     slot_events: list[tuple[str, str, str]] = []
     if slots is not None:
         status, slot_events = await _slots(slots, namespace, name, spec, live, views, reports, status)
-    await _write_status(kube, run, status, restarted)
+    await write_status(kube, run, status, restarted)
     metrics.observe_phase(namespace, name, status.phase)
     for level, reason, message in decision.events + slot_events:
-        await _post_event(kube, build_event(run, level, reason, message, now))
+        await post_event(kube, build_event(run, level, reason, message, now))
     if decision.delete_run:
         log.info(
             "%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)",

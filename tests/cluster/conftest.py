@@ -18,8 +18,9 @@ from typing import Any
 import kubernetes
 import pytest
 from controlplane import ControlPlane, missing_binaries
+from fake_node import FakeNode
 from kube_view import KubeView
-from node_agent import FakeNode, NodeAgent
+from node_agent import NodeAgent
 from operator_process import OPERATOR_NAMESPACE, OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]

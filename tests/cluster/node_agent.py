@@ -32,11 +32,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kubernetes
+from fake_node import FakeNode
+from pod_volumes import PodVolumes, downward_field
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0
@@ -44,27 +46,8 @@ POLL_S = 0.3
 POD_EXEC = Path(__file__).with_name("pod_exec.py")
 
 
-def why_pods_cannot_run() -> str | None:
-    """Why `execute` nodes cannot run pods here (one line), or None: they need mount namespaces (root)."""
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        return "util-linux `unshare` and `mount` are needed to run pods as local processes"
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"no mount namespace for pods here (`unshare --mount` says: {probe.stderr.strip()[:200]})"
-    return None
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class FakeNode:
-    name: str
-    mode: str  # "execute" or "hold"
-    capacity: dict[str, str]
-    labels: dict[str, str] = field(default_factory=dict)
-    taints: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +70,7 @@ class NodeAgent:
         self.api_host, self.api_port = host, port or "443"
         self.nodes = {n.name: n for n in nodes}
         self.root = root
+        self.volumes = PodVolumes(self.core, root)
         self.pods: dict[str, _Pod] = {}
         self._next_ip = 2
         self._stop = threading.Event()
@@ -297,7 +281,9 @@ class NodeAgent:
         container = spec["containers"][0]
         pod_dir = self.root / "pods" / pod.namespace / pod.name
         shutil.rmtree(pod_dir, ignore_errors=True)
-        volumes = {v["name"]: self._volume(pod, v, pod_dir / "volumes" / v["name"]) for v in spec.get("volumes", [])}
+        volumes = {
+            v["name"]: self.volumes.volume(pod, v, pod_dir / "volumes" / v["name"]) for v in spec.get("volumes", [])
+        }
         mounts = []
         for mount in container.get("volumeMounts", []):
             source, kind = volumes[mount["name"]]
@@ -358,64 +344,6 @@ class NodeAgent:
             part.mkdir()
             self._made_dirs.append(part)
 
-    def _volume(self, pod: _Pod, volume: dict[str, Any], path: Path) -> tuple[Path, str]:
-        """The host folder that backs one pod volume, filled, and its kind (`dir` or `tmpfs`)."""
-        path.mkdir(parents=True, exist_ok=True)
-        if "configMap" in volume or "secret" in volume:
-            source = volume.get("configMap") or volume["secret"]
-            name = source.get("name") or source.get("secretName")
-            if "configMap" in volume:
-                data = self.core.read_namespaced_config_map(name, pod.namespace).data or {}
-            else:
-                raw = self.core.read_namespaced_secret(name, pod.namespace).data or {}
-                data = {k: base64.b64decode(v).decode() for k, v in raw.items()}
-            items = source.get("items") or [{"key": k, "path": k} for k in data]
-            for item in items:
-                (path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
-                (path / item["path"]).write_text(data[item["key"]])
-            return path, "dir"
-        if "projected" in volume:
-            for source in volume["projected"].get("sources", []):
-                self._project(pod, source, path)
-            return path, "dir"
-        if "emptyDir" in volume:
-            return path, "tmpfs" if (volume["emptyDir"] or {}).get("medium") == "Memory" else "dir"
-        if "persistentVolumeClaim" in volume:
-            claim = self.root / "claims" / pod.namespace / volume["persistentVolumeClaim"]["claimName"]
-            claim.mkdir(parents=True, exist_ok=True)
-            return claim, "dir"
-        raise ValueError(
-            f"volume {volume['name']}: the test node agent supports configMap, secret, emptyDir and "
-            "persistentVolumeClaim volumes"
-        )
-
-    def _project(self, pod: _Pod, source: dict[str, Any], path: Path) -> None:
-        """One source of a projected volume (what the ServiceAccount admission plugin adds for the API token)."""
-        if "serviceAccountToken" in source:
-            sat = source["serviceAccountToken"]
-            raw = self.core.read_namespaced_pod(pod.name, pod.namespace)
-            spec = {
-                "expirationSeconds": sat.get("expirationSeconds", 3600),
-                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.name, "uid": pod.uid},
-            }
-            if sat.get("audience"):
-                spec["audiences"] = [sat["audience"]]
-            token = self.core.create_namespaced_service_account_token(
-                raw.spec.service_account_name, pod.namespace, {"spec": spec}
-            )
-            (path / sat["path"]).write_text(token.status.token)
-        elif "configMap" in source:
-            data = self.core.read_namespaced_config_map(source["configMap"]["name"], pod.namespace).data or {}
-            for item in source["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
-                (path / item["path"]).write_text(data[item["key"]])
-        elif "downwardAPI" in source:
-            live = self.core.read_namespaced_pod(pod.name, pod.namespace)
-            raw = self.core.api_client.sanitize_for_serialization(live)
-            for item in source["downwardAPI"].get("items", []):
-                (path / item["path"]).write_text(self._field(raw, item["fieldRef"]["fieldPath"], pod.ip))
-        else:
-            raise ValueError(f"projected volume source {sorted(source)}: not supported by the test node agent")
-
     def _refresh_hosts(self, namespace: str) -> None:
         """Rewrite (in place: the pods bind-mounted these inodes) every running pod's hosts file."""
         for pod in self.pods.values():
@@ -451,7 +379,7 @@ class NodeAgent:
                 continue
             ref = var.get("valueFrom", {})
             if "fieldRef" in ref:
-                env[var["name"]] = self._field(raw, ref["fieldRef"]["fieldPath"], pod.ip)
+                env[var["name"]] = downward_field(raw, ref["fieldRef"]["fieldPath"], pod.ip)
             elif "secretKeyRef" in ref:
                 secret = self.core.read_namespaced_secret(ref["secretKeyRef"]["name"], pod.namespace)
                 env[var["name"]] = base64.b64decode(secret.data[ref["secretKeyRef"]["key"]]).decode()
@@ -461,24 +389,6 @@ class NodeAgent:
             else:
                 raise ValueError(f"env {var['name']}: unsupported valueFrom {sorted(ref)}")
         return env
-
-    @staticmethod
-    def _field(raw: dict[str, Any], path: str, ip: str) -> str:
-        meta = raw["metadata"]
-        if path.startswith("metadata.labels['"):
-            return str(meta.get("labels", {}).get(path[len("metadata.labels['") : -2], ""))
-        values = {
-            "metadata.name": meta["name"],
-            "metadata.namespace": meta["namespace"],
-            "metadata.uid": meta["uid"],
-            "status.podIP": ip,
-            "status.hostIP": "127.0.0.1",
-            "spec.nodeName": raw["spec"]["nodeName"],
-            "spec.serviceAccountName": raw["spec"].get("serviceAccountName", ""),
-        }
-        if path not in values:
-            raise ValueError(f"fieldRef {path}: not supported by the test node agent")
-        return str(values[path])
 
     def log_of(self, namespace: str, name: str) -> str:
         path = self.root / "pods" / namespace / name / "log"

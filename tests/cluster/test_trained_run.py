@@ -10,8 +10,8 @@ import json
 
 import pytest
 from conftest import EXEC_LABEL, EXEC_TAINT
+from fake_node import why_pods_cannot_run
 from kube_view import wait_for
-from node_agent import why_pods_cannot_run
 
 from tlt.tasks.warmstart import reduced_config, warm_start
 

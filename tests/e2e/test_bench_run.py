@@ -12,8 +12,9 @@ import math
 
 import pytest
 
-from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, repeat_order, variant_run
+from tlt.bench.run import repeat_order, variant_run
 from tlt.bench.run_summary import mean_ci95, summarize
+from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
 
 TOP_KEYS = (
     "rollout_speedup",

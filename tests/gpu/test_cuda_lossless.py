@@ -26,6 +26,7 @@ import torch
 # name, from their folder), so this module imports them the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lossless"))
 
+import _engine_cases as cases  # noqa: E402
 import _sd_helpers as H  # noqa: E402
 import test_sd_engine as greedy_tier  # noqa: E402
 import test_sd_engine_sampling as sampling_tier  # noqa: E402
@@ -48,7 +49,7 @@ pytestmark = [
 ]
 
 CUDA = torch.device("cuda")
-MAX_CONTEXT = greedy_tier.MAX_CONTEXT
+MAX_CONTEXT = cases.MAX_CONTEXT
 ENGINE_DRAFTERS = [name for name in greedy_tier.DRAFTERS if not name.startswith(("oracle", "random"))]
 COMPILED = pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 
@@ -101,21 +102,21 @@ def _assert_equal(got: list[Completion], want: list[Completion], name, atol: flo
 
 @pytest.fixture(scope="module")
 def plain64(model64) -> list[Completion]:
-    return _generate(model64, greedy_tier._requests(), None, compiled=False)[0]
+    return _generate(model64, cases.requests(), None, compiled=False)[0]
 
 
 @COMPILED
 @pytest.mark.parametrize("name", [None, *ENGINE_DRAFTERS], ids=str)
 def test_greedy_speculative_equals_plain_on_cuda(name, compiled, model64, plain64):
     """Compiled kernels order float32 reductions (HF's norms and RoPE) differently: 1e-7, not 1e-9."""
-    out, _ = _generate(model64, greedy_tier._requests(), name, compiled)
+    out, _ = _generate(model64, cases.requests(), name, compiled)
     _assert_equal(out, plain64, name, 1e-6 if compiled else 1e-9)
 
 
 @COMPILED
 @pytest.mark.parametrize("name", ["eagle-chain", "eagle-tree", "history-tree", "mixed"])
 def test_greedy_speculative_equals_plain_up_to_the_context_limit_on_cuda(name, compiled, model64):
-    requests = greedy_tier._requests(max_new=(200, 200, 200))
+    requests = cases.requests(max_new=(200, 200, 200))
     plain, _ = _generate(model64, requests, None, compiled=False)
     assert all(p.finish_reason == "length" and len(p.token_ids) < 200 for p in plain), "rows must reach the limit"
     out, _ = _generate(model64, requests, name, compiled)
@@ -138,7 +139,7 @@ def test_adaptive_stepper_equals_plain_on_cuda(compiled, model64, plain64):
     engine.stepper = build_adaptive_stepper(
         spec, engine.runner, H.random_eagle(model64), rows=4, context=MAX_CONTEXT, seed=0
     )
-    _assert_equal(engine.generate(greedy_tier._requests()), plain64, "adaptive", 1e-6 if compiled else 1e-9)
+    _assert_equal(engine.generate(cases.requests()), plain64, "adaptive", 1e-6 if compiled else 1e-9)
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9)])
@@ -146,7 +147,7 @@ def test_adaptive_stepper_equals_plain_on_cuda(compiled, model64, plain64):
 def test_sampled_speculative_equals_plain_sampling_on_cuda(name, temperature, top_p, model64):
     requests = [
         Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
-        for i, (p, n) in enumerate(zip(greedy_tier.PROMPTS, (20, 9, 14)))
+        for i, (p, n) in enumerate(zip(cases.PROMPTS, (20, 9, 14)))
     ]
     plain, _ = _generate(model64, requests, None, compiled=False)
     out, _ = _generate(model64, requests, name, compiled=False)
@@ -180,7 +181,7 @@ def test_padded_cuda_graph_step_equals_eager_forward():
     the same output as the eager forward, every replay."""
     model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=4, num_layers=2).to(CUDA)
     step = CompiledStep(decoder_forward, name="cuda-graphs", padded=True, mode="reduce-overhead")
-    engine = Engine(model, max_batch_size=8, max_context=greedy_tier.MAX_CONTEXT, compile=True)
+    engine = Engine(model, max_batch_size=8, max_context=cases.MAX_CONTEXT, compile=True)
     cache = engine.runner.cache
     lengths = torch.tensor([3, 7, 5], device=CUDA)
     for width in (1, 2, 1, 2):

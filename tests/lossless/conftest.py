@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _engine_cases import generate, requests
+from transformers import PreTrainedModel
+
+from tlt.models.tiny import tiny_model
+from tlt.rollout.types import Completion
 
 
 @pytest.fixture
@@ -21,3 +26,19 @@ def fresh_graphs():
     cache stays)."""
     torch._dynamo.reset()
     yield
+
+
+@pytest.fixture(scope="module")
+def model64() -> PreTrainedModel:
+    return tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
+
+
+@pytest.fixture(scope="module")
+def plain64(model64: PreTrainedModel) -> list[Completion]:
+    return generate(model64, requests(), None)[0]
+
+
+@pytest.fixture(scope="module")
+def qwen3_64() -> PreTrainedModel:
+    """Qwen3: q/k norms before RoPE, heads x head_dim = 2 x hidden_size (as in Qwen3-0.6B)."""
+    return tiny_model("qwen3", dtype=torch.float64, vocab_size=32, seed=11)

@@ -6,19 +6,20 @@ random (mostly rejected) trees and oracle drafters that are always right (also t
 branches, which forces cache compaction); on a tiny Qwen2, and for the n-gram, EAGLE, oracle-tree
 and mixed drafters on a tiny Qwen3 too. After such a step the next logits equal a fresh full
 forward; log-probs of accepted tokens equal the plain engine's in float32. Sampled: token for token
-equal to plain sampling (the same uniforms). The engine's sampled distribution: test_sd_engine_sampling.py.
+equal to plain sampling (the same uniforms). The engine's sampled distribution: test_sd_engine_sampling.py;
+EAGLE catching up mid-generation: test_eagle_catch_up.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import _engine_cases as C
 import _sd_helpers as H
 import pytest
 import torch
 from transformers import PreTrainedModel
 
-from tlt.models.drafter import EagleDrafter
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.block import BlockChainDrafter
@@ -33,16 +34,6 @@ from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.tree import DraftTree, build_tree, chain_tree
 from tlt.rollout.types import Completion, Request, SamplingParams
-
-MAX_CONTEXT = 96
-PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11, 12, 13, 14, 11]]
-
-
-def _requests(max_new: tuple[int, ...] = (20, 9, 14), **params) -> list[Request]:
-    return [
-        Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n, **params))
-        for i, (p, n) in enumerate(zip(PROMPTS, max_new))
-    ]
 
 
 class OracleDrafter:
@@ -97,31 +88,31 @@ class RandomTreeDrafter:
 _eagle = H.random_eagle
 
 
-DrafterFactory = Callable[..., Drafter]  # (model, answers, max_context=MAX_CONTEXT) -> Drafter
+DrafterFactory = Callable[..., Drafter]  # (model, answers, max_context=C.MAX_CONTEXT) -> Drafter
 DRAFTERS: dict[str, DrafterFactory] = {
-    "ngram-chain": lambda m, a, ctx=MAX_CONTEXT: NgramDrafter(k=4, ngram_min=1, ngram_max=3),
-    "random-tree": lambda m, a, ctx=MAX_CONTEXT: RandomTreeDrafter(m.config.vocab_size),
-    "oracle-chain": lambda m, a, ctx=MAX_CONTEXT: OracleDrafter(a, k=4, vocab=m.config.vocab_size, tree=False),
-    "oracle-tree-second-branch": lambda m, a, ctx=MAX_CONTEXT: OracleDrafter(
+    "ngram-chain": lambda m, a, ctx=C.MAX_CONTEXT: NgramDrafter(k=4, ngram_min=1, ngram_max=3),
+    "random-tree": lambda m, a, ctx=C.MAX_CONTEXT: RandomTreeDrafter(m.config.vocab_size),
+    "oracle-chain": lambda m, a, ctx=C.MAX_CONTEXT: OracleDrafter(a, k=4, vocab=m.config.vocab_size, tree=False),
+    "oracle-tree-second-branch": lambda m, a, ctx=C.MAX_CONTEXT: OracleDrafter(
         a, k=3, vocab=m.config.vocab_size, tree=True
     ),
-    "eagle-chain": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+    "eagle-chain": lambda m, a, ctx=C.MAX_CONTEXT: EagleChainDrafter(
         _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx
     ),
-    "eagle-chain-4": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+    "eagle-chain-4": lambda m, a, ctx=C.MAX_CONTEXT: EagleChainDrafter(
         _eagle(m), m.get_input_embeddings(), k=4, max_batch_size=4, max_context=ctx
     ),
-    "eagle-chain-argmax": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+    "eagle-chain-argmax": lambda m, a, ctx=C.MAX_CONTEXT: EagleChainDrafter(
         _eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx, guess="argmax"
     ),
-    "eagle-tree": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
+    "eagle-tree": lambda m, a, ctx=C.MAX_CONTEXT: EagleTreeDrafter(
         _eagle(m), m.get_input_embeddings(), topk=2, depth=3, budget=5, max_batch_size=4, max_context=ctx
     ),
     # a reduced draft vocabulary: the even ids of the 32 (the target's other tokens are never drafted)
-    "eagle-chain-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: EagleChainDrafter(
+    "eagle-chain-draft-vocab": lambda m, a, ctx=C.MAX_CONTEXT: EagleChainDrafter(
         H.reduced_eagle(m, list(range(0, 32, 2))), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx
     ),
-    "eagle-tree-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: EagleTreeDrafter(
+    "eagle-tree-draft-vocab": lambda m, a, ctx=C.MAX_CONTEXT: EagleTreeDrafter(
         H.reduced_eagle(m, list(range(0, 32, 2))),
         m.get_input_embeddings(),
         topk=2,
@@ -130,13 +121,15 @@ DRAFTERS: dict[str, DrafterFactory] = {
         max_batch_size=4,
         max_context=ctx,
     ),
-    "block-2": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=2),
-    "block-8": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=8),
-    "block-argmax": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=4, guess="argmax"),
-    "block-draft-vocab": lambda m, a, ctx=MAX_CONTEXT: BlockChainDrafter(H.random_block(m, list(range(0, 32, 2))), k=4),
-    "history-chain": lambda m, a, ctx=MAX_CONTEXT: HistoryDrafter(_store(), k=4),
-    "history-tree": lambda m, a, ctx=MAX_CONTEXT: HistoryTreeDrafter(_store(), topk=2, depth=3, budget=5),
-    "mixed": lambda m, a, ctx=MAX_CONTEXT: MixedDrafter(
+    "block-2": lambda m, a, ctx=C.MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=2),
+    "block-8": lambda m, a, ctx=C.MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=8),
+    "block-argmax": lambda m, a, ctx=C.MAX_CONTEXT: BlockChainDrafter(H.random_block(m), k=4, guess="argmax"),
+    "block-draft-vocab": lambda m, a, ctx=C.MAX_CONTEXT: BlockChainDrafter(
+        H.random_block(m, list(range(0, 32, 2))), k=4
+    ),
+    "history-chain": lambda m, a, ctx=C.MAX_CONTEXT: HistoryDrafter(_store(), k=4),
+    "history-tree": lambda m, a, ctx=C.MAX_CONTEXT: HistoryTreeDrafter(_store(), topk=2, depth=3, budget=5),
+    "mixed": lambda m, a, ctx=C.MAX_CONTEXT: MixedDrafter(
         _store(), EagleChainDrafter(_eagle(m), m.get_input_embeddings(), k=3, max_batch_size=4, max_context=ctx), k=3
     ),
 }
@@ -145,34 +138,9 @@ DRAFTERS: dict[str, DrafterFactory] = {
 _store = H.history_store
 
 
-def _generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter | None, batch_size: int = 4):
-    engine = Engine(model, max_batch_size=batch_size, max_context=MAX_CONTEXT)
-    stepper = None
-    if drafter is not None:
-        stepper = SpeculativeStepper(engine.runner, drafter)
-        engine.stepper = stepper
-    return engine.generate(requests), stepper
-
-
-@pytest.fixture(scope="module")
-def model64() -> PreTrainedModel:
-    return tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
-
-
-@pytest.fixture(scope="module")
-def plain64(model64: PreTrainedModel) -> list[Completion]:
-    return _generate(model64, _requests(), None)[0]
-
-
-@pytest.fixture(scope="module")
-def qwen3_64() -> PreTrainedModel:
-    """Qwen3: q/k norms before RoPE, heads x head_dim = 2 x hidden_size (as in Qwen3-0.6B)."""
-    return tiny_model("qwen3", dtype=torch.float64, vocab_size=32, seed=11)
-
-
 def _assert_greedy_speculative_equals_plain(name: str, model: PreTrainedModel, plain: list[Completion]) -> None:
     answers = {c.request_id: c.token_ids for c in plain}
-    out, stepper = _generate(model, _requests(), DRAFTERS[name](model, answers))
+    out, stepper = C.generate(model, C.requests(), DRAFTERS[name](model, answers))
     for want, spec in zip(plain, out):
         assert spec.token_ids == want.token_ids, f"{name}: {spec.request_id} diverged from plain decoding"
         torch.testing.assert_close(spec.logprobs, want.logprobs, rtol=0, atol=1e-9)
@@ -190,7 +158,7 @@ def test_greedy_speculative_equals_plain_decoding_float64(name: str, model64, pl
     "name", ["ngram-chain", "eagle-chain", "eagle-tree", "oracle-tree-second-branch", "mixed", "block-8"]
 )
 def test_greedy_speculative_equals_plain_decoding_on_qwen3(name: str, qwen3_64):
-    _assert_greedy_speculative_equals_plain(name, qwen3_64, _generate(qwen3_64, _requests(), None)[0])
+    _assert_greedy_speculative_equals_plain(name, qwen3_64, C.generate(qwen3_64, C.requests(), None)[0])
 
 
 @pytest.mark.parametrize(
@@ -198,9 +166,9 @@ def test_greedy_speculative_equals_plain_decoding_on_qwen3(name: str, qwen3_64):
 )
 def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
-    requests = _requests()
+    requests = C.requests()
     sampled = Request("hot", [3, 4, 3, 4], SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, seed=1))
-    out, _ = _generate(model64, [*requests, sampled], DRAFTERS[name](model64, {**answers, "hot": [0] * 12}))
+    out, _ = C.generate(model64, [*requests, sampled], DRAFTERS[name](model64, {**answers, "hot": [0] * 12}))
     for plain, spec in zip(plain64, out):
         assert spec.token_ids == plain.token_ids, f"{name}: greedy row {spec.request_id} diverged in a mixed batch"
         torch.testing.assert_close(spec.logprobs, plain.logprobs, rtol=0, atol=1e-9)
@@ -208,7 +176,7 @@ def test_greedy_rows_in_a_sampling_batch_still_equal_plain_decoding(name: str, m
 
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_near_the_context_limit_falls_back_to_plain_steps(name: str, model64):
-    requests = _requests(max_new=(200, 200, 200))
+    requests = C.requests(max_new=(200, 200, 200))
     engine = Engine(model64, max_batch_size=4, max_context=24)
     plain = engine.generate(requests)
     answers = {c.request_id: c.token_ids for c in plain}
@@ -223,8 +191,8 @@ def test_near_the_context_limit_falls_back_to_plain_steps(name: str, model64):
 
 def test_next_logits_after_non_first_branch_equal_full_forward(model64, plain64):
     answers = {c.request_id: c.token_ids for c in plain64}
-    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
-    requests = _requests()
+    engine = Engine(model64, max_batch_size=4, max_context=C.MAX_CONTEXT)
+    requests = C.requests()
     batch = RunningBatch(
         [Sequence(r, limit=r.params.max_new_tokens) for r in requests],
         engine.runner.cache,
@@ -251,9 +219,9 @@ def test_next_logits_after_non_first_branch_equal_full_forward(model64, plain64)
 
 def test_accepted_logprobs_equal_plain_engine_float32():
     model = tiny_model("qwen2", dtype=torch.float32, vocab_size=32, seed=11)
-    plain, _ = _generate(model, _requests(), None)
+    plain, _ = C.generate(model, C.requests(), None)
     answers = {c.request_id: c.token_ids for c in plain}
-    spec, stepper = _generate(model, _requests(), OracleDrafter(answers, 3, 32, tree=True))
+    spec, stepper = C.generate(model, C.requests(), OracleDrafter(answers, 3, 32, tree=True))
     assert stepper.stats.accepted > 0
     # every row-step counted once by the response position it started at, the first at position 1
     # (prefill made token 0)
@@ -265,124 +233,16 @@ def test_accepted_logprobs_equal_plain_engine_float32():
         torch.testing.assert_close(b.logprobs, a.logprobs, rtol=0, atol=1e-5)
 
 
-def _assert_first_drafts_follow_full_forward(model, drafter: EagleDrafter, batch: RunningBatch, draft: Draft) -> None:
-    """Each row's first draft is the argmax of the drafter's own full (cache-free) forward."""
-    for b, seq in enumerate(batch.sequences):
-        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
-        feats = model.model(input_ids=ids).last_hidden_state
-        pred = drafter(ids[:, 1:], feats[:, :-1], torch.arange(ids.shape[1] - 1)[None, :])
-        assert int(draft.tree.tokens[b, 1]) == int(drafter.logits(pred)[0, -1].argmax())
-
-
-def test_eagle_catch_up_switches_on_mid_generation_without_target_prefill(model64, plain64):
-    """Plain steps first, then EAGLE: the drafter catches up from cached hidden states and the
-    output is still plain decoding's; the drafter's first draft equals its own full forward's."""
-    answers = {c.request_id: c.token_ids for c in plain64}
-    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
-    batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
-    for _ in range(3):
-        engine.stepper.step(batch)
-    drafter = _eagle(model64)
-    eagle = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=2, max_batch_size=4, max_context=MAX_CONTEXT)
-    draft = eagle.propose(batch)
-    _assert_first_drafts_follow_full_forward(model64, drafter, batch, draft)
-    stepper = SpeculativeStepper(engine.runner, eagle)
-    while batch.num_rows:
-        stepper.step(batch)
-        batch.drop_finished()
-    for plain, seq in zip(plain64, batch.all_sequences):
-        assert seq.tokens == answers[plain.request_id]
-
-
-def test_eagle_catch_up_of_rows_far_apart_stays_inside_the_drafter_cache(model64):
-    """Row 0 near the context limit with one position to catch up, row 1 with many: the catch-up pads
-    row 0 to row 1's width without writing past the cache, and both rows' drafts equal the drafter's
-    own full forward."""
-    context = 24
-    requests = [
-        Request("long", list(range(3, 24)), SamplingParams(temperature=0.0, max_new_tokens=8)),
-        Request("short", [5, 6, 7, 5, 6, 7, 5, 6, 7, 5], SamplingParams(temperature=0.0, max_new_tokens=8)),
-    ]
-    engine = Engine(model64, max_batch_size=2, max_context=context)
-    batch = RunningBatch(
-        [Sequence(r, limit=min(r.params.max_new_tokens, context - len(r.prompt_ids))) for r in requests],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
-    drafter = _eagle(model64)
-    eagle = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=2, max_batch_size=2, max_context=context)
-    eagle.propose(batch)  # caught up: seen = (21, 10)
-    for _ in range(2):
-        engine.stepper.step(batch)
-    eagle.state.cache.lengths[1] = 0  # row 1 is behind by its whole context (12), row 0 by 2
-    draft = eagle.propose(batch)
-    _assert_first_drafts_follow_full_forward(model64, drafter, batch, draft)
-
-
-@torch.no_grad()
-@pytest.mark.parametrize("target", ["model64", "qwen3_64"])
-def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request):
-    """The cached drafter (catch-up, scratch slots, tree masks, depth positions) drafts what the
-    drafter itself predicts along each drafted path: chain = argmax, tree children in the top-k;
-    for a Qwen2 target and for a Qwen3 one (whose drafter layer has head_dim != hidden / heads)."""
-    model64 = request.getfixturevalue(target)
-    engine = Engine(model64, max_batch_size=4, max_context=MAX_CONTEXT)
-    batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in _requests()],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
-    engine.stepper.step(batch)
-    drafter = _eagle(model64)
-    embed = model64.get_input_embeddings()
-    chain = EagleChainDrafter(drafter, embed, k=3, max_batch_size=4, max_context=MAX_CONTEXT).propose(batch)
-    # budget 10 keeps every candidate: 2 children of the root, then 2 of each of the 2 best per level
-    tree = EagleTreeDrafter(drafter, embed, topk=2, depth=3, budget=10, max_batch_size=4, max_context=MAX_CONTEXT)
-    tree = tree.propose(batch).tree
-    for b, seq in enumerate(batch.sequences):
-        ids = torch.tensor([seq.request.prompt_ids + seq.tokens])
-        drafts = chain.tree.tokens[b, 1:].tolist()
-        for i, token in enumerate(drafts):
-            assert token == int(H.drafter_logits_along(model64, drafter, ids, drafts[:i]).argmax())
-        assert tree.depth[b].tolist() == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
-        for j in range(1, tree.num_nodes):
-            path, node = [], int(tree.parents[b, j])
-            while node > 0:
-                path.insert(0, int(tree.tokens[b, node]))
-                node = int(tree.parents[b, node])
-            top = H.drafter_logits_along(model64, drafter, ids, path).topk(2).indices.tolist()
-            assert int(tree.tokens[b, j]) in top, f"row {b} node {j}: not a top-2 child of its parent path"
-
-
-# ----- history drafts in a GRPO-shaped rollout: a prompt's responses draft its next ones -----
-
-
 @pytest.mark.parametrize("name", ["history-chain", "history-tree", "mixed"])
 def test_history_drafts_from_earlier_responses_are_accepted_and_exact(name: str, model64):
     """Greedy group of one prompt, twice through one store: the second rollout's rows find the first's
     whole responses; outputs stay token-for-token equal to plain decoding, and most drafts are accepted."""
-    group = [Request(f"g{i}", PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=30)) for i in range(3)]
-    plain = _generate(model64, group, None)[0]
+    group = [Request(f"g{i}", C.PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=30)) for i in range(3)]
+    plain = C.generate(model64, group, None)[0]
     store = _store()
     drafter = DRAFTERS[name](model64, {})
     drafter.store = store
-    engine = Engine(model64, max_batch_size=2, max_context=MAX_CONTEXT)  # waves of 2, then 1
+    engine = Engine(model64, max_batch_size=2, max_context=C.MAX_CONTEXT)  # waves of 2, then 1
     engine.wave_observers.append(store.observe)
     engine.stepper = SpeculativeStepper(engine.runner, drafter)
     first = engine.generate(group)
@@ -403,11 +263,11 @@ def test_sampled_speculative_equals_plain_sampling_token_for_token(
     reproduces plain sampling exactly (same seeds, float64), whatever it drafts and accepts."""
     requests = [
         Request(f"s{i}", p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, seed=i))
-        for i, (p, n) in enumerate(zip(PROMPTS, (20, 9, 14)))
+        for i, (p, n) in enumerate(zip(C.PROMPTS, (20, 9, 14)))
     ]
-    plain = _generate(model64, requests, None)[0]
+    plain = C.generate(model64, requests, None)[0]
     answers = {c.request_id: c.token_ids for c in plain}
-    out, stepper = _generate(model64, requests, DRAFTERS[name](model64, answers))
+    out, stepper = C.generate(model64, requests, DRAFTERS[name](model64, answers))
     for p, s in zip(plain, out):
         assert s.token_ids == p.token_ids, f"{name}: {s.request_id} differs from plain sampling"
         torch.testing.assert_close(s.logprobs, p.logprobs, rtol=0, atol=1e-9)

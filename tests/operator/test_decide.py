@@ -8,7 +8,7 @@ from tlt.spec.run import RunSpec
 from tlt.spec.status import RunStatus
 from tlt_operator.lifecycle import PodView, decide
 from tlt_operator.main import build_parser
-from tlt_operator.reconcile import merge_diff
+from tlt_operator.status_write import merge_diff
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SPEC = RunSpec.model_validate({"rollout": {"replicas": 2}})

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from tlt.bench import engine_vllm
-from tlt.bench.engine_vllm import Row, faster, first_mismatches, goal_met, paired_ratio, requests_per_batch, summarize
+from tlt.bench.vllm_compare import Row, faster, first_mismatches, goal_met, paired_ratio, requests_per_batch, summarize
 from tlt.cli import main
 from tlt.rollout.vllm.availability import INSTALL_HINT
 

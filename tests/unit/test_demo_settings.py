@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tlt.bench.run import WARMSTARTS, load_workload
+from tlt.bench.workload import WARMSTARTS, load_workload
 from tlt.commands.demo import EXAMPLE
 from tlt.spec.manifest_io import load_run
 

@@ -138,7 +138,8 @@ def test_a_packed_row_moves_to_the_drafters_device_and_stays_put_where_it_is():
 def test_the_gpu_bench_workload_is_refused_up_front_on_a_machine_without_one():
     from pathlib import Path
 
-    from tlt.bench.run import check_devices, load_workload
+    from tlt.bench.run import check_devices
+    from tlt.bench.workload import load_workload
 
     bench = Path(__file__).resolve().parents[2] / "bench"
     with pytest.raises(ValueError, match=r"workload-gpu-v1\.yaml \(spec\): policy\.resources\.gpus is 1"):

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed: this tier runs in .venv-vllm (make vllm-venv)")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from tlt.bench.engine_vllm import VARIANTS  # noqa: E402
+from tlt.bench.vllm_compare import VARIANTS  # noqa: E402
 from tlt.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.vllm

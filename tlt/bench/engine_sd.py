@@ -24,17 +24,17 @@ from tlt.bench.bench_block_drafter import trained_block_drafter
 from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
 from tlt.bench.cost_timing import measure_costs
 from tlt.bench.engine import DTYPES
+from tlt.bench.sd_costs import block_step_costs, drafter_step_costs
 from tlt.bench.sd_summary import block_vs_best_chain, history_summary
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter, load_drafter
 from tlt.rollout.block import BlockChainDrafter
-from tlt.rollout.drafting import EagleCache, EagleChainDrafter, NgramDrafter
+from tlt.rollout.drafting import EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.history import HistoryDrafter, HistoryStore
 from tlt.rollout.mixed import MixedDrafter, RowGate
-from tlt.rollout.runner import causal_mask
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.types import Request
@@ -269,62 +269,12 @@ def _sd_runner(
     return go
 
 
-def _drafter_step_costs(cfg: SdBenchConfig, drafter: EagleDrafter, policy: PreTrainedModel) -> list[dict]:
-    """Seconds of one drafter step (one token per row after cost_context cached slots, plus the head)."""
-    ctx = cfg.cost_context
-    state = EagleCache(drafter, policy.get_input_embeddings(), max(cfg.batches), ctx + 2)
-    fns = {}
-    for b in cfg.batches:
-        L = torch.full((b,), ctx, dtype=torch.long)
-        tokens = torch.ones(b, 1, dtype=torch.long)
-        feats = torch.zeros(b, 1, policy.config.hidden_size, dtype=policy.dtype)
-        mask = causal_mask(L, 1, ctx + 1)
-
-        def go(
-            b: int = b,
-            L: torch.Tensor = L,
-            tokens: torch.Tensor = tokens,
-            feats: torch.Tensor = feats,
-            mask: torch.Tensor = mask,
-        ) -> None:
-            state.cache.start(b)
-            state.drafter.logits(state.forward(tokens, feats, L[:, None], L[:, None], mask))
-
-        fns[b] = go
-    return _fastest(fns, cfg.repeats)
-
-
-def _block_step_costs(cfg: SdBenchConfig, block: BlockDrafter, policy: PreTrainedModel) -> list[dict]:
-    """Seconds of one block-drafter forward of the deepest block variant, plus the head, per batch: what
-    a block step drafts with (a chain of k pays k drafter steps)."""
-    k = max(cfg.block_depths)
-    fns = {}
-    for b in cfg.batches:
-        tokens = torch.ones(b, dtype=torch.long)
-        feats = torch.zeros(b, policy.config.hidden_size, dtype=policy.dtype)
-        fns[b] = lambda tokens=tokens, feats=feats: block.logits(block(tokens, feats, k))
-    return [{**point, "block": k} for point in _fastest(fns, cfg.repeats)]
-
-
-def _fastest(fns: dict[int, Callable[[], object]], repeats: int) -> list[dict]:
-    """[{batch, seconds (fastest), seconds_median}] of each batch's call over `repeats` rounds after an
-    untimed one, the batches interleaved within a round."""
-    seconds: dict[int, list[float]] = {b: [] for b in fns}
-    with torch.no_grad():
-        for _ in range(repeats + 1):
-            for b, go in fns.items():
-                t0 = time.perf_counter()
-                go()
-                seconds[b].append(time.perf_counter() - t0)
-    return [{"batch": b, "seconds": min(s[1:]), "seconds_median": statistics.median(s[1:])} for b, s in seconds.items()]
-
-
 def _workload_policy(
     cfg: SdBenchConfig,
 ) -> tuple[SdBenchConfig, Path, PreTrainedModel, PreTrainedTokenizerBase, EagleDrafter, dict]:
     """(cfg with the workload's temperature and compile setting, folder, policy, tokenizer, drafter, its info)
     of `cfg.workload`."""
-    from tlt.bench.run import load_workload, warm_drafter
+    from tlt.bench.workload import load_workload, warm_drafter
     from tlt.rollout.compiled import resolve_compile
 
     workload = load_workload(Path(cfg.workload))
@@ -433,8 +383,8 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "context": cfg.cost_context,
         "estimate": "fastest repeat",
         "verify": [p.__dict__ for p in verify],
-        "drafter_step": _drafter_step_costs(cfg, drafter, policy),
-        "block_step": _block_step_costs(cfg, block, policy),
+        "drafter_step": drafter_step_costs(cfg.batches, cfg.cost_context, cfg.repeats, drafter, policy),
+        "block_step": block_step_costs(cfg.batches, max(cfg.block_depths), cfg.repeats, block, policy),
     }
     temperature = max(cfg.temperatures)  # GRPO samples
     return {

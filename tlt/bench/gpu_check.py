@@ -60,9 +60,9 @@ def cuda_problem(min_free_gib: float) -> str | None:
 
 def expected_warm_starts(workload: Path) -> list[dict[str, Any]]:
     """Per version of `workload` (full, quick): its warm-start folder under `$TLT_CACHE_DIR/warmstart` and the
-    settings its warm drafter was trained with (`tlt.bench.run.drafter_warm_start`, recorded in the drafter
+    settings its warm drafter was trained with (`tlt.bench.workload.drafter_warm_start`, recorded in the drafter
     folder's bench.json)."""
-    from tlt.bench.run import load_workload
+    from tlt.bench.workload import load_workload
     from tlt.tasks.warmstart import cache_root
 
     out = []
@@ -116,7 +116,7 @@ def build_warm_starts(workload: Path) -> list[Path]:
     """Make (or find) every warm start of `workload`, quick version first; the drafter folders."""
     import torch
 
-    from tlt.bench.run import load_workload, warm_drafter
+    from tlt.bench.workload import load_workload, warm_drafter
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     folders = []

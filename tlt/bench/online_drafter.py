@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tlt.bench.engine_sd import WARMSTARTS
-from tlt.bench.run import DRAFTER_WARMSTART, drafter_warm_start
+from tlt.bench.workload import DRAFTER_WARMSTART, drafter_warm_start
 from tlt.drafter.buffer import OnlineBuffer, pack
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.hub import DrafterHub

@@ -17,25 +17,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import yaml
 from transformers import PreTrainedModel
 
-from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
 from tlt.bench.cost_timing import measure_costs, measure_drafter_costs
 from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
+from tlt.bench.workload import Workload, merge_spec, warm_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.compiled import resolve_compile
@@ -47,143 +44,22 @@ from tlt.runtime import rl_step
 from tlt.runtime.devices import gpu_plan
 from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
+from tlt.tasks.warmstart import load_policy, warm_start
 
 if TYPE_CHECKING:  # Ray is imported where a run starts: `tlt bench worker` uses this module without it
     from tlt.runtime.ray_coordinator import RayTrainer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
-WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {
-    "reduced": reduced_config,
-    "default": WarmstartConfig,
-    "deep": deep_config,
-    "deep-v3": deep_v3_config,
-}
-# The drafter warm start of bench/workload-deep-v2.yaml and -v3.yaml, also what `tlt demo` starts TLT from.
-DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
-DRAFTER_WARMSTART_KEYS = ("prompts", "steps", "batch", "learningRate", "maxNewTokens", "seed")
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Workload:
-    """The parsed workload file: its sha256, and the settings used (quick overrides applied)."""
-
-    path: Path
-    sha256: str
-    name: str
-    warmstart: WarmstartConfig
-    spec: dict[str, Any]
-    variants: dict[str, dict[str, Any]]
-    repeats: int
-    heldout: dict[str, Any]
-    costs: dict[str, Any]
-    quick: bool
-    drafter_warmstart: dict[str, Any] | None = None
-    frozen_in: tuple[str, ...] = ("vanilla",)
-
-
-def resolve_warmstart(value: Any, path: Path) -> WarmstartConfig:
-    """A workload's `warmstart`: a built-in name (`default`, `reduced`) or a mapping of WarmstartConfig
-    fields (nested `task` / `policy`), e.g. a deep policy's shape and schedule."""
-    if isinstance(value, str) and value in WARMSTARTS:
-        return WARMSTARTS[value]()
-    if isinstance(value, dict):
-        try:
-            return WarmstartConfig.from_dict(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: warmstart: {exc}") from exc
-    raise ValueError(
-        f"{path}: warmstart must be one of {sorted(WARMSTARTS)} or a mapping of warm-start settings, got {value!r}"
-    )
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats: int | None = None) -> Workload:
-    """Read `path`; with quick, apply its `quick` overrides; `repeats` overrides the file's."""
-    raw = path.read_bytes()
-    data = yaml.safe_load(raw)
-    missing = [k for k in ("name", "warmstart", "spec", "variants", "repeats", "heldout", "costs") if k not in data]
-    if missing:
-        raise ValueError(f"{path}: missing keys {missing}")
-    if quick:
-        data = _merge(data, data.get("quick", {}))
-    warmstart = resolve_warmstart(data["warmstart"], path)
-    n = repeats if repeats is not None else int(data["repeats"])
-    if n < 1:
-        raise ValueError(f"repeats must be >= 1, got {n}")
-    for name in ("vanilla", "tlt", "static", "tlt-shadow"):
-        if name not in data["variants"]:
-            raise ValueError(f"{path}: variants must include {name!r} (the summary compares against it)")
-    warm = data.get("drafterWarmstart")
-    if warm is not None:
-        unknown = sorted(set(warm) - set(DRAFTER_WARMSTART_KEYS))
-        if unknown:
-            raise ValueError(
-                f"{path}: drafterWarmstart: unknown keys {unknown}; allowed: {list(DRAFTER_WARMSTART_KEYS)}"
-            )
-    frozen_in = data.get("frozenIn", ["vanilla"])
-    if not isinstance(frozen_in, list) or any(v not in data["variants"] for v in frozen_in):
-        raise ValueError(
-            f"{path}: frozenIn must be a list of variant names from {sorted(data['variants'])}, got {frozen_in!r}"
-        )
-    return Workload(
-        path,
-        hashlib.sha256(raw).hexdigest(),
-        data["name"],
-        warmstart,
-        data["spec"],
-        data["variants"],
-        n,
-        data["heldout"],
-        data["costs"],
-        quick,
-        warm,
-        tuple(frozen_in),
-    )
-
-
-def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None]:
-    """The drafter every learned-drafter variant starts from (`drafterWarmstart`, see `drafter_warm_start`).
-    (None, None) when the workload has no `drafterWarmstart` (drafters then start untrained)."""
-    if not workload.drafter_warmstart:
-        return None, None
-    return drafter_warm_start(workload.warmstart, workload.drafter_warmstart)
-
-
-def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """An EAGLE drafter trained for a fixed budget (`cfg`: prompts, steps, batch, learningRate,
-    maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
-    distribution), cached beside the warm start: (its folder, its training info). static freezes it,
-    tlt keeps training it."""
-    folder = warm_start(warmstart)
-    policy, tokenizer = load_policy(folder)
-    budget = DrafterBudget(
-        max_new_tokens=int(cfg["maxNewTokens"]),
-        drafter_prompts=int(cfg["prompts"]),
-        drafter_steps=int(cfg["steps"]),
-        drafter_batch=int(cfg["batch"]),
-        drafter_lr=float(cfg["learningRate"]),
-        seed=int(cfg["seed"]),
-    )
-    _, info = trained_drafter(budget, folder, policy.eval(), tokenizer)
-    return folder / f"bench-drafter-{info['cache_key']}", info
 
 
 def variant_run(workload: Workload, variant: str, repeat: int, drafter: Path | None = None) -> TLTTrainingRun:
     """The TLTTrainingRun of one variant (the common spec with the variant's overrides); a variant with
     a learned drafter (mode static / tlt) starts from `drafter` when given."""
-    spec = _merge(workload.spec, workload.variants[variant])
+    spec = merge_spec(workload.spec, workload.variants[variant])
     if drafter is not None and spec.get("speculative", {}).get("mode", "tlt") in ("static", "tlt"):
-        spec = _merge(spec, {"speculative": {"drafterPath": str(drafter)}})
+        spec = merge_spec(spec, {"speculative": {"drafterPath": str(drafter)}})
     return TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
 
 
@@ -443,7 +319,7 @@ def workload_info(workload: Workload) -> dict[str, Any]:
         "repeats": workload.repeats,
         "variants": list(workload.variants),
         "heldout": workload.heldout,
-        "speculative": {v: _merge(workload.spec, o).get("speculative", {}) for v, o in workload.variants.items()},
+        "speculative": {v: merge_spec(workload.spec, o).get("speculative", {}) for v, o in workload.variants.items()},
         "algorithm": workload.spec.get("algorithm", {}),
         "threads": torch.get_num_threads(),
     }

@@ -200,8 +200,9 @@ def machine_line(report: dict[str, Any]) -> str:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, run_bench
+    from tlt.bench.run import run_bench
     from tlt.bench.run_plot import plot_report
+    from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
 
     workload = load_workload(args.workload or DEFAULT_WORKLOAD, quick=args.quick, repeats=args.repeats)
     before = os.environ.get(STEP_SPLIT_ENV)

@@ -155,7 +155,8 @@ def run_trainer_beside(cfg: TrainerBesideConfig, on_row: Any = None) -> dict[str
     """Run the bench (module docstring); the result as a JSON-able dict."""
     from tlt.bench.bench_drafter import countdown_task, sample_context
     from tlt.bench.engine_sd import SdBenchConfig, sd_engine
-    from tlt.bench.run import _load_average, load_workload, variant_run, warm_drafter
+    from tlt.bench.run import _load_average, variant_run
+    from tlt.bench.workload import load_workload, warm_drafter
     from tlt.drafter.buffer import OnlineBuffer
     from tlt.drafter.evaluate import make_requests
     from tlt.models.drafter import load_drafter

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run
+from tlt.bench.run import variant_run
+from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
 from tlt.rollout.engine import Engine
 from tlt.runtime import rl_step
 from tlt.tasks.countdown import generate

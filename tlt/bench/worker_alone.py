@@ -71,7 +71,8 @@ def run_worker_bench(
 ) -> dict[str, Any]:
     """Run the bench (see the module docstring); the result as a JSON-able dict. `on_repeat` gets the result so
     far after every repeat (`repeats_done` of `config.repeats`): a run cut short keeps its finished repeats."""
-    from tlt.bench.run import _load_average, check_devices, load_workload, variant_run, warm_drafter
+    from tlt.bench.run import _load_average, check_devices, variant_run
+    from tlt.bench.workload import load_workload, warm_drafter
     from tlt.models.drafter import load_drafter
     from tlt.models.loading import load_policy
     from tlt.tasks.datasets import load_problems

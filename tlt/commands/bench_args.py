@@ -32,7 +32,7 @@ draft_vocabs = int_list("--draft-vocab", 0, "size (0: the whole vocabulary)")
 def workload_file(path: Path | None) -> Path:
     """The `--workload` file (default: the pinned `bench/workload.yaml`); ValueError naming the flag when it is
     not a file."""
-    from tlt.bench.run import DEFAULT_WORKLOAD
+    from tlt.bench.workload import DEFAULT_WORKLOAD
 
     workload = Path(path) if path is not None else DEFAULT_WORKLOAD
     if not workload.is_file():

@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tlt.bench.machine import describe, machine_info
-    from tlt.bench.run import DRAFTER_WARMSTART, drafter_warm_start
-    from tlt.bench.run import WARMSTARTS as CONFIGS
+    from tlt.bench.workload import DRAFTER_WARMSTART, drafter_warm_start
+    from tlt.bench.workload import WARMSTARTS as CONFIGS
     from tlt.runtime.demo_report import write_demo_report
     from tlt.runtime.local import policy_path
     from tlt.runtime.ray_cluster import local_graph_sets, precompile_local

@@ -122,7 +122,8 @@ def _spec(args: argparse.Namespace) -> Any:
     if args.bench_variant is not None:
         if args.run is not None:
             raise ValueError("give --run or --bench-variant, not both")
-        from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run
+        from tlt.bench.run import variant_run
+        from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
 
         workload = load_workload(args.workload or DEFAULT_WORKLOAD)
         if args.bench_variant not in workload.variants:

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from tlt.bench.machine import machine_info
-    from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, policy_costs
+    from tlt.bench.run import policy_costs
+    from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
 
     try:
         contexts = sorted({int(c) for c in args.contexts.split(",") if c.strip()})

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from tlt.bench.run import DEFAULT_WORKLOAD, load_workload, variant_run, warm_drafter
+    from tlt.bench.run import variant_run
+    from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload, warm_drafter
     from tlt.runtime.ray_coordinator import RayTrainer
 
     workload = load_workload(args.workload or DEFAULT_WORKLOAD)

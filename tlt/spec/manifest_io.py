@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from tlt.spec.base import Quantity
 from tlt.spec.run import (
     IMAGE_PATTERN,
     KIND,
@@ -20,7 +21,6 @@ from tlt.spec.run import (
     PromLabel,
     PromMetric,
     QualifiedName,
-    Quantity,
     TLTTrainingRun,
 )
 

@@ -46,8 +46,9 @@ What it does not do:
 Faults (status codes, delays that time clients out) are injected per method and path: `Faults`.
 """
 
+from .api_types import ApiError
 from .fake import FakeKube
 from .server import Faults
-from .store import ApiError, Store
+from .store import Store
 
 __all__ = ["ApiError", "FakeKube", "Faults", "Store"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .store import ApiError, Store, now
+from .api_types import ApiError, now
+from .store import Store
 
 _START_DELAY_S = 0.05
 

@@ -14,8 +14,9 @@ from typing import Any
 from aiohttp import web
 
 from . import selectors
+from .api_types import ApiError, WatchEvent
 from .resources import ResourceType
-from .store import ApiError, Store, WatchEvent
+from .store import Store
 
 _TRUE = ("true", "1", "True")
 log = logging.getLogger(__name__)

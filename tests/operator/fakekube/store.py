@@ -11,16 +11,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import datetime
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from tlt.spec.crd_lint import crd_problems
 from tlt.spec.crd_validate import DNS_SUBDOMAIN, DNS_SUBDOMAIN_MSG
 
 from . import selectors
+from .api_types import ApiError, WatchEvent, now
 from .patching import PatchError, json_patch, merge_patch
 from .resources import BUILTIN, ResourceType, from_crd
 
@@ -36,42 +35,6 @@ _IMMUTABLE_META = (
     "generateName",
 )
 _GC_DELAY_S = 0.05
-
-
-class ApiError(Exception):
-    """An error the apiserver returns as a `Status` object."""
-
-    def __init__(self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None):
-        super().__init__(message)
-        self.code, self.reason, self.message, self.details = code, reason, message, dict(details or {})
-
-    def status(self) -> Obj:
-        body: Obj = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if self.details:
-            body["details"] = self.details
-        return body
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    rv: int
-    key: tuple[str, str]
-    namespace: str
-    type: str
-    obj: Obj
-    previous: Obj | None = None  # the object before a MODIFIED (selector-filtered watches need it)
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _content(obj: Mapping[str, Any]) -> Obj:

@@ -1,0 +1,29 @@
+"""The engine cases the lossless suites share: prompts, greedy requests and one engine's generate."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+from tlt.rollout.drafting import Drafter
+from tlt.rollout.engine import Engine
+from tlt.rollout.speculative import SpeculativeStepper
+from tlt.rollout.types import Request, SamplingParams
+
+MAX_CONTEXT = 96
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11, 12, 13, 14, 11]]
+
+
+def requests(max_new: tuple[int, ...] = (20, 9, 14), **params) -> list[Request]:
+    return [
+        Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=n, **params))
+        for i, (p, n) in enumerate(zip(PROMPTS, max_new))
+    ]
+
+
+def generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter | None, batch_size: int = 4):
+    engine = Engine(model, max_batch_size=batch_size, max_context=MAX_CONTEXT)
+    stepper = None
+    if drafter is not None:
+        stepper = SpeculativeStepper(engine.runner, drafter)
+        engine.stepper = stepper
+    return engine.generate(requests), stepper

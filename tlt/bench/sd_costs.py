@@ -1,0 +1,68 @@
+"""What the SD bench's drafters cost per step: one EAGLE drafter step and one block-drafter forward (its
+deepest block), per running batch, the batches interleaved and the fastest of `repeats` rounds kept."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from tlt.models.block_drafter import BlockDrafter
+from tlt.models.drafter import EagleDrafter
+from tlt.rollout.drafting import EagleCache
+from tlt.rollout.runner import causal_mask
+
+
+def drafter_step_costs(
+    batches: tuple[int, ...], ctx: int, repeats: int, drafter: EagleDrafter, policy: PreTrainedModel
+) -> list[dict]:
+    """Seconds of one drafter step (one token per row after `ctx` cached slots, plus the head), per batch."""
+    state = EagleCache(drafter, policy.get_input_embeddings(), max(batches), ctx + 2)
+    fns = {}
+    for b in batches:
+        L = torch.full((b,), ctx, dtype=torch.long)
+        tokens = torch.ones(b, 1, dtype=torch.long)
+        feats = torch.zeros(b, 1, policy.config.hidden_size, dtype=policy.dtype)
+        mask = causal_mask(L, 1, ctx + 1)
+
+        def go(
+            b: int = b,
+            L: torch.Tensor = L,
+            tokens: torch.Tensor = tokens,
+            feats: torch.Tensor = feats,
+            mask: torch.Tensor = mask,
+        ) -> None:
+            state.cache.start(b)
+            state.drafter.logits(state.forward(tokens, feats, L[:, None], L[:, None], mask))
+
+        fns[b] = go
+    return fastest(fns, repeats)
+
+
+def block_step_costs(
+    batches: tuple[int, ...], k: int, repeats: int, block: BlockDrafter, policy: PreTrainedModel
+) -> list[dict]:
+    """Seconds of one block-drafter forward of the deepest block variant, plus the head, per batch: what
+    a block step drafts with (a chain of k pays k drafter steps)."""
+    fns = {}
+    for b in batches:
+        tokens = torch.ones(b, dtype=torch.long)
+        feats = torch.zeros(b, policy.config.hidden_size, dtype=policy.dtype)
+        fns[b] = lambda tokens=tokens, feats=feats: block.logits(block(tokens, feats, k))
+    return [{**point, "block": k} for point in fastest(fns, repeats)]
+
+
+def fastest(fns: dict[int, Callable[[], object]], repeats: int) -> list[dict]:
+    """[{batch, seconds (fastest), seconds_median}] of each batch's call over `repeats` rounds after an
+    untimed one, the batches interleaved within a round."""
+    seconds: dict[int, list[float]] = {b: [] for b in fns}
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            for b, go in fns.items():
+                t0 = time.perf_counter()
+                go()
+                seconds[b].append(time.perf_counter() - t0)
+    return [{"batch": b, "seconds": min(s[1:]), "seconds_median": statistics.median(s[1:])} for b, s in seconds.items()]
