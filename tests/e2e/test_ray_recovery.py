@@ -2,7 +2,8 @@
 
 Trainers stop before the next step's first rollout token (`stop_trainers_at="rollout"`, rollout
 pods with their own devices), so both workers' trainers harvest the policy update together and
-update one drafter. A rollout worker is killed in the middle of step 2: the step fails, the run
+update one drafter. The drafter hub is killed in the middle of step 2 (a lost rollout worker or verifier
+costs no step: tests/e2e/test_shard_retry_run.py; a hub is not replaced in place): the step fails, the run
 restarts from its step-1 checkpoint (counted against runPolicy.backoffLimit, and said so in the
 events) and finishes; what the checkpoint held (metrics, drafter version) is carried on, not lost.
 """
@@ -42,7 +43,7 @@ def recovered_run(tmp_path_factory):
     def kill_in_step_2(event: dict) -> None:
         if event["type"] == "phase" and event["phase"] == "rollout" and event["step"] == 2 and not holder["killed"]:
             holder["checkpoint_1"] = load_checkpoint(out / "checkpoints" / "step-00000001")
-            victim = holder["trainer"].actors.rollout[0]
+            victim = holder["trainer"].actors.hub
             ray.kill(victim, no_restart=True)
             holder["killed"] = True
 
@@ -65,7 +66,7 @@ def recovered_run(tmp_path_factory):
     return trainer, history, events, holder
 
 
-def test_killed_worker_fails_the_step_and_the_run_recovers_from_its_checkpoint(recovered_run):
+def test_a_killed_hub_fails_the_step_and_the_run_recovers_from_its_checkpoint(recovered_run):
     trainer, history, events, holder = recovered_run
     assert holder["killed"]
     restarts = [e for e in events if e["type"] == "restart"]

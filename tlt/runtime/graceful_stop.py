@@ -7,7 +7,9 @@ once with 128 + its number; the last checkpoint stays as it was (a save is atomi
 
 Ray's `ray.init` puts its own SIGTERM handler on the driver (it kills the local Ray processes and exits;
 the process then aborted in Ray's core-worker teardown): the run installs its handler again after Ray has
-started (`install` may be called any number of times). Handlers can only be set from the main thread; in
+started (`install` may be called any number of times), and a SIGTERM inside `ray.init`, where Ray's handler
+is in force (it raises SystemExit(15) there), is a stop too: Ray is shut down and the run stops before its
+first step (`start_ray`, `StoppedWhileStarting`). Handlers can only be set from the main thread; in
 another thread the run keeps the default behaviour and says so.
 """
 
@@ -17,15 +19,25 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_TERMINATED = 128 + signal.SIGTERM
+T = TypeVar("T")
+
+
+class StoppedWhileStarting(Exception):
+    """A SIGTERM arrived while Ray was starting: Ray was shut down and no step ran. `step` / `checkpoint`: the
+    resume point the run had (0 / None: none), for the line it stops with."""
+
+    def __init__(self, step: int = 0, checkpoint: str | None = None) -> None:
+        super().__init__("stopped on SIGTERM while Ray was starting")
+        self.step, self.checkpoint = step, checkpoint
 
 
 class GracefulStop:
@@ -73,6 +85,24 @@ class GracefulStop:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+def start_ray(start: Callable[[], T], stop: GracefulStop | None, shutdown: Callable[[], None]) -> T:
+    """`start()` (it calls `ray.init`), then `stop` installed again over Ray's handler. A SIGTERM inside it
+    (Ray's handler raises SystemExit(15) there) shuts Ray down (`shutdown`) and raises StoppedWhileStarting,
+    with `stop` requested; without a `stop` Ray's behaviour stands."""
+    try:
+        started = start()
+    except SystemExit as exc:
+        if stop is None or exc.code != signal.SIGTERM:
+            raise
+        shutdown()
+        stop.signum = signal.SIGTERM
+        log.warning("SIGTERM received while Ray was starting: Ray shut down, no step has run")
+        raise StoppedWhileStarting() from None
+    if stop is not None:
+        stop.install()
+    return started
 
 
 @contextmanager

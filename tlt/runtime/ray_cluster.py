@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,10 +145,17 @@ def _plugin_runtime_env(target: str) -> dict[str, Any]:
 
 @dataclass
 class Actors:
+    """The run's actors; `names`: the rollout workers' (`worker_identity`), in rank order like `rollout`;
+    `replace(rank)` starts a rollout worker like rank's (None: none can be, e.g. with sidecar trainers);
+    `replace_verifier()` a verifier."""
+
     rollout: list[Any]
     verifiers: list[Any]
     hub: Any | None
     sidecars: list[Any] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    replace: Callable[[int], Any] | None = None
+    replace_verifier: Callable[[], Any] | None = None
 
     def all(self) -> list[Any]:
         return [*self.rollout, *self.verifiers, *([self.hub] if self.hub is not None else []), *self.sidecars]
@@ -194,6 +202,39 @@ def rollout_worker_class(spec: RunSpec) -> type:
     return RolloutWorker
 
 
+def verifier_starter(spec: RunSpec, resources: dict[str, float], plan: Placement) -> Callable[[], Any]:
+    """A function that starts one verifier (not waiting for it); the run's verifiers, and a lost one's
+    replacement."""
+    verifier_cls = ray.remote(VerifierWorker)
+    options = _role_options("verifier", resources, plan.verifier_cpus)
+    if spec.verifier.reward is not None:
+        options.update(_plugin_runtime_env(spec.verifier.reward))
+
+    def start() -> Any:
+        return verifier_cls.options(name=None, **options).remote(
+            spec.dataset.answer_format, reward=spec.verifier.reward
+        )
+
+    return start
+
+
+def rollout_starter(
+    spec: RunSpec, policy_path: str, resources: dict[str, float], plan: Placement, verifiers: list[Any], hub: Any
+) -> Callable[[int], Any]:
+    """A function that starts the rollout worker of a rank (not waiting for it: its calls queue until it is
+    up); the run's workers at the start, and a lost one's replacement."""
+    rollout_cls = ray.remote(rollout_worker_class(spec))
+    options = _role_options("rollout", resources, plan.rollout_cpus, plan.gpus.rollout_gpus)
+    rows = worker_rows(spec)
+
+    def start(rank: int) -> Any:
+        return rollout_cls.options(max_concurrency=4, **options).remote(
+            rank, spec, policy_path, rows, verifiers, hub, plan.rollout_threads
+        )
+
+    return start
+
+
 def create_actors(
     spec: RunSpec, policy_path: str, target_config: Any, resources: dict[str, float], snapshot_dir: str | None
 ) -> Actors:
@@ -207,32 +248,17 @@ def create_actors(
     rejoin = TRAINER_REJOIN_SECONDS if resources.get(ROLE_RESOURCES["rollout"], 0) > 0 else 0.0
     if sidecar:
         resources = dict(await_trainer_nodes(spec, resources, timeout=rejoin))
-    verifier_cls = ray.remote(VerifierWorker)
-    verifier_options = _role_options("verifier", resources, plan.verifier_cpus)
-    if spec.verifier.reward is not None:
-        verifier_options.update(_plugin_runtime_env(spec.verifier.reward))
-    verifiers = [
-        verifier_cls.options(name=None, **verifier_options).remote(
-            spec.dataset.answer_format, reward=spec.verifier.reward
-        )
-        for _ in range(max(spec.verifier.replicas, 1))
-    ]
+    start_verifier = verifier_starter(spec, resources, plan)
+    verifiers = [start_verifier() for _ in range(max(spec.verifier.replicas, 1))]
     hub = None
     if spec.speculative.mode in ("static", "tlt"):
         hub = hub_actor(plan.hub_cpus).remote(
             target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir
         )
-    rows = worker_rows(spec)
     if not sidecar and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
         precompile_local(local_graph_sets(spec, policy_path, resources), resources)
-    rollout_cls = ray.remote(rollout_worker_class(spec))
-    rollout_options = _role_options("rollout", resources, plan.rollout_cpus, plan.gpus.rollout_gpus)
-    workers = [
-        rollout_cls.options(max_concurrency=4, **rollout_options).remote(
-            i, spec, policy_path, rows, verifiers, hub, plan.rollout_threads
-        )
-        for i in range(max(spec.rollout.replicas, 1))
-    ]
+    start_worker = rollout_starter(spec, policy_path, resources, plan, verifiers, hub)
+    workers = [start_worker(i) for i in range(max(spec.rollout.replicas, 1))]
     statuses = ray.get([w.status.remote() for w in workers])
     if hub is not None:
         ray.get(hub.ping.remote())
@@ -249,7 +275,15 @@ def create_actors(
         len(verifiers),
         ", a drafter hub" if hub is not None else "",
     )
-    actors = Actors(rollout=workers, verifiers=verifiers, hub=hub)
+    names = [s["worker"] for s in statuses]
+    actors = Actors(
+        rollout=workers,
+        verifiers=verifiers,
+        hub=hub,
+        names=names,
+        replace=None if sidecar else start_worker,
+        replace_verifier=start_verifier,
+    )
     if sidecar:
         try:
             actors.sidecars = create_sidecars(

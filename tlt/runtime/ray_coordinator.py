@@ -17,9 +17,16 @@ One step:
    (policy, optimizer, drafter params + optimizer, the workers' drafter buffers, bandits, metrics)
    is written.
 
-Failures: an actor that dies (or a task that raises) fails the step; all actors are torn down,
-the run reloads its newest whole-run checkpoint (or the initial policy when there is none) and
-starts fresh actors; restarts beyond `runPolicy.backoffLimit` fail the run (`tlt.runtime.run_checkpoint`).
+Failures (`tlt.runtime.failure_kinds`): a rollout worker lost in the middle of its shard costs the step
+nothing but time: the shard goes to a free worker and a fresh worker is started in its place
+(`tlt.runtime.rollout_dispatch`; events `shard_retry`, `worker_replaced`; the step's `recoveries`); lost at
+another point before the policy update, it is replaced and the step runs again (`step_redone`,
+`tlt.runtime.worker_replacement`). An error
+of the configuration or the program (a task raising ValueError, a missing file or module) fails the run at
+once with its line (event `failed`): every retry would repeat it. Anything else (another actor lost, a
+task raising a RuntimeError) fails the step; all actors are torn down, the run reloads its newest
+whole-run checkpoint (or the initial policy when there is none) and starts fresh actors; restarts beyond
+`runPolicy.backoffLimit` fail the run (`tlt.runtime.run_checkpoint`).
 When this process (the coordinator's node) is lost, Ray takes its actors with it; rerunning the same
 command (or the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
 The checkpoint to resume from is read and verified before Ray starts (`checkpoint.onCorrupt`,
@@ -55,7 +62,8 @@ from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import to_cpu
 from tlt.runtime.events import append_event
-from tlt.runtime.graceful_stop import GracefulStop
+from tlt.runtime.failure_kinds import PERMANENT, classify, failure_line, permanent_message
+from tlt.runtime.graceful_stop import GracefulStop, StoppedWhileStarting, start_ray
 from tlt.runtime.heldout import eval_due, evaluate, heldout_problems, plain_generate
 from tlt.runtime.local import (
     METRICS_FILE,
@@ -67,11 +75,21 @@ from tlt.runtime.local import (
     write_jsonl,
 )
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
-from tlt.runtime.rollout_dispatch import collect, dispatch
-from tlt.runtime.run_checkpoint import STEP_FAILURES, ActorStates, check_backoff, restart_event, restore_run, save_run
+from tlt.runtime.rollout_dispatch import StepRollout
+from tlt.runtime.run_checkpoint import (
+    STEP_FAILURES,
+    ActorStates,
+    RunFailed,
+    check_backoff,
+    restart_event,
+    restore_run,
+    save_run,
+)
 from tlt.runtime.served_drafter import StepDrafters
 from tlt.runtime.shard_metrics import shard_rollout_metrics
 from tlt.runtime.spot_trainers import SlotSource, SpotTrainers, drafter_step_metrics
+from tlt.runtime.worker_drafter import NO_AGREEMENT
+from tlt.runtime.worker_replacement import ask_each, replace_lost
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
@@ -80,6 +98,7 @@ log = logging.getLogger(__name__)
 
 DRAFTER_DIR = DRAFTER_SNAPSHOTS_DIR
 EventFn = Callable[[dict[str, Any]], None]
+MAX_REDOS = 2  # a step runs at most this many more times after losing rollout workers outside their rollout
 
 
 class RayTrainer:
@@ -120,12 +139,17 @@ class RayTrainer:
         # the checkpoint to resume from, read, verified and checked against this run before Ray starts
         ckpt, damaged = resume_point(self.checkpoint_root, self.spec.checkpoint.on_corrupt)
         check_same_run(ckpt, self.checkpoint_root, self.spec.model_dump(mode="json", by_alias=True))
-        self.resources = connect(address, num_cpus)
-        if stop is not None:
-            stop.install()  # again: ray.init put its own SIGTERM handler on this process
+        try:  # a SIGTERM while Ray starts stops the run too (`start_ray`)
+            self.resources = start_ray(lambda: connect(address, num_cpus), stop, ray.shutdown)
+        except StoppedWhileStarting as exc:
+            exc.step = ckpt.step if ckpt is not None else 0
+            exc.checkpoint = str(self.checkpoint_root / f"step-{exc.step:08d}") if exc.step else None
+            raise
         self.placement = placement(self.spec, self.resources)  # ValueError: a role asks for a missing GPU
         torch.set_num_threads(self.placement.driver_threads)
         self.actors: Actors | None = None
+        self.updating = False  # the step under way has started changing the policy
+        self.redos = 0  # times the step under way was run again after losing a rollout worker
         self.stopped: Path | None = None
         self.restarts = 0
         self._load_initial()
@@ -166,9 +190,11 @@ class RayTrainer:
         if self.on_event is not None:
             self.on_event(event)
 
-    def _emit_workers(self) -> None:
+    def _emit_workers(self, skip: set[Any] | frozenset[Any] = frozenset()) -> None:
+        """Record the rollout workers' states (but those of `skip`: replacements still starting)."""
         if self.on_event is not None and self.actors is not None:
-            self._emit("workers", workers=ray.get([w.status.remote() for w in self.actors.rollout]))
+            workers = [w for w in self.actors.rollout if w not in skip]
+            self._emit("workers", workers=[s for s in ask_each(workers, "status", None) if s is not None])
 
     def _resume(self, ckpt: Checkpoint | None) -> None:
         if ckpt is not None:
@@ -193,7 +219,12 @@ class RayTrainer:
     def save(self) -> Path:
         """A whole-run checkpoint of the current step (the drafter comes from the hub, synchronously)."""
         if self.actors is not None:
-            self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
+            try:
+                self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
+            except STEP_FAILURES as exc:  # a worker lost since its step: its replacement's (fresh) state is kept
+                if not self._replace_lost(exc, redo=False):
+                    raise
+                self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
         return save_run(
             self.checkpoint_root,
             self.spec.checkpoint.keep,
@@ -209,6 +240,7 @@ class RayTrainer:
     def train_step(self) -> dict[str, Any]:
         """Run step `self.step + 1` on the actors; returns its metrics."""
         actors = self.actors or self.start_actors()
+        self.updating = False
         step = self.step + 1
         started = time.time()
         ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
@@ -223,12 +255,13 @@ class RayTrainer:
                 ("put_weights", "stop_trainers", "drafters"), (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))
             )
         )
-        futures = dispatch(actors.rollout, step, ids, self.problems, weights, drafter, candidate)
-        self._emit("phase", phase="rollout", workers=len(futures))
+        rollout = StepRollout(actors, step, ids, self.problems, (weights, drafter, candidate))
+        self._emit("phase", phase="rollout", workers=rollout.dispatch())
         trains = rl_step.trains_drafter(self.spec, step) and actors.hub is not None
-        results, started_trainers = collect(futures, step, self.trainers if trains else None, self._emit_workers)
+        collected = rollout.collect(self.trainers if trains else None, self._emit, self._emit_workers)
+        results, started_trainers = collected.results, collected.started
         rollout_end = time.time()
-        acks = self.trainers.after_rollout(carried, started_trainers)
+        acks = collected.acks + self.trainers.after_rollout(carried, started_trainers)
         self._emit("phase", phase="update")
         completions = [c for r in results for c in r["completions"]]
         scored = ray.get([ref for r in results for ref in r["rewards"]])
@@ -236,6 +269,7 @@ class RayTrainer:
         reward_errors = [error for _, error in scored if error is not None]
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
+        self.updating = True  # from here a failure cannot run the step again: the policy is changing
         update = rl_step.learn(
             self.policy,
             self.optimizer,
@@ -247,7 +281,7 @@ class RayTrainer:
         )
         update_seconds = time.time() - update_started
         # The workers buffered their samples and scored the drafters while the policy updated.
-        for result, agreement in zip(results, ray.get([futures[ref].agreement.remote() for ref in futures])):
+        for result, agreement in zip(results, ask_each(collected.workers, "agreement", NO_AGREEMENT)):
             result.update(agreement)
         metrics = {
             "step": step,
@@ -264,11 +298,11 @@ class RayTrainer:
         if actors.hub is not None:
             actors.hub.snapshot.remote(step)
         metrics["worker_states"] = {
-            name: states
-            for name, states in zip(
-                [r["worker"] for r in results], ray.get([w.take_states.remote() for w in futures.values()])
-            )
+            r["worker"]: states
+            for r, states in zip(results, ask_each(collected.workers, "take_states", None))
+            if states is not None
         }
+        metrics["recoveries"] = collected.recoveries
         if actors.hub is not None and not self.trainers.running:  # nothing can push before the next step
             self.drafters.prefetch(actors.hub)
         if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
@@ -301,8 +335,11 @@ class RayTrainer:
                 except STEP_FAILURES as exc:
                     if stop.requested:  # stopping: its last checkpoint stands (pods may be leaving with it)
                         break
-                    self._restart(exc)
+                    self._fail_if_permanent(exc)
+                    if not self._replace_lost(exc, redo=True):
+                        self._restart(exc)
                     continue
+                self.redos = 0
                 if stop.requested:  # the checkpoint holds what the trainers learnt until now
                     self.trainers.stop_running()
                 if self.step % interval == 0 or self.step == self.algo.steps or stop.requested:
@@ -330,6 +367,25 @@ class RayTrainer:
             self.shutdown()
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
         return self.history
+
+    def _replace_lost(self, exc: BaseException, redo: bool) -> bool:
+        """Replace the rollout workers `exc` lost (`replace_lost`); True when that fixes it: for a step to run
+        again (`redo`; seeded by prompt, it is the same step) the policy must be untouched, `MAX_REDOS` not spent."""
+        if self.actors is None or (redo and (self.updating or self.redos >= MAX_REDOS)):
+            return False
+        lost = replace_lost(self.actors, exc, self._emit, self.trainers.running)
+        if not lost:
+            log.warning("step %d: %s is not a lost rollout worker or verifier", self.step + 1, failure_line(exc))
+        if lost and redo:
+            self.redos += 1
+            self._emit("step_redone", lost=lost, reason=failure_line(exc), attempt=self.redos)
+        return bool(lost)
+
+    def _fail_if_permanent(self, exc: BaseException) -> None:
+        """RunFailed at once, with the cause's line, for a failure no restart changes (`failure_kinds`)."""
+        if classify(exc) == PERMANENT:
+            self._emit("failed", reason=failure_line(exc), retried=False)
+            raise RunFailed(permanent_message(exc, self.step + 1)) from exc
 
     def _restart(self, exc: BaseException) -> None:
         """Tear the actors down and go on from the newest checkpoint; RunFailed past the backoff limit."""

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,10 @@ class VerifierWorker:
         self.answer_format = answer_format
         self.reward = None if reward is None else load_reward(reward)
         self.scored = 0
+
+    def status(self) -> dict[str, Any]:
+        """Its count of scored responses and its process (the coordinator's liveness probe)."""
+        return {"scored": self.scored, "pid": os.getpid()}
 
     def score(
         self, response: str, reference: str, prompt: str = "", record: dict[str, Any] | None = None, sample: str = ""

@@ -20,7 +20,13 @@ from tlt.runtime import k8s_slots
 from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
 from tlt.runtime.checkpoint_recovery import cannot_resume
 from tlt.runtime.display import LiveDisplay
-from tlt.runtime.graceful_stop import GracefulStop, stop_on_signals, stopped_line, write_failed
+from tlt.runtime.graceful_stop import (
+    GracefulStop,
+    StoppedWhileStarting,
+    stop_on_signals,
+    stopped_line,
+    write_failed,
+)
 from tlt.runtime.local import ResumeError
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.report import PLOTS, write_report
@@ -31,12 +37,13 @@ from tlt.tasks.warmstart import WarmstartConfig
 log = logging.getLogger(__name__)
 
 
-def _on_step(display: LiveDisplay, metrics: dict) -> None:
-    """Show the step; on a cluster also publish it on this pod for the operator (best effort: a
-    failed annotation is logged, never fails the run)."""
+def _on_step(display: LiveDisplay, metrics: dict, recovered: dict) -> None:
+    """Show the step; on a cluster also publish it for the operator, with the run's last recovery (kept in
+    `recovered`; best effort: a failed report is logged, never fails the run)."""
     display.step(metrics)
+    recovered.update(k8s_slots.recovery_report(metrics) or {})
     try:
-        k8s_slots.report_progress(metrics)
+        k8s_slots.report_progress(metrics, recovered or None)
     except k8s_slots.SlotApiError as exc:
         log.warning("could not publish progress on the pod: %s", exc)
 
@@ -87,7 +94,12 @@ def _train_ray(
                 console.print(
                     f"resuming {run.metadata.name} at step {trainer.step}/{total} from {trainer.checkpoint_root}"
                 )
-            history = trainer.train(on_step=lambda metrics: _on_step(display, metrics), stop=stop)
+            recovered: dict = {}
+            history = trainer.train(on_step=lambda metrics: _on_step(display, metrics, recovered), stop=stop)
+    except StoppedWhileStarting as exc:
+        line = stopped_line(run.metadata.name, "SIGTERM", exc.step, total, exc.checkpoint)
+        console.print(line, highlight=False, soft_wrap=True)
+        return stopped_exit
     except CheckpointWriteError as exc:
         ray.shutdown()
         code, line = write_failed(stop, exc)

@@ -17,6 +17,7 @@ of `rollout.engine: vllm` is `tlt.runtime.ray_vllm_worker`.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future
 from dataclasses import replace
@@ -112,7 +113,12 @@ class RolloutWorker:
             "warmup_seconds": getattr(self, "warmup_seconds", 0.0),
             "heap": getattr(self, "heap", None),
             "device": str(self.model.device),
+            "pid": os.getpid(),
         }
+
+    def set_verifiers(self, verifiers: list[Any]) -> None:
+        """Stream responses to `verifiers` from now on (the run replaced a lost one)."""
+        self.verifiers = verifiers
 
     def take_states(self) -> list[tuple[str, float]]:
         """State transitions since the last call (the current state stays as the first entry)."""
