@@ -250,14 +250,34 @@ class SpotTrainer:
         run.started_at = time.time()
         self._training = True
         run.priority = lower_thread_priority()
+        self._train(run, epochs=None)
+
+    def train_epochs(self, step: int, epochs: int = 1) -> dict[str, Any]:
+        """Train on the caller's thread: `epochs` passes over the buffer (every packed row once each), synced
+        with the hub every `sync_every` steps and at the end; returns the run's summary (`TrainerRun`). For a
+        process with no idle device time to harvest (the single-process loop): a fixed amount of work, so a
+        resumed run repeats it exactly."""
+        if self.active:
+            raise RuntimeError(f"trainer {self.trainer_id} is already training")
+        run = TrainerRun(step=step, started_at=time.time())
+        self._stop.clear()
+        self._training = True
+        self._train(run, epochs=epochs)
+        run.stop_received_at = run.stopped_at = time.time()
+        return run.summary()
+
+    def _train(self, run: TrainerRun, epochs: int | None) -> None:
+        """The optimizer steps over the buffer's epochs until stopped (`epochs` None) or `epochs` passes."""
         self.drafter.train()
         steps = tokens = 0  # since the last sync
         loss_sum = 0.0
+        passes = 0
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and (epochs is None or passes < epochs):
                 batches = self.buffer.batches(self._epoch)
                 self._epoch += 1
-                if not batches:
+                passes += 1
+                if not batches and epochs is None:
                     self._stop.wait(0.05)
                     continue
                 for packed in batches:
