@@ -141,3 +141,20 @@ def test_the_served_set_is_written_as_its_members_folders(tmp_path, eagle):
     assert (folder / "config.json").exists() == eagle
     if eagle:
         assert torch.equal(load_drafter(folder, model).fc.weight, drafters.eagle.fc.weight)
+
+
+def test_a_warm_start_of_eagle_parameters_fills_the_sets_eagle_member_only():
+    model = policy()
+    config = drafter_config_from_target(model.config)
+    eagle = DrafterHub(config, 1e-3, seed=5).params()  # an EAGLE drafter's parameters, as drafterPath holds
+    hub = DrafterHub(config, 1e-3)
+    hub.use_drafters(LearnedDrafters(eagle=True, block_size=2))
+    block = member_params(hub.params())["block"]
+    hub.load_params(eagle)
+    members = member_params(hub.params())
+    assert all(torch.equal(members["eagle"][k], v) for k, v in eagle.items())
+    assert all(torch.equal(members["block"][k], v) for k, v in block.items())
+    only_block = DrafterHub(config, 1e-3)
+    only_block.use_drafters(LearnedDrafters(eagle=False, block_size=2))
+    with pytest.raises(ValueError, match="drafterPath"):
+        only_block.load_params(eagle)

@@ -203,9 +203,19 @@ class DrafterHub:
             }
 
     def load_params(self, params: dict[str, torch.Tensor]) -> None:
-        """Start from given drafter parameters (e.g. `speculative.drafterPath`) with a fresh optimizer."""
+        """Start from given drafter parameters (e.g. `speculative.drafterPath`) with a fresh optimizer. A hub
+        holding a `DrafterSet` takes an EAGLE drafter's parameters into its EAGLE member (the block drafter
+        starts fresh)."""
         with self._lock:
-            self.drafter.load_state_dict(params)
+            if isinstance(self.drafter, DrafterSet) and set(member_params(params)) == {"eagle"}:
+                if self.drafter.eagle is None:
+                    raise ValueError(
+                        "speculative.drafterPath holds an EAGLE drafter, and this run's arms use the block drafter "
+                        "only: add a chain, tree or mixed arm, or drop speculative.drafterPath"
+                    )
+                self.drafter.eagle.load_state_dict(params)
+            else:
+                self.drafter.load_state_dict(params)
 
     def load_state(self, state: dict[str, Any]) -> None:
         with self._lock:
