@@ -79,9 +79,9 @@ def test_a_sets_agreement_sums_its_eagle_positions_and_its_block_outputs():
     assert packed_agreement(drafters, packs) == (eagle[0] + block[0], eagle[1] + block[1])
 
 
-def test_the_hub_takes_the_runs_set_once_and_refuses_a_change_after_training():
+def test_the_hub_takes_the_runs_set_once_and_refuses_a_change_after_training(tmp_path):
     model = policy()
-    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3)
+    hub = DrafterHub(drafter_config_from_target(model.config), 1e-3, snapshot_dir=tmp_path)
     learned = LearnedDrafters(eagle=False, block_size=4)
     hub.use_drafters(learned)
     first = hub.params()
@@ -91,6 +91,11 @@ def test_the_hub_takes_the_runs_set_once_and_refuses_a_change_after_training():
     hub.push_delta("w0", {k: torch.full_like(v, 1e-3) for k, v in first.items()}, 0, 1, 10, 1.0)
     with pytest.raises(ValueError, match="cannot switch"):
         hub.use_drafters(LearnedDrafters(eagle=True, block_size=4))
+    hub.snapshot(step=1)
+    assert hub.wait_snapshots(30.0)
+    assert (tmp_path / BLOCK_SNAPSHOTS / "LATEST").is_file() and not (tmp_path / "LATEST").exists(), (
+        "a block-only run snapshots its block drafter alone"
+    )
 
 
 def test_a_spot_trainer_trains_the_set_and_syncs_it_with_the_hub(tmp_path):

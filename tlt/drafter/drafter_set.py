@@ -17,7 +17,7 @@ step on a packed row takes the sum of the members' losses (EAGLE's `packed_loss`
 
 Publish (`drafter.publish: validated`) scores a set by its summed agreement counts on the step's fresh
 rollouts: the EAGLE member's top-1 agreement positions plus, for the block member, every counted block
-output whose argmax equals the target's (`block_agreement`'s counts, all offsets summed). The candidate is
+output whose argmax equals the target's (`block_agreement_counts`, all offsets summed). The candidate is
 served when that share is at least the served set's (`tlt.drafter.publish.promote`).
 """
 
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
+from tlt.adaptive.arms import arm_indices
 from tlt.drafter.block_objective import BlockBatch, block_agreement_counts, block_batch, block_loss
 from tlt.drafter.buffer import PackedBatch
 from tlt.models.block_drafter import BlockDrafter
@@ -48,16 +49,12 @@ class LearnedDrafters:
     eagle: bool
     block_size: int
 
-    @property
-    def any(self) -> bool:
-        return self.eagle or self.block_size > 0
-
 
 def learned_drafters(spec: SpeculativeSpec) -> LearnedDrafters:
     """The drafters the usable arms of `spec` draft with (modes off / ngram: none)."""
     if spec.mode not in ("static", "tlt"):
         return LearnedDrafters(eagle=False, block_size=0)
-    arms = [a for a in spec.arms if spec.history.enabled or a.kind not in ("history", "mixed")]
+    arms = [spec.arms[i] for i in arm_indices(spec)]
     blocks = [a.depth for a in arms if a.kind == "block"]
     return LearnedDrafters(eagle=any(a.kind in EAGLE_ARM_KINDS for a in arms), block_size=max(blocks, default=0))
 

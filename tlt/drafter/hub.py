@@ -90,7 +90,8 @@ class DrafterHub:
                 self.block_checkpointer = AsyncCheckpointer(
                     self.snapshot_dir / BLOCK_SNAPSHOTS, self.drafter.block.config
                 )
-                if self.drafter.eagle is None:
+                if self.drafter.eagle is None and self.checkpointer is not None:  # no EAGLE drafter to snapshot
+                    self.checkpointer.close()
                     self.checkpointer = None
 
     def params(self) -> dict[str, torch.Tensor]:
