@@ -1,8 +1,9 @@
 """A compiled worker's rollouts compile nothing after `warm_up`, whichever arm the bandit picks.
 
 The rollout worker warms its engine up once (`warm_up` with the drafter graphs its arms and sampling can
-reach, `drafter_graphs`) and then runs the adaptive stepper over every arm kind: plain, EAGLE chains of
-two depths, an EAGLE tree, n-gram, rollout-history and mixed drafts. A graph compiled after the warm-up
+reach, `drafter_graphs`, and the block drafter's, `block_graphs`) and then runs the adaptive stepper over
+every arm kind: plain, EAGLE chains of two depths, an EAGLE tree, n-gram, rollout-history, mixed and block
+drafts of two depths. A graph compiled after the warm-up
 would land in a timed rollout (seconds each; one was found this way: a stride guard at one row). Dynamo's
 global counter of unique graphs covers the target's step and every drafter graph at once.
 """
@@ -15,13 +16,14 @@ import torch
 from torch._dynamo.utils import counters
 
 from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
-from tlt.adaptive.arms import drafter_graphs, new_history_store
+from tlt.adaptive.arms import block_graphs, drafter_graphs, new_history_store
+from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout import warmup
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
-from tlt.rollout.warmup import warm_up
+from tlt.rollout.warmup import warm_up, warm_up_blocks
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 CONTEXT = 64
@@ -35,6 +37,8 @@ ARMS = [
     ArmSpec(kind="ngram", depth=3),
     ArmSpec(kind="history", depth=4),
     ArmSpec(kind="mixed", depth=3),
+    ArmSpec(kind="block", depth=2),
+    ArmSpec(kind="block", depth=3),
 ]
 
 
@@ -47,7 +51,7 @@ def _requests(temperature: float, rows: int, max_new: int, tag: str) -> list[Req
     ]
 
 
-def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
+def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm_block_arms_too(fresh_graphs):
     """Sampling rollouts after a warm-up planned for sampling, then greedy ones after the greedy plan's
     warm-up: neither compiles a graph, so each plan holds every graph its rollouts reach. (Dynamo starts
     empty, `fresh_graphs`; the greedy plan's warm-up adds only what the sampling plan's lacked.
@@ -56,6 +60,7 @@ def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
     torch.manual_seed(3)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).eval()
     drafter.bind_policy(model)
+    block = new_block_drafter(model, block_size=3).eval()
     spec = SpeculativeSpec(
         mode="tlt", threshold=ROWS, buckets=[1, 2, ROWS], arms=ARMS, epsilon=1.0, window=4, ngram_min=1, ngram_max=3
     )
@@ -66,18 +71,29 @@ def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm(fresh_graphs):
     round_ = 0
     for temperature in (1.0, 0.0):
         assert warm_up(engine, drafter, **drafter_graphs(spec, sampled=temperature > 0)) > 0
+        assert warm_up_blocks(engine, block, **block_graphs(spec, sampled=temperature > 0)) > 0
         graphs = counters["stats"]["unique_graphs"]
         with torch.no_grad():
             for rows in (ROWS, 1, 2):
                 stepper = build_adaptive_stepper(
-                    spec, engine.runner, drafter, rows=ROWS, context=CONTEXT, seed=round_, history=history
+                    spec, engine.runner, drafter, rows=ROWS, context=CONTEXT, seed=round_, history=history, block=block
                 )
                 engine.stepper = stepper
                 engine.generate(_requests(temperature, rows, 14, f"t{round_}-"))
                 arms_run |= {r.arm for r in stepper.log if r.arm is not None}
                 round_ += 1
         assert counters["stats"]["unique_graphs"] == graphs, f"a graph compiled after the warm-up (T={temperature})"
-    assert arms_run == {"plain", "chain-d2", "chain-d3", "tree-d2k2v4", "ngram-d3", "history-d4", "mixed-d3"}, arms_run
+    assert arms_run == {
+        "plain",
+        "chain-d2",
+        "chain-d3",
+        "tree-d2k2v4",
+        "ngram-d3",
+        "history-d4",
+        "mixed-d3",
+        "block-d2",
+        "block-d3",
+    }, arms_run
 
 
 class _RecordingCache:

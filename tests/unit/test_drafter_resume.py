@@ -9,6 +9,7 @@ import torch
 from test_drafter_hub import filled_buffer, policy
 
 from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.drafter_set import DrafterSet, LearnedDrafters, new_drafter_set, unbound_drafter_set
 from tlt.drafter.hub import MAX_GRAD_NORM, DrafterHub
 from tlt.drafter.objective import make_optimizer
 from tlt.drafter.trainer import SpotTrainer, local_step
@@ -18,9 +19,23 @@ from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_lat
 LR = 3e-3
 
 
+# the drafters a run learns: the EAGLE drafter alone (no block arms), EAGLE + block, block alone
+LEARNED = [None, LearnedDrafters(eagle=True, block_size=4), LearnedDrafters(eagle=False, block_size=3)]
+
+
+def _hub(config, learned: LearnedDrafters | None, seed: int) -> DrafterHub:
+    hub = DrafterHub(config, LR, seed=seed)
+    if learned is not None:
+        hub.use_drafters(learned)
+    return hub
+
+
 def _trainer(model, hub: DrafterHub, buffer: OnlineBuffer) -> SpotTrainer:
-    drafter = EagleDrafter(drafter_config_from_target(model.config))
-    drafter.bind_policy(model)
+    if isinstance(hub.drafter, DrafterSet):
+        drafter = new_drafter_set(model, hub.learned)
+    else:
+        drafter = EagleDrafter(drafter_config_from_target(model.config))
+        drafter.bind_policy(model)
     trainer = SpotTrainer("rollout-0", drafter, buffer, hub.push_delta, learning_rate=LR)
     trainer.load(*hub.pull())
     return trainer
@@ -73,20 +88,26 @@ def test_hub_adamw_keeps_its_moments_from_one_rl_step_to_the_next():
     _assert_same(hub.optimizer.state_dict()["state"], ref_opt.state_dict()["state"])
 
 
-@pytest.mark.parametrize("drop", [None, "optimizer", "buffer", "epoch"])
-def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop):
+@pytest.mark.parametrize("learned", LEARNED, ids=["eagle", "eagle+block", "block"])
+@pytest.mark.parametrize("drop", [None, "optimizer", "buffer", "epoch", "served"])
+def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop, learned):
     """A run trains, checkpoints, trains on; a second process restored from the checkpoint trains
-    the same epochs and must end bit-identical. Dropping any part of the drafter's state (the
-    mutants) must break that."""
+    the same epochs and must end bit-identical, and serves the same drafter. Dropping any part of the
+    drafter's state (the mutants) must break that. A run with block arms holds a `DrafterSet`."""
     model = policy()
     config = drafter_config_from_target(model.config)
-    hub = DrafterHub(config, LR, seed=1)
+    hub = _hub(config, learned, seed=1)
     trainer = _trainer(model, hub, filled_buffer(model, seed=4))
-    _train(trainer, hub, epochs=2)
+    _train(trainer, hub, epochs=1)
+    served = hub.pull()  # what the rollouts draft with: an older version than the hub's newest
+    _train(trainer, hub, epochs=1)
     ckpt = Checkpoint(step=1)
-    add_drafter(ckpt, hub.state(), [trainer.state_dict()])
+    add_drafter(ckpt, {**hub.state(), "served": {"version": served[0], "params": served[1]}}, [trainer.state_dict()])
     if drop == "optimizer":  # the trainer's own AdamW moments
-        ckpt.objects["drafter_buffers"][0]["optimizer"] = make_optimizer(EagleDrafter(config), LR).state_dict()
+        fresh = EagleDrafter(config) if learned is None else unbound_drafter_set(config, learned)
+        ckpt.objects["drafter_buffers"][0]["optimizer"] = make_optimizer(fresh, LR).state_dict()
+    elif drop == "served":
+        del ckpt.tensors["served_drafter"]
     elif drop == "buffer":
         ckpt.objects["drafter_buffers"][0]["buffer"] = {
             **trainer.buffer.state_dict(),
@@ -101,7 +122,7 @@ def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop):
     _train(trainer, hub, epochs=2)  # the first run goes on, then is "killed": its objects are gone
 
     hub_state, trainer_states = drafter_of(load_latest(tmp_path))
-    resumed_hub = DrafterHub(config, LR, seed=99)
+    resumed_hub = _hub(config, learned, seed=99)
     resumed_hub.load_state(hub_state)
     fresh = trainer.buffer
     resumed = _trainer(model, resumed_hub, OnlineBuffer(fresh.buffer_steps, fresh.row_tokens, fresh.seed))
@@ -112,6 +133,7 @@ def test_kill_and_restart_resume_the_drafter_exactly(tmp_path, drop):
     try:
         _assert_same(resumed.state_dict(), trainer.state_dict())
         _assert_same(resumed_hub.state(), hub.state())
+        _assert_same(hub_state.get("served"), {"version": served[0], "params": served[1]})
     except AssertionError:
         assert drop is not None, "a complete checkpoint did not resume exactly"
     else:

@@ -24,7 +24,13 @@ def test_the_default_spec_has_no_warnings():
             {"speculative": {"arms": [{"kind": "tree", "depth": 2, "topk": 2, "verifyTokens": 7}]}},
             "spec.speculative.arms[0].verifyTokens",
         ),
-        ({"speculative": {"arms": [{"kind": "block", "depth": 4}]}}, "spec.speculative.arms[0]"),
+        (
+            {
+                "speculative": {"arms": [{"kind": "block", "depth": 4}]},
+                "drafter": {"placement": "sidecar", "deviceClassName": "gpu.example.com"},
+            },
+            "spec.speculative.arms[0]",
+        ),
         ({"model": {"maxContext": 256}, "algorithm": {"maxNewTokens": 256}}, "spec.algorithm.maxNewTokens"),
         ({"verifier": {"resources": {"memory": "100m"}}}, "spec.verifier.resources.memory"),
         ({"rollout": {"resources": {"memory": "1.0001Ki"}}}, "spec.rollout.resources.memory"),
@@ -59,6 +65,7 @@ def test_boundaries_are_quiet():
         "verifier": {"resources": {"memory": "1.5Gi"}},
     }
     quiet["speculative"]["draftVocab"] = 1000  # mode tlt, engine tlt: a reduced draft vocabulary applies
+    quiet["speculative"]["arms"].append({"kind": "block", "depth": 4})  # trained in the rollout container
     assert spec_warnings(RunSpec.model_validate(quiet)) == []
     assert tree_candidates(RunSpec().speculative.arms[2]) == 6
     assert quantity_bytes("1.5Gi") == 1610612736 and quantity_bytes("100m") == Fraction(1, 10)

@@ -216,14 +216,16 @@ def rollout_stepper(
     bandit: BucketedBandit | None,
     seed: int,
     history: HistoryStore | None = None,
+    block: BlockDrafter | None = None,
 ) -> PlainStepper | AdaptiveStepper:
     """The stepper of one rollout for `spec.mode` (build a fresh one per rollout; pass the previous one's bandit).
 
     off: plain decoding. ngram / static / tlt: the adaptive stepper, whose n-gram arms cover the time before
-    the learned drafter is useful; the learned arms draft with `drafter`, the rollout worker's copy its spot
-    trainer trains. A worker keeps its bandit across rollouts, so what it learned carries over."""
+    the learned drafter is useful; the learned arms draft with `drafter` (the block arms with `block`), the
+    rollout worker's copies its spot trainer trains. A worker keeps its bandit across rollouts, so what it
+    learned carries over."""
     if spec.mode == "off":
         return PlainStepper(runner)
     return build_adaptive_stepper(
-        spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed, history=history
+        spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed, history=history, block=block
     )

@@ -116,6 +116,14 @@ def drafter_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
     }
 
 
+def block_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
+    """The compiled block-draft graphs the usable block arms of `spec` reach, as `tlt.rollout.warmup.
+    warm_up_blocks`'s keywords: {"depths": the block arms' depths, "guesses": "coupled" in a sampling run,
+    else "argmax"}; empty lists without a usable block arm."""
+    depths = sorted({spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind in BLOCK_KINDS})
+    return {"depths": depths, "guesses": (["coupled" if sampled else "argmax"] if depths else [])}
+
+
 def uses_history(spec: SpeculativeSpec) -> bool:
     """Whether some arm usable in `spec.mode` reads the rollout-history store."""
     return any(spec.arms[i].kind in HISTORY_KINDS for i in arm_indices(spec))
@@ -156,8 +164,7 @@ def build_arms(
         )
     if block is None and any(spec.arms[i].kind in BLOCK_KINDS for i in indices):
         raise ValueError(
-            f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; none was "
-            "given (`tlt train` does not build one yet: drop the block arms from speculative.arms)"
+            f"speculative.mode {spec.mode!r} with arms of kind block needs the block drafter; none was given"
         )
     scratch = max((_scratch(spec.arms[i]) for i in indices), default=0)
     shared = EagleCache(drafter, embed, max_batch_size, max_context, compile, scratch) if needs_drafter else None

@@ -77,12 +77,19 @@ def block_loss(drafter: BlockDrafter, batch: BlockBatch) -> DrafterLoss:
 
 
 @torch.no_grad()
-def block_agreement(drafter: BlockDrafter, batch: BlockBatch) -> list[float]:
-    """Per block offset i: the share of counted outputs whose argmax equals the target's (argmax
-    head(f[j+1+i])); len k. Offset 0 is the EAGLE drafter's top-1 agreement's counterpart."""
+def block_agreement_counts(drafter: BlockDrafter, batch: BlockBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block offset i: (counted outputs whose argmax equals the target's (argmax head(f[j+1+i])),
+    counted outputs), each [k] long."""
     pred = drafter(batch.input_ids, batch.features, batch.target.shape[1])
     agree = (drafter.logits(pred).argmax(-1) == drafter.logits(batch.target).argmax(-1)) & batch.weight  # [N, k]
-    return (agree.sum(0) / batch.weight.sum(0).clamp_min(1)).tolist()
+    return agree.sum(0), batch.weight.sum(0)
+
+
+def block_agreement(drafter: BlockDrafter, batch: BlockBatch) -> list[float]:
+    """Per block offset i: the share of counted outputs whose argmax equals the target's; len k. Offset 0
+    is the EAGLE drafter's top-1 agreement's counterpart."""
+    agree, total = block_agreement_counts(drafter, batch)
+    return (agree / total.clamp_min(1)).tolist()
 
 
 class BlockTraining:

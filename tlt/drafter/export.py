@@ -41,10 +41,13 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from tlt.drafter.async_ckpt import LATEST
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, member_params
+from tlt.models.block_drafter import BlockDrafter, block_config_from_target
 from tlt.models.drafter import (
     CONFIG_FILE,
     SHAPE_FIELDS,
     WEIGHTS_FILE,
+    BoundDrafter,
     EagleDrafter,
     drafter_config_from_target,
     load_drafter,
@@ -144,15 +147,24 @@ def write_served_drafter(
 ) -> Path:
     """Write `drafter` = (version, parameters) as the `save_drafter` folder `<out_dir>/drafter-served/`
     with `served.json` (version, publish mode, step); built in a temporary folder and renamed into
-    place, replacing an older one, so the folder is never half written. Returns the folder."""
+    place, replacing an older one, so the folder is never half written. Returns the folder. A run with
+    block arms serves a `DrafterSet`: its EAGLE member (if any) is the folder's drafter, its block drafter
+    the `save_drafter` folder `drafter-served/block/` (`load_block_drafter` reads it)."""
     version, params = drafter
-    model = EagleDrafter(drafter_config_from_target(target)).to(next(iter(params.values())).dtype)
-    model.load_state_dict(params, strict=True)
+    members = member_params(params)
+    models: dict[str, BoundDrafter] = {}
+    if "eagle" in members:
+        models["eagle"] = EagleDrafter(drafter_config_from_target(target))
+    if "block" in members:
+        models["block"] = BlockDrafter(block_config_from_target(target, members["block"]["mask"].shape[0]))
+    for name, model in models.items():
+        model.to(next(iter(params.values())).dtype).load_state_dict(members[name], strict=True)
     out_dir = Path(out_dir)
     final = out_dir / SERVED_DIR
     staging = Path(tempfile.mkdtemp(prefix=f".{SERVED_DIR}-", dir=out_dir))
     try:
-        save_drafter(model, staging)
+        for name, model in models.items():
+            save_drafter(model, staging / BLOCK_SNAPSHOTS if name == "block" else staging)
         info = {"version": int(version), "publish": publish, "step": int(step)}
         (staging / SERVED_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         if final.exists():  # a directory cannot be replaced by a rename: move the old one aside first

@@ -16,6 +16,13 @@ stopped simply stops pushing, so preemption never stalls the others (an all-redu
 have to be rebuilt every time a trainer leaves). The hub never binds an embedding or head: it
 only holds the drafter's own parameters. `version` counts optimizer steps applied.
 
+A run with block arms holds a `DrafterSet` here instead (`tlt.drafter.drafter_set`: its EAGLE and block
+drafters as one module, one parameter dict): the hub is built from the policy's config alone, so each
+rollout worker tells it which drafters the run learns as it starts (`use_drafters`, the same answer from
+every worker; refused once parameters have changed). Snapshots then write each member as its own
+`save_drafter` folder: the EAGLE drafter's under the snapshot folder as before, the block drafter's under
+its `block/`.
+
 The hub runs as a Ray actor (`tlt.runtime.ray_actors`); this class has no Ray in it.
 """
 
@@ -32,6 +39,7 @@ import torch
 from transformers import LlamaConfig
 
 from tlt.drafter.async_ckpt import AsyncCheckpointer
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, DrafterSet, LearnedDrafters, member_params, unbound_drafter_set
 from tlt.drafter.objective import MAX_GRAD_NORM, make_optimizer
 from tlt.models.drafter import EagleDrafter
 
@@ -39,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class DrafterHub:
-    """Parameters (float32) + AdamW of one EagleDrafter; `version` counts applied gradients."""
+    """Parameters (float32) + AdamW of one EagleDrafter (or `DrafterSet`); `version` counts applied steps."""
 
     def __init__(
         self,
@@ -50,12 +58,41 @@ class DrafterHub:
         snapshot_dir: str | Path | None = None,
     ) -> None:
         torch.manual_seed(seed)
-        self.drafter = EagleDrafter(config).float()
+        self.config, self.learning_rate, self.seed = config, learning_rate, seed
+        self.drafter: EagleDrafter | DrafterSet = EagleDrafter(config).float()
+        self.learned = LearnedDrafters(eagle=True, block_size=0)
         self.optimizer = make_optimizer(self.drafter, learning_rate)
         self.version = 0
         self.pushes: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self.snapshot_dir = None if snapshot_dir is None else Path(snapshot_dir)
         self.checkpointer = AsyncCheckpointer(snapshot_dir, config) if snapshot_dir is not None else None
+        self.block_checkpointer: AsyncCheckpointer | None = None
+
+    def use_drafters(self, learned: LearnedDrafters) -> None:
+        """Hold the drafters of `learned` (`tlt.drafter.drafter_set.learned_drafters` of the run's spec): the
+        EAGLE drafter alone, or a `DrafterSet` when the run has block arms. Idempotent; once the parameters
+        have changed (version > 0) a different answer raises ValueError."""
+        with self._lock:
+            if learned == self.learned:
+                return
+            if self.version:
+                raise ValueError(
+                    f"the drafter hub holds {self.learned} at version {self.version}; cannot switch to {learned}"
+                )
+            if not learned.block_size:
+                raise ValueError("DrafterHub.use_drafters: without block arms the hub keeps its EAGLE drafter")
+            torch.manual_seed(self.seed)
+            self.drafter = unbound_drafter_set(self.config, learned).float()
+            self.optimizer = make_optimizer(self.drafter, self.learning_rate)
+            self.learned = learned
+            if self.snapshot_dir is not None:
+                self.block_checkpointer = AsyncCheckpointer(
+                    self.snapshot_dir / BLOCK_SNAPSHOTS, self.drafter.block.config
+                )
+                if self.drafter.eagle is None and self.checkpointer is not None:  # no EAGLE drafter to snapshot
+                    self.checkpointer.close()
+                    self.checkpointer = None
 
     def params(self) -> dict[str, torch.Tensor]:
         """The current trainable parameters (copies)."""
@@ -143,13 +180,18 @@ class DrafterHub:
 
     def snapshot(self, step: int) -> float:
         """Queue an asynchronous snapshot of the parameters; returns the seconds it held the caller."""
-        if self.checkpointer is None:
+        if self.snapshot_dir is None:
             raise RuntimeError("DrafterHub was created without snapshot_dir; no snapshots to write")
         with self._lock:
-            return self.checkpointer.submit(step, self.drafter.state_dict())
+            members = member_params(self.drafter.state_dict())
+            held = 0.0
+            for name, checkpointer in (("eagle", self.checkpointer), ("block", self.block_checkpointer)):
+                if checkpointer is not None and name in members:
+                    held += checkpointer.submit(step, members[name])
+            return held
 
     def wait_snapshots(self, timeout: float | None = None) -> bool:
-        return True if self.checkpointer is None else self.checkpointer.wait(timeout)
+        return all(c.wait(timeout) for c in (self.checkpointer, self.block_checkpointer) if c is not None)
 
     def state(self) -> dict[str, Any]:
         """Everything a whole-run checkpoint needs to resume the hub exactly: parameters, AdamW
@@ -162,9 +204,19 @@ class DrafterHub:
             }
 
     def load_params(self, params: dict[str, torch.Tensor]) -> None:
-        """Start from given drafter parameters (e.g. `speculative.drafterPath`) with a fresh optimizer."""
+        """Start from given drafter parameters (e.g. `speculative.drafterPath`) with a fresh optimizer. A hub
+        holding a `DrafterSet` takes an EAGLE drafter's parameters into its EAGLE member (the block drafter
+        starts fresh)."""
         with self._lock:
-            self.drafter.load_state_dict(params)
+            if isinstance(self.drafter, DrafterSet) and set(member_params(params)) == {"eagle"}:
+                if self.drafter.eagle is None:
+                    raise ValueError(
+                        "speculative.drafterPath holds an EAGLE drafter, and this run's arms use the block drafter "
+                        "only: add a chain, tree or mixed arm, or drop speculative.drafterPath"
+                    )
+                self.drafter.eagle.load_state_dict(params)
+            else:
+                self.drafter.load_state_dict(params)
 
     def load_state(self, state: dict[str, Any]) -> None:
         with self._lock:

@@ -6,7 +6,8 @@ steps, joins the thread and returns an acknowledgement with the worker's own tim
 request arrived, when the loop had stopped), so stop latency is measured from both processes.
 
 Each iteration: take the next packed row of the worker's buffer, forward the local drafter copy
-(bound to the worker's policy embedding and head), compute the EAGLE loss and step the trainer's
+(bound to the worker's policy embedding and head), compute the EAGLE loss (a run with block arms: its
+`DrafterSet`'s summed loss, `tlt.drafter.drafter_set`) and step the trainer's
 own AdamW (grad clip 1.0, `tlt.drafter.objective.make_optimizer`). Every `sync_every` steps, and
 when it stops, it pushes the change of its parameters since its last sync to the hub
 (`DrafterHub.push_delta`) and continues from the parameters the hub returns (everyone's steps).
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from tlt.drafter.buffer import OnlineBuffer, PackedBatch
+from tlt.drafter.drafter_set import DrafterSet, packed_block_agreement, packed_block_loss
 from tlt.drafter.objective import MAX_GRAD_NORM, drafter_loss, make_optimizer
 from tlt.drafter.priority import lower_thread_priority
 from tlt.models.drafter import EagleDrafter
@@ -47,8 +49,12 @@ PushFn = Callable[[str, dict[str, torch.Tensor], int, int, int, float], tuple[in
 SYNC_EVERY = 16
 
 
-def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
-    """The EAGLE loss (a scalar with its graph) on one packed row (moved to the drafter's device)."""
+def packed_loss(drafter: EagleDrafter | DrafterSet, packed: PackedBatch) -> torch.Tensor:
+    """The EAGLE loss (a scalar with its graph) on one packed row (moved to the drafter's device); for a
+    `DrafterSet` the sum of its members' losses (`tlt.drafter.drafter_set`)."""
+    if isinstance(drafter, DrafterSet):
+        loss = packed_block_loss(drafter.block, packed)
+        return loss if drafter.eagle is None else loss + packed_loss(drafter.eagle, packed)
     b = packed.to(drafter.device).batch
     pred = drafter(b.input_ids, b.features, b.position_ids, segments=packed.segments)  # [1, T, H]
     with torch.no_grad():
@@ -56,7 +62,7 @@ def packed_loss(drafter: EagleDrafter, packed: PackedBatch) -> torch.Tensor:
     return drafter_loss(pred, drafter.logits(pred), b.target, target_logits, b.mask).total
 
 
-def packed_gradients(drafter: EagleDrafter, packed: PackedBatch) -> tuple[dict[str, torch.Tensor], float]:
+def packed_gradients(drafter: EagleDrafter | DrafterSet, packed: PackedBatch) -> tuple[dict[str, torch.Tensor], float]:
     """Gradients of the EAGLE loss on one packed row, by parameter name, and the loss value."""
     drafter.zero_grad(set_to_none=True)
     loss = packed_loss(drafter, packed)
@@ -65,7 +71,7 @@ def packed_gradients(drafter: EagleDrafter, packed: PackedBatch) -> tuple[dict[s
     return grads, float(loss.detach())
 
 
-def local_step(drafter: EagleDrafter, optimizer: torch.optim.Optimizer, packed: PackedBatch) -> float:
+def local_step(drafter: EagleDrafter | DrafterSet, optimizer: torch.optim.Optimizer, packed: PackedBatch) -> float:
     """One optimizer step on one packed row (grad clip `MAX_GRAD_NORM`); returns the loss value."""
     optimizer.zero_grad(set_to_none=True)
     loss = packed_loss(drafter, packed)
@@ -77,8 +83,13 @@ def local_step(drafter: EagleDrafter, optimizer: torch.optim.Optimizer, packed: 
 
 
 @torch.no_grad()
-def packed_agreement(drafter: EagleDrafter, packs: list[PackedBatch]) -> tuple[int, int]:
-    """(positions where argmax head(drafter) == argmax head(f[t+1]), positions counted), response only."""
+def packed_agreement(drafter: EagleDrafter | DrafterSet, packs: list[PackedBatch]) -> tuple[int, int]:
+    """(positions where argmax head(drafter) == argmax head(f[t+1]), positions counted), response only; for a
+    `DrafterSet` the EAGLE member's counts plus the block member's (every block offset)."""
+    if isinstance(drafter, DrafterSet):
+        counts = [packed_block_agreement(drafter.block, packs)]
+        counts += [packed_agreement(drafter.eagle, packs)] if drafter.eagle is not None else []
+        return sum(a for a, _ in counts), sum(t for _, t in counts)
     agree = total = 0
     for packed in packs:
         b = packed.to(drafter.device).batch
@@ -126,7 +137,7 @@ class SpotTrainer:
     def __init__(
         self,
         trainer_id: str,
-        drafter: EagleDrafter,
+        drafter: EagleDrafter | DrafterSet,
         buffer: OnlineBuffer,
         push: PushFn,
         *,
@@ -239,14 +250,34 @@ class SpotTrainer:
         run.started_at = time.time()
         self._training = True
         run.priority = lower_thread_priority()
+        self._train(run, epochs=None)
+
+    def train_epochs(self, step: int, epochs: int = 1) -> dict[str, Any]:
+        """Train on the caller's thread: `epochs` passes over the buffer (every packed row once each), synced
+        with the hub every `sync_every` steps and at the end; returns the run's summary (`TrainerRun`). For a
+        process with no idle device time to harvest (the single-process loop): a fixed amount of work, so a
+        resumed run repeats it exactly."""
+        if self.active:
+            raise RuntimeError(f"trainer {self.trainer_id} is already training")
+        run = TrainerRun(step=step, started_at=time.time())
+        self._stop.clear()
+        self._training = True
+        self._train(run, epochs=epochs)
+        run.stop_received_at = run.stopped_at = time.time()
+        return run.summary()
+
+    def _train(self, run: TrainerRun, epochs: int | None) -> None:
+        """The optimizer steps over the buffer's epochs until stopped (`epochs` None) or `epochs` passes."""
         self.drafter.train()
         steps = tokens = 0  # since the last sync
         loss_sum = 0.0
+        passes = 0
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and (epochs is None or passes < epochs):
                 batches = self.buffer.batches(self._epoch)
                 self._epoch += 1
-                if not batches:
+                passes += 1
+                if not batches and epochs is None:
                     self._stop.wait(0.05)
                     continue
                 for packed in batches:

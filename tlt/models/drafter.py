@@ -160,6 +160,11 @@ class BoundDrafter(nn.Module):
         self._draft_vocab = DraftVocab(head, size) if size else None
         return self._draft_vocab
 
+    def share_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft from another drafter's reduced vocabulary (one subset, refreshed in place, for every drafter
+        bound to the same head)."""
+        self._draft_vocab = vocab
+
     @property
     def draft_vocab(self) -> DraftVocab | None:
         return self._draft_vocab

@@ -8,7 +8,8 @@ time, and more of it in variants that draft. `warm_up` runs each shape class onc
 entries (a new wave starts the cache afresh) and returns the seconds it took. A run warms up only the
 drafter graphs its arms and sampling can reach (`tlt.adaptive.arms.drafter_graphs`): a sampling run's
 chains draft coupled guesses only, and only trees run the drafter's step (at width topk), so
-countdown-deep-v3's arms need 6 of the 12 drafter graphs.
+countdown-deep-v3's arms need 6 of the 12 drafter graphs. Block arms' graphs (one per depth, batch 1 or
+more, argmax or coupled) are `warm_up_blocks`'s (`tlt.rollout.block.warm_up_block`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from collections.abc import Iterable
 
 import torch
 
+from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
+from tlt.rollout.block import warm_up_block
 from tlt.rollout.drafting import GUESSES, EagleCache
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import causal_mask
@@ -90,4 +93,17 @@ def warm_up(
                     state._chain_step(k)(
                         state.step, tokens, slots, slots.clone(), mask, state.cache.k, state.cache.v, features, *extra
                     )
+    return time.perf_counter() - started
+
+
+def warm_up_blocks(
+    engine: Engine, block: BlockDrafter | None, *, depths: Iterable[int] = (), guesses: Iterable[str] = GUESSES
+) -> float:
+    """Compile the block-draft graphs of `depths` (the block arms', `tlt.adaptive.arms.block_graphs`) and
+    `guesses` for `block`; returns the seconds it took. No-op (0.0) for an eager engine or without a block
+    drafter."""
+    if not engine.compiled or block is None or not list(depths):
+        return 0.0
+    started = time.perf_counter()
+    warm_up_block(block, depths, guesses)
     return time.perf_counter() - started

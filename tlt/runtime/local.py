@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.drafter.drafter_set import EAGLE_ARM_KINDS, learned_drafters
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.monitoring import METRICS_FILE, build_loggers
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
@@ -57,6 +58,7 @@ from tlt.runtime.devices import CPU, policy_device
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
 from tlt.runtime.heldout import eval_due, evaluate, heldout_problems
+from tlt.runtime.local_drafter import local_block_drafter
 from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
@@ -97,16 +99,28 @@ def build_policy(
 def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | None]:
     """`speculative` as this loop can run it, and the one line that says what changed (None: nothing did).
 
-    static / tlt need the learned drafter, which this loop does not run: they run as ngram (model-free
-    drafts) when `speculative.arms` has an ngram arm, else as off. Either way the rollouts are sampled from
-    the same distribution (speculative decoding is lossless); only their speed differs. ngram without an
-    ngram arm raises ValueError (nothing to map it to that the file asked for).
+    static / tlt with a block arm run here with the block drafter (`tlt.runtime.local_drafter`); their EAGLE
+    arms (chain, tree, mixed) are dropped, since this loop does not run the EAGLE drafter. Without a block
+    arm they run as ngram (model-free drafts) when `speculative.arms` has an ngram arm, else as off. Either
+    way the rollouts are sampled from the same distribution (speculative decoding is lossless); only their
+    speed differs. ngram without an ngram arm raises ValueError (nothing to map it to that the file asked for).
     """
     has_ngram = any(arm.kind == "ngram" for arm in spec.arms)
     if spec.mode == "ngram" and not has_ngram:
         raise ValueError(MSG_NGRAM_ARM)
     if spec.mode in ("off", "ngram"):
         return spec, None
+    if any(arm.kind == "block" for arm in spec.arms):
+        kept = [arm for arm in spec.arms if arm.kind not in EAGLE_ARM_KINDS]
+        if len(kept) == len(spec.arms):
+            return spec, None
+        dropped = sorted({arm.kind for arm in spec.arms if arm.kind in EAGLE_ARM_KINDS})
+        note = (
+            f"speculative.arms of kind {', '.join(dropped)} need the EAGLE drafter, which --local does not run: "
+            f"running speculative.mode {spec.mode!r} with the other arms (the block drafter trains here; run "
+            "without --local for every arm)"
+        )
+        return spec.model_copy(update={"arms": kept}), note
     mode = "ngram" if has_ngram else "off"
     note = (
         f"speculative.mode {spec.mode!r} needs the learned drafter, which --local does not run: running "
@@ -128,11 +142,12 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
     """The engine's stepper for `speculative.mode`, and its speculative part (None when off).
 
     off: plain decoding. ngram: the first `ngram` arm of `speculative.arms` drafts (model-free)
-    whenever at most `speculative.threshold` rows are running. static / tlt need the learned drafter,
-    which this loop does not run: they are refused (`tlt train --local` maps them first: `local_speculative`).
+    whenever at most `speculative.threshold` rows are running. static / tlt with block arms: plain here, each
+    rollout's stepper is the block drafter's (`tlt.runtime.local_drafter`); without, they need the EAGLE
+    drafter, which this loop does not run: they are refused (`tlt train --local` maps them: `local_speculative`).
     """
     plain = PlainStepper(runner)
-    if spec.mode == "off":
+    if spec.mode == "off" or learned_drafters(spec).block_size:  # block arms: `LocalBlockDrafter.stepper`
         return plain, None
     if spec.mode != "ngram":
         raise ValueError(
@@ -156,7 +171,7 @@ def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, Specul
         model,
         max_batch_size=rows,
         max_context=context,
-        return_hidden=False,
+        return_hidden=learned_drafters(spec.speculative).block_size > 0,
         compile=resolve_compile(spec.rollout.compile, model),
     )
     engine.stepper, speculative = build_stepper(spec.speculative, engine.runner)
@@ -235,6 +250,7 @@ class LocalTrainer:
         self.stopped: Path | None = None
         self._resume(ckpt)
         self.engine, self.speculative = build_engine(self.policy, self.spec)
+        self.block = local_block_drafter(self.spec, self.engine, ckpt)
         self.loggers = build_loggers(
             self.spec.monitoring, self.out_dir, run_name=run.metadata.name, config=self._spec_json()
         )
@@ -268,6 +284,8 @@ class LocalTrainer:
             objects={"optimizer": self.optimizer.state_dict()},
             state={"step": self.step, "metrics": self.history, "spec": self._spec_json()},
         )
+        if self.block is not None:
+            self.block.add_to(ckpt)
         return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
 
     def train_step(self) -> dict[str, Any]:
@@ -279,6 +297,8 @@ class LocalTrainer:
         trace = rl_step.RolloutTrace()
         if self.speculative is not None:
             self.speculative.stats = AcceptanceStats()
+        if self.block is not None:
+            self.engine.stepper = self.block.stepper(self.engine.max_batch_size, self.engine.max_context)
         completions = rl_step.rollout(
             self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids, trace=trace
         )
@@ -304,6 +324,7 @@ class LocalTrainer:
             compute_dtype=self.compute_dtype,
         )
         rl_step.sync_weights(self.policy, self.engine)
+        drafter = self.block.after_update(completions, step) if self.block is not None else {}
         metrics = {
             "step": step,
             **rl_step.rollout_metrics(completions, rewards, trace, rollout_seconds),
@@ -311,6 +332,7 @@ class LocalTrainer:
             "update_seconds": time.perf_counter() - update_started,
             "step_seconds": time.perf_counter() - started,
         }
+        metrics.update(drafter)
         if self.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
         if self.speculative is not None:

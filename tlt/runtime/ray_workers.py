@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from tlt.adaptive.arms import drafter_graphs
+from tlt.adaptive.arms import block_graphs, drafter_graphs
 from tlt.models.loading import load_policy
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
-from tlt.rollout.warmup import warm_up
+from tlt.rollout.warmup import warm_up, warm_up_blocks
 from tlt.runtime.after_rollout import AfterRollout
 from tlt.runtime.devices import actor_device
 from tlt.runtime.heap import freeze_actor_heap
@@ -64,20 +64,22 @@ class RolloutWorker:
         gpu_ids = ray.get_gpu_ids() if ray is not None and ray.is_initialized() else []
         model.to(device if device is not None else actor_device(gpu_ids))
         self._setup(index, spec, model, rows, verifiers)
-        drafter = self.drafting.drafter
+        drafter, block = self.drafting.eagle, self.drafting.block
         self.engine = Engine(
             model,
             max_batch_size=self.rows,
             max_context=self.context,
-            return_hidden=drafter is not None,
+            return_hidden=self.drafting.drafter is not None,
             compile=resolve_compile(spec.rollout.compile, model),
         )
         self.engine.draft_vocab = self.drafting.draft_vocab
-        self.generator = ShardGenerator(self.engine, self.tokenizer, spec, index, drafter, self.rows, self.context)
-        # compile now, not in step 0's rollout: the graphs this run's arms and sampling can reach
-        self.warmup_seconds = warm_up(
-            self.engine, drafter, **drafter_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0)
+        self.generator = ShardGenerator(
+            self.engine, self.tokenizer, spec, index, drafter, self.rows, self.context, block=block
         )
+        # compile now, not in step 0's rollout: the graphs this run's arms and sampling can reach
+        sampled = spec.algorithm.temperature > 0
+        self.warmup_seconds = warm_up(self.engine, drafter, **drafter_graphs(spec.speculative, sampled=sampled))
+        self.warmup_seconds += warm_up_blocks(self.engine, block, **block_graphs(spec.speculative, sampled=sampled))
         self.drafting.setup_trainer(hub)
         self.heap = freeze_actor_heap(self.name)  # last: a full collection now, not in a rollout (`tlt.runtime.heap`)
 

@@ -19,6 +19,7 @@ from typing import Any
 from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.adaptive.arms import new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
+from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.decode_step import FinishWatcher
 from tlt.rollout.engine import Engine
@@ -37,7 +38,8 @@ def release_kv_cache(engine: Engine) -> None:
 
 
 class ShardGenerator:
-    """Generation on `engine` for worker `index` (its sampling seed), drafting with `drafter` (or none)."""
+    """Generation on `engine` for worker `index` (its sampling seed), drafting with `drafter` (or none) and the
+    block arms with `block`."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class ShardGenerator:
         drafter: EagleDrafter | None,
         rows: int,
         context: int,
+        block: BlockDrafter | None = None,
     ) -> None:
         self.engine = engine
         self.plain_stepper = engine.stepper
@@ -55,6 +58,7 @@ class ShardGenerator:
         self.spec = spec
         self.index = index
         self.drafter = drafter
+        self.block = block
         self.rows = rows
         self.context = context
         self.bandit: BucketedBandit | None = None
@@ -123,6 +127,7 @@ class ShardGenerator:
             bandit=self.bandit,
             seed=self.spec.algorithm.seed + self.index,
             history=self.history,
+            block=self.block,
         )
         if isinstance(stepper, AdaptiveStepper) and self._bandit_state is not None:
             stepper.bandit.load_state_dict(self._bandit_state)

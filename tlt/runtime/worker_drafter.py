@@ -9,6 +9,9 @@ loads the step's served drafter into it. What trains it depends on `drafter.plac
   the worker hands each step's rollouts (hidden states included, straight to the sidecar, never through
   the coordinator) and forwards the coordinator's start / stop, so it stays the one reporter of its state.
 Modes off and ngram keep no drafter: every method here is then a no-op or says what is missing.
+A run with block arms holds its EAGLE and block drafters as one `DrafterSet` (`tlt.drafter.drafter_set`):
+one copy to load, train, sync with the hub and checkpoint; `eagle` and `block` are what the arms draft with.
+Its trainer lives in the container only (`drafter.placement: sidecar` is refused for block arms).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Any
 import torch
 
 from tlt.drafter.buffer import OnlineBuffer
+from tlt.drafter.drafter_set import DrafterSet, learned_drafters, new_drafter_set
 from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer
+from tlt.models.block_drafter import BlockDrafter
 from tlt.models.draft_vocab import DraftVocabTracker
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.runtime.devices import to_cpu, tree_to_cpu
@@ -40,11 +45,19 @@ class WorkerDrafter:
     def __init__(self, name: str, spec: RunSpec, model: Any) -> None:
         self.name = name
         self.spec = spec
-        self.drafter: EagleDrafter | None = None
+        self.drafter: EagleDrafter | DrafterSet | None = None
         self.buffer: OnlineBuffer | None = None
         self.trainer: SpotTrainer | None = None
         self.sidecar: Any | None = None
-        if spec.speculative.mode in DRAFTER_MODES:
+        self.learned = learned_drafters(spec.speculative)
+        if spec.speculative.mode in DRAFTER_MODES and self.learned.block_size:
+            if spec.drafter.placement == "sidecar":
+                raise ValueError(
+                    "speculative.arms of kind block train in the rollout container: set drafter.placement "
+                    "'in-container', or drop the block arms"
+                )
+            self.drafter = new_drafter_set(model, self.learned)
+        elif spec.speculative.mode in DRAFTER_MODES:
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, torch.float32).eval()
             self.drafter.bind_policy(model)
         # the reduced draft vocabulary (before the drafter's graphs compile), re-picked every rollout
@@ -53,8 +66,21 @@ class WorkerDrafter:
             DraftVocabTracker(self.drafter.set_draft_vocab(size), model.get_output_embeddings()) if size else None
         )
 
+    @property
+    def eagle(self) -> EagleDrafter | None:
+        """The EAGLE drafter the chain, tree and mixed arms draft with (None without one)."""
+        return self.drafter.eagle if isinstance(self.drafter, DrafterSet) else self.drafter
+
+    @property
+    def block(self) -> BlockDrafter | None:
+        """The block drafter the block arms draft with (None without block arms)."""
+        return self.drafter.block if isinstance(self.drafter, DrafterSet) else None
+
     def setup_trainer(self, hub: Any | None) -> None:
-        """The co-located spot trainer and its buffer (`drafter.placement: in-container`)."""
+        """The co-located spot trainer and its buffer (`drafter.placement: in-container`); with block arms the
+        hub is told first to hold the run's drafter set (`DrafterHub.use_drafters`)."""
+        if hub is not None and isinstance(self.drafter, DrafterSet):
+            ray.get(hub.use_drafters.remote(self.learned))
         if self.drafter is not None and self.spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(
                 self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens, seed=self.spec.algorithm.seed

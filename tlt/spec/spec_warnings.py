@@ -54,11 +54,10 @@ def spec_warnings(spec: RunSpec) -> list[str]:
                 f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the "
                 "budget does nothing"
             )
-        if arm.kind == "block" and sd.mode in ("static", "tlt"):
+        if arm.kind == "block" and sd.mode in ("static", "tlt") and spec.drafter.placement == "sidecar":
             out.append(
-                f"spec.speculative.arms[{i}]: kind block drafts with a block drafter, which the engine API and "
-                "`tlt bench engine --part sd` build and `tlt train` does not yet: its rollout workers refuse "
-                "this arm"
+                f"spec.speculative.arms[{i}]: kind block trains its drafter in the rollout container, not in a "
+                "sidecar: with drafter.placement 'sidecar' the rollout workers refuse this arm"
             )
     seen: dict[tuple[str, int, int, int], int] = {}
     for i, arm in enumerate(sd.arms):

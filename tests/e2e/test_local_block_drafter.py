@@ -1,0 +1,84 @@
+"""`tlt train --local` with block arms: the bandit drafts with the block drafter, which trains online and is
+published and checkpointed; the rollouts are token for token those of `speculative.mode: off`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tlt import cli
+from tlt.models.loading import save_policy
+from tlt.models.tiny import tiny_model
+from tlt.runtime import rl_step
+from tlt.runtime.checkpoint import load_latest
+from tlt.tasks.tokenizer import build_task_tokenizer
+
+ROLLOUT = rl_step.rollout
+ARMS = [{"kind": "block", "depth": 4}, {"kind": "block", "depth": 2}, {"kind": "chain", "depth": 2}, {"kind": "plain"}]
+
+
+def _run_file(root: Path, mode: str, temperature: float) -> Path:
+    tokenizer = build_task_tokenizer()
+    if not (root / "init").exists():
+        save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=5), tokenizer, root / "init")
+    spec = {
+        "metadata": {"name": "block-loop"},
+        "spec": {
+            "model": {"path": str(root / "init"), "dtype": "float32"},
+            "dataset": {"builtin": {"numTrain": 32}},
+            "algorithm": {
+                "steps": 2,
+                "promptsPerStep": 2,
+                "groupSize": 4,
+                "maxNewTokens": 16,
+                "temperature": temperature,
+                "seed": 3,
+            },
+            "speculative": {"mode": mode, "arms": ARMS, "threshold": 8, "buckets": [2, 8]},
+            "drafter": {"batchTokens": 64, "publish": "latest", "learningRate": 1e-3},
+            "checkpoint": {"intervalSteps": 1, "keep": 2},
+        },
+    }
+    path = root / f"{mode}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _train(root: Path, mode: str, temperature: float, monkeypatch) -> tuple[Path, list[list[list[int]]]]:
+    """`tlt train --local` of the tiny run in `mode`; its output folder and each step's response tokens."""
+    tokens: list[list[list[int]]] = []
+
+    def recorded(*args, **kwargs):
+        completions = ROLLOUT(*args, **kwargs)
+        tokens.append([list(c.token_ids) for c in completions])
+        return completions
+
+    monkeypatch.setattr(rl_step, "rollout", recorded)
+    out = root / f"out-{mode}"
+    assert cli.main(["train", str(_run_file(root, mode, temperature)), "--out", str(out), "--local"]) == 0
+    return out, tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_block_arms_draft_train_online_and_change_no_token(tmp_path: Path, monkeypatch, capsys, temperature):
+    plain, want = _train(tmp_path, "off", temperature, monkeypatch)
+    out, got = _train(tmp_path, "tlt", temperature, monkeypatch)
+    assert got == want, "block drafts changed the rollouts' tokens"
+    assert "speculative.arms of kind chain need the EAGLE drafter" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["sd_arms"].get("block-d4", 0) + r["sd_arms"].get("block-d2", 0) for r in rows) > 0
+    assert "chain-d2" not in {arm for r in rows for arm in r["sd_arms"]}
+    assert 0 < rows[0]["drafter_version"] < rows[1]["drafter_version"], "online training advances the version"
+    assert rows[1]["drafter_served_version"] == rows[0]["drafter_version"], "publish latest serves the newest"
+    assert rows[1]["drafter_agreement"] is not None
+    ckpt = load_latest(out / "checkpoints")
+    assert ckpt.state["drafter_version"] == rows[1]["drafter_version"]
+    assert any(k.startswith("block.") for k in ckpt.tensors["drafter"]), "the checkpoint keeps the block drafter"
+    assert ckpt.objects["drafter_buffers"][0]["optimizer"]["state"], "and its AdamW moments"
+    final, reference = (load_file(str(o / "policy" / "model.safetensors")) for o in (out, plain))
+    assert all(torch.equal(final[k], reference[k]) for k in reference), "the same tokens train the same policy"

@@ -1,0 +1,59 @@
+"""A 2-step Ray run with block arms (local cluster, 2 rollout workers, the tiny policy): the workers draft
+with the block drafter the bandit picks, their spot trainers train the run's drafter set (EAGLE + block) in
+idle time and sync it with the hub, and the checkpoint, the snapshots and the served drafter hold both.
+
+Idle time: a tiny run's shards end within milliseconds of each other, so the trainers run until the next
+step's first rollout token (`stop_trainers_at="rollout"`) and a slow reward plug-in (0.1 s a sample) makes
+the wait for rewards long enough for optimizer steps."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from _train_runs import tiny_policy  # tests/e2e is no package: its folder is on sys.path
+
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
+from tlt.models.block_drafter import load_block_drafter
+from tlt.models.drafter import load_drafter
+from tlt.runtime.checkpoint import load_latest
+from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.spec.run import TLTTrainingRun
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ARMS = [{"kind": "block", "depth": 4}, {"kind": "block", "depth": 2}, {"kind": "chain", "depth": 2}]
+
+
+def test_ray_run_drafts_with_trains_and_checkpoints_the_block_drafter(tmp_path):
+    spec = {
+        "model": {"path": str(tiny_policy(tmp_path)), "dtype": "float32"},
+        "dataset": {"builtin": {"numTrain": 32}},
+        "algorithm": {"steps": 2, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 48, "seed": 3},
+        "rollout": {"replicas": 2},
+        "verifier": {"replicas": 1, "reward": "_slow_reward:reward"},  # 0.1 s a sample: idle time to train in
+        "speculative": {"mode": "tlt", "arms": ARMS, "threshold": 8, "buckets": [2, 8]},
+        "drafter": {"enabledSlots": "all", "batchTokens": 64, "learningRate": 1e-3, "publish": "latest"},
+        "checkpoint": {"intervalSteps": 1},
+    }
+    run = TLTTrainingRun.model_validate({"metadata": {"name": "block"}, "spec": spec})
+    out = tmp_path / "out"
+    try:
+        # trainers also harvest the update and the rewards' wait (as on rollout pods with their own devices)
+        trainer = RayTrainer(run, out, num_cpus=2, stop_trainers_at="rollout")
+        history = trainer.train()
+    finally:
+        ray.shutdown()
+    assert [m["step"] for m in history] == [1, 2]
+    chosen = {arm: sum(m["sd_arms"].get(arm, 0) for m in history) for arm in ("block-d4", "block-d2")}
+    assert sum(chosen.values()) > 0, f"the bandit never drafted with a block arm: {[m['sd_arms'] for m in history]}"
+    acks = [a for m in history for a in m["trainer_acks"]]
+    assert all(a["error"] is None for a in acks), f"a spot trainer of the drafter set failed: {acks}"
+    assert sum(m["drafter_updates"] for m in history) > 0, "no trainer pushed a step of the drafter set"
+    ckpt = load_latest(out / "checkpoints")
+    keys = set(ckpt.tensors["drafter"])
+    assert any(k.startswith("block.") for k in keys) and any(k.startswith("eagle.") for k in keys)
+    assert ckpt.state["drafter_version"] == sum(m["drafter_updates"] for m in history)
+    served = out / "drafter-served"
+    assert load_block_drafter(served / BLOCK_SNAPSHOTS, trainer.policy.config).block_size == 4
+    assert load_drafter(served, trainer.policy.config) is not None
+    assert (out / "drafter" / BLOCK_SNAPSHOTS / "LATEST").is_file(), "the hub's block drafter snapshot"
