@@ -26,7 +26,7 @@ def descendants_once(pid: int, seen: dict[int, psutil.Process]) -> list[str]:
     names = []
     for kid in kids:
         try:
-            names.append(" ".join(kid.cmdline()[:2]) or kid.name())
+            names.append(" ".join(kid.cmdline()[:3]) or kid.name())
             seen.setdefault(kid.pid, kid)
         except psutil.Error:
             continue
@@ -74,3 +74,28 @@ def test_sigterm_while_ray_starts_stops_with_one_line_and_leaves_no_process(tmp_
     assert "Traceback" not in text
     assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip()
     assert not (left := wait_gone(seen, 15)), f"processes of the run still running: {left}"
+
+
+def test_a_sigkilled_driver_leaves_no_process_of_its_cluster(tmp_path):
+    """Ray ends most of its processes with the driver; its dashboard and runtime-env agents would linger
+    ~60 s (reporting the death to a dead GCS): the run's reaper ends them within seconds."""
+    run, out, log = write_run(tmp_path, "ray", 40), tmp_path / "out", tmp_path / "log"
+    proc = start(train_args(run, out, local=False), log)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+            descendants_once(proc.pid, seen)
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        names = descendants_once(proc.pid, seen)
+        assert any("DashboardAgent" in n for n in names) and any("ray_reaper" in n for n in names), names
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    killed = time.monotonic()
+    left = wait_gone(seen, 20)
+    assert not left, f"still running {time.monotonic() - killed:.0f} s after the SIGKILL: {left}"

@@ -107,7 +107,8 @@ def test_the_run_goes_on_without_a_restart(killed):
     else:  # the rewards went with it (and its trainer): the whole step ran again, the policy untouched
         (redo,) = redone
         assert not retries and redo["step"] == 2 and redo["lost"] == [name] and redo["attempt"] == 1
-        assert history[1]["recoveries"] == []
+        assert history[1]["recoveries"] == [{k: v for k, v in redo.items() if k not in ("type", "step", "time")}]
+    assert history[0]["recoveries"] == history[2]["recoveries"] == []
 
 
 def test_every_step_learns_what_the_undisturbed_run_learned(killed, reference):

@@ -43,6 +43,11 @@ def test_a_steps_recoveries_become_one_report_line():
         "generated on rollout-1",
     }
     assert json.loads(progress_report({"step": 4}, report))["recovery"] == report
+    redo = {"lost": ["verifier-0", "rollout-1"], "reason": "ActorDiedError: died", "attempt": 1, "at": 2.0}
+    both = recovery_report({"step": 5, "recoveries": [redo, RECOVERY]})
+    assert both is not None and both["message"].startswith(
+        "verifier-0, rollout-1 lost (ActorDiedError: died), the step run again; rollout-0 lost ("
+    )
     assert "recovery" not in json.loads(progress_report({"step": 4}))
 
 

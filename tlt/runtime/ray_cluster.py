@@ -31,6 +31,7 @@ import torch
 from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.devices import GpuPlan, gpu_plan
 from tlt.runtime.precompile import graph_sets, precompile
+from tlt.runtime.ray_reaper import start_reaper
 from tlt.runtime.ray_services import VerifierWorker, hub_actor
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_workers import RolloutWorker
@@ -63,13 +64,14 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
             cpus = num_cpus or os.cpu_count() or 1
             # address="local": always a new private cluster, even where /tmp/ray/ray_current_cluster
             # names one that `ray start` left on this machine (plain ray.init() would join it).
-            ray.init(
+            context = ray.init(
                 address="local",
                 num_cpus=cpus,
                 include_dashboard=False,
                 log_to_driver=False,
                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}},
             )
+            start_reaper(context.address_info["session_dir"])  # ends what Ray leaves behind a killed driver
     return ray.cluster_resources()
 
 

@@ -18,14 +18,13 @@ One step:
    is written.
 
 Failures (`tlt.runtime.failure_kinds`): a rollout worker lost in the middle of its shard costs the step
-nothing but time: the shard goes to a free worker and a fresh worker is started in its place
-(`tlt.runtime.rollout_dispatch`; events `shard_retry`, `worker_replaced`; the step's `recoveries`); lost at
-another point before the policy update, it is replaced and the step runs again (`step_redone`,
-`tlt.runtime.worker_replacement`). An error
-of the configuration or the program (a task raising ValueError, a missing file or module) fails the run at
-once with its line (event `failed`): every retry would repeat it. Anything else (another actor lost, a
-task raising a RuntimeError) fails the step; all actors are torn down, the run reloads its newest
-whole-run checkpoint (or the initial policy when there is none) and starts fresh actors; restarts beyond
+nothing but time: the shard goes to a free worker, a fresh worker starts in its place
+(`tlt.runtime.rollout_dispatch`; events `shard_retry`, `worker_replaced`; the step's `recoveries`); a worker
+or verifier lost at another point before the policy update is replaced and the step runs again
+(`step_redone`, `tlt.runtime.worker_replacement`). An error of the configuration or the program (ValueError,
+a missing file or module) fails the run at once with its line (event `failed`): every retry repeats it.
+Anything else (the hub lost, a RuntimeError) fails the step; all actors are torn down, the run reloads its
+newest whole-run checkpoint (or the initial policy) and starts fresh actors; restarts beyond
 `runPolicy.backoffLimit` fail the run (`tlt.runtime.run_checkpoint`).
 When this process (the coordinator's node) is lost, Ray takes its actors with it; rerunning the same
 command (or the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
@@ -33,9 +32,8 @@ The checkpoint to resume from is read and verified before Ray starts (`checkpoin
 `tlt.runtime.checkpoint_recovery`). With a `GracefulStop`, a SIGTERM / SIGINT ends the run after the
 step under way: its trainers stop, a checkpoint of that step is written, event `stop`.
 
-Modes (`speculative.mode`; steppers from `tlt.adaptive.adaptive_stepper.rollout_stepper`): off and ngram
-keep no drafter; static trains the drafter only in the idle time of the run's first step, then freezes
-it; tlt trains it every step.
+Modes (`speculative.mode`; steppers: `tlt.adaptive.adaptive_stepper.rollout_stepper`): off and ngram keep no
+drafter; static trains it only in the idle time of the first step, then freezes it; tlt in every step.
 
 The coordinator's collaborators: `tlt.runtime.rollout_dispatch` (shards out, results back),
 `tlt.runtime.spot_trainers` (slots, trainer start / stop, drafter metrics), `tlt.runtime.served_drafter`
@@ -149,7 +147,7 @@ class RayTrainer:
         torch.set_num_threads(self.placement.driver_threads)
         self.actors: Actors | None = None
         self.updating = False  # the step under way has started changing the policy
-        self.redos = 0  # times the step under way was run again after losing a rollout worker
+        self.redos, self.redone = 0, []  # the step under way run again after losing actors: times, records
         self.stopped: Path | None = None
         self.restarts = 0
         self._load_initial()
@@ -302,7 +300,7 @@ class RayTrainer:
             for r, states in zip(results, ask_each(collected.workers, "take_states", None))
             if states is not None
         }
-        metrics["recoveries"] = collected.recoveries
+        metrics["recoveries"] = self.redone + collected.recoveries
         if actors.hub is not None and not self.trainers.running:  # nothing can push before the next step
             self.drafters.prefetch(actors.hub)
         if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
@@ -339,7 +337,7 @@ class RayTrainer:
                     if not self._replace_lost(exc, redo=True):
                         self._restart(exc)
                     continue
-                self.redos = 0
+                self.redos, self.redone = 0, []
                 if stop.requested:  # the checkpoint holds what the trainers learnt until now
                     self.trainers.stop_running()
                 if self.step % interval == 0 or self.step == self.algo.steps or stop.requested:
@@ -378,7 +376,8 @@ class RayTrainer:
             log.warning("step %d: %s is not a lost rollout worker or verifier", self.step + 1, failure_line(exc))
         if lost and redo:
             self.redos += 1
-            self._emit("step_redone", lost=lost, reason=failure_line(exc), attempt=self.redos)
+            self.redone.append({"lost": lost, "reason": failure_line(exc), "attempt": self.redos, "at": time.time()})
+            self._emit("step_redone", **self.redone[-1])
         return bool(lost)
 
     def _fail_if_permanent(self, exc: BaseException) -> None:
