@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_drafter_hub import policy
@@ -14,8 +16,11 @@ from tlt.drafter.warm_start import warm_start_params, warm_start_problem
 from tlt.models.block_drafter import BlockDrafter, block_config_from_target
 from tlt.models.drafter import drafter_config_from_target, save_drafter
 from tlt.rollout.engine import Engine
+from tlt.runtime import run_checkpoint
 from tlt.runtime.input_checks import input_problems
 from tlt.runtime.local_drafter import local_block_drafter
+from tlt.runtime.ray_cluster import Actors
+from tlt.runtime.run_checkpoint import ActorStates
 from tlt.spec.run import RunSpec
 
 
@@ -136,3 +141,22 @@ def test_tlt_validate_refuses_a_drafter_path_that_does_not_fit_the_arms(tmp_path
     assert problems(2, 4) == [] and problems() == []
     (line,) = problems(8)
     assert line.startswith("spec.speculative.drafterPath: ") and "block_size 4" in line and "block_size 8" in line
+
+
+class _Remote:
+    """An in-process hub behind the `actor.method.remote(...)` calls `hand_out` makes (ray.get: identity)."""
+
+    def __init__(self, hub: DrafterHub) -> None:
+        self.hub = hub
+
+    def __getattr__(self, name: str):
+        return SimpleNamespace(remote=getattr(self.hub, name))
+
+
+def test_a_ray_runs_hub_is_handed_the_parts_it_holds(tmp_path, monkeypatch):
+    folder, params, model = served(tmp_path, eagle=True, block_size=3)
+    hub = hub_for(model, LearnedDrafters(eagle=False, block_size=3))  # as the workers told it when they started
+    monkeypatch.setattr(run_checkpoint.ray, "get", lambda refs: refs)
+    actors = Actors(rollout=[], verifiers=[], hub=_Remote(hub))
+    ActorStates().hand_out(actors, str(folder), model.config)
+    assert_equal(hub.params(), {k: v for k, v in params.items() if k.startswith("block.")})

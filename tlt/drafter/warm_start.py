@@ -12,16 +12,19 @@ and the file.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from transformers import PretrainedConfig
 
-from tlt.drafter.drafter_set import BLOCK_LAYERS, BLOCK_SNAPSHOTS, LearnedDrafters
+from tlt.drafter.drafter_set import BLOCK_LAYERS, BLOCK_SNAPSHOTS, LearnedDrafters, member_params
 from tlt.models.block_drafter import load_block_drafter
 from tlt.models.drafter import CONFIG_FILE, load_drafter
 
 FIELD = "speculative.drafterPath"
+
+log = logging.getLogger(__name__)
 
 
 def has_eagle_part(folder: str | Path) -> bool:
@@ -88,4 +91,5 @@ def warm_start_params(
     if has_block_part(folder):
         block = load_block_drafter(Path(folder) / BLOCK_SNAPSHOTS, target).float()
         params.update({f"block.{k}": v for k, v in block.state_dict().items()})
+    log.info("%s: the drafters start from %s (%s)", FIELD, folder, ", ".join(sorted(member_params(params))))
     return params
