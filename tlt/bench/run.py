@@ -33,7 +33,7 @@ from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
 from tlt.bench.workload import Workload, merge_spec, warm_drafter
-from tlt.drafter.drafter_set import member_params
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, member_params
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.compiled import resolve_compile
@@ -309,6 +309,9 @@ def run_bench(
     info["warmstart"]["weights_sha256"] = weights_sha256(warm_start(workload.warmstart))
     if drafter_info is not None and drafter is not None:
         drafter_info = {**drafter_info, "weights_sha256": weights_sha256(drafter)}
+        if "block" in drafter_info:  # the block part (`tlt.drafter.warm_start`)
+            block = {**drafter_info["block"], "weights_sha256": weights_sha256(drafter / BLOCK_SNAPSHOTS)}
+            drafter_info = {**drafter_info, "block": block}
     report = summarize({**info, "drafter_warmstart": drafter_info}, runs, costs, load, drafter_costs=drafter_costs)
     return {**report, "machine": machine_info()}
 
