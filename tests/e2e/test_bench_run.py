@@ -14,7 +14,8 @@ import pytest
 
 from tlt.bench.run import repeat_order, variant_run
 from tlt.bench.run_summary import mean_ci95, summarize
-from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
+from tlt.bench.workload import DEFAULT_WORKLOAD, block_size, load_workload
+from tlt.drafter.drafter_set import learned_drafters
 
 TOP_KEYS = (
     "rollout_speedup",
@@ -119,6 +120,23 @@ def test_every_pinned_workload_loads_with_a_name_of_its_own():
                 assert variant_run(workload, variant, 0).spec.speculative.mode in ("off", "ngram", "static", "tlt")
         names.setdefault(workload.name, []).append(path.name)
     assert all(len(files) == 1 for files in names.values()), names
+
+
+def test_deep_v7_is_deep_v6_with_block_arms_and_a_block_drafter_warm_start():
+    v6, v7 = (load_workload(DEFAULT_WORKLOAD.parent / f"workload-deep-{v}.yaml") for v in ("v6", "v7"))
+    blocks = [a for a in v7.spec["speculative"]["arms"] if a["kind"] == "block"]
+    assert blocks and v7.spec["speculative"]["arms"][: -len(blocks)] == v6.spec["speculative"]["arms"]
+    rest = [(w.spec | {"speculative": {**w.spec["speculative"], "arms": None}}) for w in (v6, v7)]
+    assert rest[0] == rest[1] and v7.variants == v6.variants and v7.repeats == v6.repeats
+    assert (v7.warmstart, v7.drafter_warmstart, v7.heldout, v7.costs) == (
+        v6.warmstart,
+        v6.drafter_warmstart,
+        v6.heldout,
+        v6.costs,
+    )
+    assert block_size(v6) == 0 and block_size(v7) == max(a["depth"] for a in blocks)
+    learned = learned_drafters(variant_run(v7, "static", 0).spec.speculative)
+    assert learned.eagle and learned.block_size == block_size(v7), "the warm start's block size is the run's"
 
 
 def _synthetic_runs(workload) -> list[dict]:

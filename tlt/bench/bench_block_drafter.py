@@ -1,8 +1,12 @@
 """The sd part's block drafter: warm-started like the bench's EAGLE drafter (`tlt.bench.bench_drafter`: the
-same prompts, steps, batch and learning rate), cached beside the policy by its settings."""
+same prompts, steps, batch and learning rate), cached beside the policy by its settings; also the block
+part of the workloads' drafter warm start (`with_block_part`)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,7 +16,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.bench.bench_drafter import DrafterBudget, drafter_data, drafter_requests, own_samples
 from tlt.bench.drafter_cache import cached_drafter
 from tlt.drafter.block_objective import BlockTraining, block_agreement, block_batch
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
 from tlt.models.block_drafter import BlockDrafter, load_block_drafter, new_block_drafter
+from tlt.models.drafter import CONFIG_FILE
 from tlt.progress import phase
 
 
@@ -57,3 +63,20 @@ def trained_block_drafter(
         }
 
     return cached_drafter(folder, "bench-block-drafter", settings, train, lambda path: load_block_drafter(path, policy))
+
+
+def with_block_part(eagle: Path, block: Path) -> Path:
+    """The folder `<policy>/bench-drafter-set-<eagle key>-<block key>` beside the cached drafters `eagle` and
+    `block` (`cached_drafter` folders): the EAGLE drafter's files with the block drafter's in `block/`, the
+    layout `speculative.drafterPath` reads (`tlt.drafter.warm_start`). Built once, under a temporary name."""
+    target = eagle.parent / f"bench-drafter-set-{eagle.name.rsplit('-', 1)[-1]}-{block.name.rsplit('-', 1)[-1]}"
+    if (target / BLOCK_SNAPSHOTS / CONFIG_FILE).is_file():
+        return target
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=eagle.parent))
+    shutil.copytree(eagle, staging, dirs_exist_ok=True)
+    shutil.copytree(block, staging / BLOCK_SNAPSHOTS)
+    try:
+        os.rename(staging, target)
+    except OSError:  # another process built it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -33,6 +33,7 @@ from tlt.bench.drift import policy_kl, response_batch
 from tlt.bench.machine import machine_info, weights_sha256
 from tlt.bench.run_summary import summarize
 from tlt.bench.workload import Workload, merge_spec, warm_drafter
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, member_params
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
 from tlt.models.loading import resolve_dtype
 from tlt.rollout.compiled import resolve_compile
@@ -105,8 +106,8 @@ def accept_length(
 
 def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | None:
     """Accept length of the run's current drafter (the one its next step drafts with: `drafter.publish`)
-    with the current policy, at one fixed EAGLE chain arm, on held-out prompts; None for a run without
-    a drafter."""
+    with the current policy, at one fixed EAGLE chain arm, on held-out prompts (its EAGLE member, with block
+    arms); None for a run without an EAGLE drafter."""
     if trainer.actors is None or trainer.actors.hub is None:
         return None
     import ray
@@ -115,6 +116,9 @@ def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | No
         params = trainer.served[1]
     else:
         _, params = ray.get(trainer.actors.hub.pull.remote())
+    params = member_params(params).get("eagle")  # a run with block arms holds a `DrafterSet`
+    if params is None:  # block arms only: no EAGLE drafter to measure at the chain arm
+        return None
     # on the CPU wherever the run trains: one request at a time, the same numbers on any machine
     policy = copy.deepcopy(trainer.policy).to("cpu", resolve_dtype(trainer.spec.model.dtype)).eval()
     return accept_length(policy, params, heldout_requests(trainer, workload), workload.heldout["depth"])
@@ -305,6 +309,9 @@ def run_bench(
     info["warmstart"]["weights_sha256"] = weights_sha256(warm_start(workload.warmstart))
     if drafter_info is not None and drafter is not None:
         drafter_info = {**drafter_info, "weights_sha256": weights_sha256(drafter)}
+        if "block" in drafter_info:  # the block part (`tlt.drafter.warm_start`)
+            block = {**drafter_info["block"], "weights_sha256": weights_sha256(drafter / BLOCK_SNAPSHOTS)}
+            drafter_info = {**drafter_info, "block": block}
     report = summarize({**info, "drafter_warmstart": drafter_info}, runs, costs, load, drafter_costs=drafter_costs)
     return {**report, "machine": machine_info()}
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import yaml
 
+from tlt.bench.bench_block_drafter import trained_block_drafter, with_block_part
 from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
+from tlt.drafter.drafter_set import BLOCK_LAYERS
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
@@ -112,18 +114,27 @@ def load_workload(path: Path = DEFAULT_WORKLOAD, *, quick: bool = False, repeats
 
 
 def warm_drafter(workload: Workload) -> tuple[Path | None, dict[str, Any] | None]:
-    """The drafter every learned-drafter variant starts from (`drafterWarmstart`, see `drafter_warm_start`).
-    (None, None) when the workload has no `drafterWarmstart` (drafters then start untrained)."""
+    """The drafter every learned-drafter variant starts from (`drafterWarmstart`, see `drafter_warm_start`),
+    with a block part when the workload's arms include block arms (block size: the largest block arm's
+    depth). (None, None) when the workload has no `drafterWarmstart` (drafters then start untrained)."""
     if not workload.drafter_warmstart:
         return None, None
-    return drafter_warm_start(workload.warmstart, workload.drafter_warmstart)
+    return drafter_warm_start(workload.warmstart, workload.drafter_warmstart, block_size(workload))
 
 
-def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def block_size(workload: Workload) -> int:
+    """The largest depth of the block arms in the workload's `spec.speculative.arms` (0: none)."""
+    arms = workload.spec.get("speculative", {}).get("arms", [])
+    return max((int(a["depth"]) for a in arms if a.get("kind") == "block"), default=0)
+
+
+def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any], block: int = 0) -> tuple[Path, dict[str, Any]]:
     """An EAGLE drafter trained for a fixed budget (`cfg`: prompts, steps, batch, learningRate,
     maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
     distribution), cached beside the warm start: (its folder, its training info). static freezes it,
-    tlt keeps training it."""
+    tlt keeps training it. With `block` > 0 also a block drafter of that block size on the same budget
+    (`trained_block_drafter`, its cache): the folder is then `with_block_part`'s (the EAGLE drafter's files,
+    the block drafter's in `block/`), and the info has the block drafter's under "block"."""
     folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
     budget = DrafterBudget(
@@ -135,4 +146,9 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any]) -> tuple
         seed=int(cfg["seed"]),
     )
     _, info = trained_drafter(budget, folder, policy.eval(), tokenizer)
-    return folder / f"bench-drafter-{info['cache_key']}", info
+    eagle = folder / f"bench-drafter-{info['cache_key']}"
+    if not block:
+        return eagle, info
+    _, block_info = trained_block_drafter(budget, block, BLOCK_LAYERS, folder, policy, tokenizer)
+    path = with_block_part(eagle, folder / f"bench-block-drafter-{block_info['cache_key']}")
+    return path, {**info, "block": block_info}

@@ -40,6 +40,7 @@ from tlt.spec.speculative import SpeculativeSpec
 
 EAGLE_ARM_KINDS = ("chain", "tree", "mixed")
 BLOCK_SNAPSHOTS = "block"  # the block drafter's folder beside the EAGLE drafter's (snapshots, the served drafter)
+BLOCK_LAYERS = 1  # the decoder layers of a run's block drafter
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,14 @@ def unbound_drafter_set(config: LlamaConfig, learned: LearnedDrafters) -> Drafte
     if learned.block_size < 1:
         raise ValueError("a drafter set holds a block drafter: learned.block_size must be >= 1")
     block = copy.deepcopy(config)
-    block.num_hidden_layers, block.block_size = 1, learned.block_size
+    block.num_hidden_layers, block.block_size = BLOCK_LAYERS, learned.block_size
     return DrafterSet(EagleDrafter(config) if learned.eagle else None, BlockDrafter(block))
 
 
 def member_params(params: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     """A drafter's parameter dict by member: {"eagle": ..., "block": ...} of a `DrafterSet`'s ("eagle.*",
-    "block.*", prefixes dropped); {"eagle": params} of a plain EAGLE drafter's."""
-    if not any(k.startswith("block.") for k in params):
+    "block.*", prefixes dropped; either may be absent); {"eagle": params} of a plain EAGLE drafter's."""
+    if not any(k.startswith(("block.", "eagle.")) for k in params):
         return {"eagle": params}
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in params.items():

@@ -204,19 +204,25 @@ class DrafterHub:
             }
 
     def load_params(self, params: dict[str, torch.Tensor]) -> None:
-        """Start from given drafter parameters (e.g. `speculative.drafterPath`) with a fresh optimizer. A hub
-        holding a `DrafterSet` takes an EAGLE drafter's parameters into its EAGLE member (the block drafter
-        starts fresh)."""
+        """Start from given drafter parameters (e.g. `speculative.drafterPath`: `tlt.drafter.warm_start`) with a
+        fresh optimizer. A hub holding a `DrafterSet` takes each member the parameters hold (a plain EAGLE
+        drafter's: its EAGLE member); the others start fresh."""
         with self._lock:
-            if isinstance(self.drafter, DrafterSet) and set(member_params(params)) == {"eagle"}:
-                if self.drafter.eagle is None:
+            if not isinstance(self.drafter, DrafterSet):
+                self.drafter.load_state_dict(params)
+                return
+            for name, part in member_params(params).items():
+                member = getattr(self.drafter, name)
+                if member is None:
                     raise ValueError(
                         "speculative.drafterPath holds an EAGLE drafter, and this run's arms use the block drafter "
                         "only: add a chain, tree or mixed arm, or drop speculative.drafterPath"
                     )
-                self.drafter.eagle.load_state_dict(params)
-            else:
-                self.drafter.load_state_dict(params)
+                member.load_state_dict(part)
+
+    def drafters(self) -> LearnedDrafters:
+        """The drafters the hub holds (`use_drafters`)."""
+        return self.learned
 
     def load_state(self, state: dict[str, Any]) -> None:
         with self._lock:

@@ -15,7 +15,8 @@ loading, with one line per problem instead of a traceback:
 - the prompts: the first PROMPT_SAMPLE training records encode as the policy gets them (template, chat
   template; `tlt.tasks.prompt_format.encode_prompt`): a chat template that does not parse, or raises, is
   one line naming the model folder and the template's error.
-- `verifier.reward` imports; `speculative.drafterPath` is a folder.
+- `verifier.reward` imports; `speculative.drafterPath` is a folder holding the drafters the arms use, a block
+  part of the run's block size (`tlt.drafter.warm_start`).
 
 `metrics_port_problem` is apart: a port is free or busy when the run starts, not when its file is checked,
 so `tlt validate` warns of it and `tlt train` refuses.
@@ -29,6 +30,8 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
+from tlt.drafter.drafter_set import learned_drafters
+from tlt.drafter.warm_start import warm_start_problem
 from tlt.models.loading import (
     load_tokenizer,
     model_folder_problems,
@@ -146,6 +149,8 @@ def input_problems(spec: RunSpec) -> list[str]:
             f"spec.speculative.drafterPath: drafter folder {drafter!r} does not exist (a folder "
             "save_drafter or tlt export-drafter wrote; unset: the drafter starts untrained)"
         )
+    elif drafter is not None and (problem := warm_start_problem(drafter, learned_drafters(spec.speculative))):
+        problems.append(f"spec.{problem}")
     return problems
 
 

@@ -22,7 +22,7 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-from tlt.models.drafter import load_drafter
+from tlt.drafter.warm_start import warm_start_params
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, save_checkpoint
 from tlt.runtime.ray_cluster import Actors
 
@@ -58,12 +58,13 @@ class ActorStates:
 
     def hand_out(self, actors: Actors, drafter_path: str | None, policy_config: Any) -> None:
         """Load the states into fresh actors: the hub's (else the `speculative.drafterPath` warm start, for
-        the policy of `policy_config`), then each rollout worker's own."""
+        the policy of `policy_config`: the parts of the drafters the hub holds, `warm_start_params`; the
+        workers have told it which as they started), then each rollout worker's own."""
         if actors.hub is not None and self.drafter is not None:
             ray.get(actors.hub.load_state.remote(self.drafter))
         elif actors.hub is not None and drafter_path is not None:
-            initial = load_drafter(drafter_path, policy_config)
-            ray.get(actors.hub.load_params.remote(initial.float().state_dict()))
+            learned = ray.get(actors.hub.drafters.remote())
+            ray.get(actors.hub.load_params.remote(warm_start_params(drafter_path, policy_config, learned)))
         _per_worker(actors, "load_bandit", self.bandits, "bandits start afresh")
         _per_worker(actors, "load_trainer_state", self.trainers, "drafter buffers start empty")
 
