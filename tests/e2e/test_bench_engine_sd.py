@@ -92,8 +92,18 @@ def test_costs_cover_every_batch_and_verify_width(report):
             assert point["ratio"] == 1.0
     assert [p["batch"] for p in costs["drafter_step"]] == list(cfg.batches)
     assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["drafter_step"])
-    assert [(p["batch"], p["block"]) for p in costs["block_step"]] == [(b, max(cfg.block_depths)) for b in cfg.batches]
+    assert [(p["batch"], p["block"]) for p in costs["block_step"]] == [
+        (b, k) for b in cfg.batches for k in cfg.block_depths
+    ]
     assert all(0 < p["seconds"] <= p["seconds_median"] for p in costs["block_step"])
+    step = {p["batch"]: p["seconds"] for p in costs["verify"] if p["width"] == 1}
+    assert report["block_cost_fraction"] == {
+        str(k): {
+            str(b): next(p["seconds"] for p in costs["block_step"] if (p["batch"], p["block"]) == (b, k)) / step[b]
+            for b in cfg.batches
+        }
+        for k in cfg.block_depths
+    }
 
 
 def test_drafter_was_trained_on_the_policys_outputs(report):

@@ -24,7 +24,7 @@ from tlt.bench.bench_block_drafter import trained_block_drafter
 from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
 from tlt.bench.cost_timing import measure_costs
 from tlt.bench.engine import DTYPES
-from tlt.bench.sd_costs import block_step_costs, drafter_step_costs
+from tlt.bench.sd_costs import block_cost_fraction, block_step_costs, drafter_step_costs
 from tlt.bench.sd_summary import block_vs_best_chain, history_summary
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
@@ -384,12 +384,13 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "estimate": "fastest repeat",
         "verify": [p.__dict__ for p in verify],
         "drafter_step": drafter_step_costs(cfg.batches, cfg.cost_context, cfg.repeats, drafter, policy),
-        "block_step": block_step_costs(cfg.batches, max(cfg.block_depths), cfg.repeats, block, policy),
+        "block_step": block_step_costs(cfg.batches, tuple(cfg.block_depths), cfg.repeats, block, policy),
     }
     temperature = max(cfg.temperatures)  # GRPO samples
     return {
         "sd": sd,
         "costs": costs,
         "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
+        "block_cost_fraction": block_cost_fraction(costs),
         **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0]),
     }

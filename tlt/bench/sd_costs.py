@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -43,19 +44,31 @@ def drafter_step_costs(
 
 
 def block_step_costs(
-    batches: tuple[int, ...], k: int, repeats: int, block: BlockDrafter, policy: PreTrainedModel
+    batches: tuple[int, ...], depths: tuple[int, ...], repeats: int, block: BlockDrafter, policy: PreTrainedModel
 ) -> list[dict]:
-    """Seconds of one block-drafter forward of the deepest block variant, plus the head, per batch: what
-    a block step drafts with (a chain of k pays k drafter steps)."""
+    """Seconds of one block-drafter forward of each block variant's depth, plus the head, per batch: what a
+    block step drafts with (a chain of k pays k drafter steps). [{batch, block, seconds, seconds_median}],
+    batch-major; the depths are timed interleaved within each round."""
     fns = {}
     for b in batches:
         tokens = torch.ones(b, dtype=torch.long)
         feats = torch.zeros(b, policy.config.hidden_size, dtype=policy.dtype)
-        fns[b] = lambda tokens=tokens, feats=feats: block.logits(block(tokens, feats, k))
-    return [{**point, "block": k} for point in fastest(fns, repeats)]
+        for k in depths:
+            fns[(b, k)] = lambda tokens=tokens, feats=feats, k=k: block.logits(block(tokens, feats, k))
+    return [{**point, "batch": point["batch"][0], "block": point["batch"][1]} for point in fastest(fns, repeats)]
 
 
-def fastest(fns: dict[int, Callable[[], object]], repeats: int) -> list[dict]:
+def block_cost_fraction(costs: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{block depth: {batch: one block forward / one target step}} of the bench's `costs` (fastest repeats; the
+    target step is the one-token verify of that batch)."""
+    step = {p["batch"]: p["seconds"] for p in costs["verify"] if p["width"] == 1}
+    out: dict[str, dict[str, float]] = {}
+    for p in costs["block_step"]:
+        out.setdefault(str(p["block"]), {})[str(p["batch"])] = p["seconds"] / step[p["batch"]]
+    return out
+
+
+def fastest(fns: dict[Any, Callable[[], object]], repeats: int) -> list[dict]:
     """[{batch, seconds (fastest), seconds_median}] of each batch's call over `repeats` rounds after an
     untimed one, the batches interleaved within a round."""
     seconds: dict[int, list[float]] = {b: [] for b in fns}
