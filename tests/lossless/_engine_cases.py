@@ -1,11 +1,15 @@
-"""The engine cases the lossless suites share: prompts, greedy requests and one engine's generate."""
+"""The engine cases the lossless suites share: prompts, greedy requests, one engine's generate and a prefilled
+batch that keeps hidden states (what drafters read)."""
 
 from __future__ import annotations
 
 from transformers import PreTrainedModel
 
+from tlt.rollout.batch import RunningBatch
+from tlt.rollout.decode_step import prefill
 from tlt.rollout.drafting import Drafter
 from tlt.rollout.engine import Engine
+from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Request, SamplingParams
 
@@ -27,3 +31,18 @@ def generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter |
         stepper = SpeculativeStepper(engine.runner, drafter)
         engine.stepper = stepper
     return engine.generate(requests), stepper
+
+
+def prefilled(engine: Engine, sequences: list[Sequence]) -> RunningBatch:
+    """A running batch of `sequences` on `engine`'s cache, keeping hidden states, after its prefill."""
+    model = engine.runner.model
+    batch = RunningBatch(
+        sequences,
+        engine.runner.cache,
+        hidden_size=model.config.hidden_size,
+        return_hidden=True,
+        dtype=model.dtype,
+        device=engine.runner.device,
+    )
+    prefill(engine.runner, batch)
+    return batch

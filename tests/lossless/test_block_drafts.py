@@ -9,6 +9,7 @@ drafter run on the target's own full forward.
 
 from __future__ import annotations
 
+import _engine_cases as C
 import _sd_helpers as H
 import pytest
 import torch
@@ -17,7 +18,6 @@ from transformers import PreTrainedModel
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.block import BlockChainDrafter, block_guesses, warm_up_block
-from tlt.rollout.decode_step import prefill
 from tlt.rollout.engine import Engine
 from tlt.rollout.sampling import sample_from
 from tlt.rollout.sequence import Sequence
@@ -38,15 +38,7 @@ def _batch_after_steps(model: PreTrainedModel, steps: int, temperature: float = 
         Request(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=20, seed=i))
         for i, p in enumerate(PROMPTS[:rows])
     ]
-    batch = RunningBatch(
-        [Sequence(r, limit=20) for r in requests],
-        engine.runner.cache,
-        hidden_size=model.config.hidden_size,
-        return_hidden=True,
-        dtype=model.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
+    batch = C.prefilled(engine, [Sequence(r, limit=20) for r in requests])
     for _ in range(steps):
         engine.stepper.step(batch)
     return batch

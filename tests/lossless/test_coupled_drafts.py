@@ -9,6 +9,7 @@ with plain sampling, every drafter: `test_sd_engine.py`); these tests pin what i
 
 from __future__ import annotations
 
+import _engine_cases as C
 import _sd_helpers as H
 import pytest
 import torch
@@ -17,7 +18,6 @@ from transformers import PreTrainedModel
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.decode_step import prefill
 from tlt.rollout.drafting import EagleChainDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.guess import coupled_guess
@@ -49,15 +49,7 @@ def _sampling_batch(model: PreTrainedModel) -> tuple[Engine, RunningBatch]:
         for i, (p, t) in enumerate(zip(PROMPTS, TEMPERATURES))
     ]
     engine = Engine(model, max_batch_size=4, max_context=CONTEXT)
-    batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in requests],
-        engine.runner.cache,
-        hidden_size=model.config.hidden_size,
-        return_hidden=True,
-        dtype=model.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
+    batch = C.prefilled(engine, [Sequence(r, limit=r.params.max_new_tokens) for r in requests])
     engine.stepper.step(batch)
     return engine, batch
 

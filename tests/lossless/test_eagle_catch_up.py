@@ -11,7 +11,6 @@ import torch
 
 from tlt.models.drafter import EagleDrafter
 from tlt.rollout.batch import RunningBatch
-from tlt.rollout.decode_step import prefill
 from tlt.rollout.drafting import Draft, EagleChainDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -34,15 +33,7 @@ def test_eagle_catch_up_switches_on_mid_generation_without_target_prefill(model6
     output is still plain decoding's; the drafter's first draft equals its own full forward's."""
     answers = {c.request_id: c.token_ids for c in plain64}
     engine = Engine(model64, max_batch_size=4, max_context=C.MAX_CONTEXT)
-    batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in C.requests()],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
+    batch = C.prefilled(engine, [Sequence(r, limit=r.params.max_new_tokens) for r in C.requests()])
     for _ in range(3):
         engine.stepper.step(batch)
     drafter = H.random_eagle(model64)
@@ -67,15 +58,9 @@ def test_eagle_catch_up_of_rows_far_apart_stays_inside_the_drafter_cache(model64
         Request("short", [5, 6, 7, 5, 6, 7, 5, 6, 7, 5], SamplingParams(temperature=0.0, max_new_tokens=8)),
     ]
     engine = Engine(model64, max_batch_size=2, max_context=context)
-    batch = RunningBatch(
-        [Sequence(r, limit=min(r.params.max_new_tokens, context - len(r.prompt_ids))) for r in requests],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
+    batch = C.prefilled(
+        engine, [Sequence(r, limit=min(r.params.max_new_tokens, context - len(r.prompt_ids))) for r in requests]
     )
-    prefill(engine.runner, batch)
     drafter = H.random_eagle(model64)
     eagle = EagleChainDrafter(drafter, model64.get_input_embeddings(), k=2, max_batch_size=2, max_context=context)
     eagle.propose(batch)  # caught up: seen = (21, 10)
@@ -94,15 +79,7 @@ def test_eagle_drafts_follow_the_drafters_own_full_forward(target: str, request)
     for a Qwen2 target and for a Qwen3 one (whose drafter layer has head_dim != hidden / heads)."""
     model64 = request.getfixturevalue(target)
     engine = Engine(model64, max_batch_size=4, max_context=C.MAX_CONTEXT)
-    batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in C.requests()],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
+    batch = C.prefilled(engine, [Sequence(r, limit=r.params.max_new_tokens) for r in C.requests()])
     engine.stepper.step(batch)
     drafter = H.random_eagle(model64)
     embed = model64.get_input_embeddings()

@@ -23,7 +23,6 @@ from transformers import PreTrainedModel
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.block import BlockChainDrafter
-from tlt.rollout.decode_step import prefill
 from tlt.rollout.drafting import Draft, Drafter, EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.engine import Engine
@@ -193,15 +192,7 @@ def test_next_logits_after_non_first_branch_equal_full_forward(model64, plain64)
     answers = {c.request_id: c.token_ids for c in plain64}
     engine = Engine(model64, max_batch_size=4, max_context=C.MAX_CONTEXT)
     requests = C.requests()
-    batch = RunningBatch(
-        [Sequence(r, limit=r.params.max_new_tokens) for r in requests],
-        engine.runner.cache,
-        hidden_size=model64.config.hidden_size,
-        return_hidden=True,
-        dtype=model64.dtype,
-        device=engine.runner.device,
-    )
-    prefill(engine.runner, batch)
+    batch = C.prefilled(engine, [Sequence(r, limit=r.params.max_new_tokens) for r in requests])
     stepper = SpeculativeStepper(engine.runner, OracleDrafter(answers, 3, 32, tree=True))
     stepper.step(batch)
     assert stepper.stats.last_step_accepted == [3, 3, 3]  # every accepted node was a second sibling

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tlt.commands.bench_args import batches as _batches
 from tlt.commands.bench_args import write_json as _write_json
@@ -58,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _config(cls: Any, args: argparse.Namespace, repeats: int) -> Any:
+    """A part's config: its `quick()` one with --quick (1 repeat by default), else the full one (`repeats`)."""
+    return cls.quick(repeats=args.repeats or 1) if args.quick else cls(repeats=args.repeats or repeats)
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -88,27 +94,15 @@ def run(args: argparse.Namespace) -> int:
         if args.part == "vllm":
             from tlt.bench.engine_vllm import VllmBenchConfig, run_vllm_bench
 
-            v_cfg = (
-                VllmBenchConfig.quick(repeats=args.repeats or 1)
-                if args.quick
-                else VllmBenchConfig(repeats=args.repeats or 3)
-            )
+            v_cfg = _config(VllmBenchConfig, args, 3)
             v_over = {"batches": args.batches, "workload": str(args.workload) if args.workload else None}
             v_cfg = replace(v_cfg, **{k: v for k, v in v_over.items() if v is not None})
             result.update(run_vllm_bench(v_cfg, on_row=lambda text: status.update(text)))
         if args.part in ("all", "hf"):
-            cfg = (
-                EngineBenchConfig.quick(repeats=args.repeats or 1)
-                if args.quick
-                else EngineBenchConfig(repeats=args.repeats or 3)
-            )
+            cfg = _config(EngineBenchConfig, args, 3)
             result.update(run_engine_bench(cfg, on_row=lambda text: status.update(text)))
         if args.part in ("all", "sd"):
-            sd_cfg = (
-                SdBenchConfig.quick(repeats=args.repeats or 1)
-                if args.quick
-                else SdBenchConfig(repeats=args.repeats or 3)
-            )
+            sd_cfg = _config(SdBenchConfig, args, 3)
             overrides = {
                 "warmstart": args.warmstart,
                 "batches": args.batches,
@@ -118,11 +112,7 @@ def run(args: argparse.Namespace) -> int:
             sd_cfg = replace(sd_cfg, **{k: v for k, v in overrides.items() if v is not None})
             result.update(run_sd_bench(sd_cfg, on_row=lambda text: status.update(text)))
         if args.part in ("all", "compiled"):
-            c_cfg = (
-                CompiledBenchConfig.quick(repeats=args.repeats or 1)
-                if args.quick
-                else CompiledBenchConfig(repeats=args.repeats or 5)
-            )
+            c_cfg = _config(CompiledBenchConfig, args, 5)
             result.update(run_compiled_bench(c_cfg, on_row=lambda text: status.update(text)))
     for table in _engine_tables(result):
         console.print(table)
