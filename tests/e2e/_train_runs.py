@@ -130,3 +130,21 @@ def assert_same_weights(got: Path, want: Path) -> None:
     assert a.keys() == b.keys()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"weights differ bitwise after resume: {differ[:5]}"
+
+
+def ray_train(run: Any, out: Path, holder: dict, on_event: Any, **options: Any) -> tuple[Any, list[dict], list[dict]]:
+    """Train `run` into `out` with `RayTrainer` in this process (the warm-start policy, Ray shut down after),
+    calling `on_event` on each event; `holder["trainer"]` is the trainer from before its first step. Returns
+    (trainer, metrics, events). `options`: RayTrainer's (num_cpus, stop_trainers_at, ...)."""
+    import ray
+
+    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.tasks.warmstart import reduced_config
+
+    try:
+        trainer = RayTrainer(run, out, warmstart=reduced_config(), on_event=on_event, **options)
+        holder["trainer"] = trainer
+        history = trainer.train()
+    finally:
+        ray.shutdown()
+    return trainer, history, events(out)

@@ -52,7 +52,9 @@ def test_ray_run_drafts_with_trains_and_checkpoints_the_block_drafter(tmp_path):
     ckpt = load_latest(out / "checkpoints")
     keys = set(ckpt.tensors["drafter"])
     assert any(k.startswith("block.") for k in keys) and any(k.startswith("eagle.") for k in keys)
-    assert ckpt.state["drafter_version"] == sum(m["drafter_updates"] for m in history)
+    # the last step's trainers run on until the run ends (`stop_trainers_at="rollout"`): its checkpoint, written
+    # while they may still sync, can be past the updates the steps counted
+    assert ckpt.state["drafter_version"] >= sum(m["drafter_updates"] for m in history) > 0
     served = out / "drafter-served"
     assert load_block_drafter(served / BLOCK_SNAPSHOTS, trainer.policy.config).block_size == 4
     assert load_drafter(served, trainer.policy.config) is not None

@@ -2,8 +2,9 @@
 
 Trainers stop before the next step's first rollout token (`stop_trainers_at="rollout"`, rollout
 pods with their own devices), so both workers' trainers harvest the policy update together and
-update one drafter. The drafter hub is killed in the middle of step 2 (a lost rollout worker or verifier
-costs no step: tests/e2e/test_shard_retry_run.py; a hub is not replaced in place): the step fails, the run
+update one drafter. The drafter hub is killed for good in the middle of step 2 (`ray.kill` without a restart:
+a hub that cannot come back; a lost rollout worker, verifier or hub process costs no step:
+tests/e2e/test_shard_retry_run.py): the step fails, the run
 restarts from its step-1 checkpoint (counted against runPolicy.backoffLimit, and said so in the
 events) and finishes; what the checkpoint held (metrics, drafter version) is carried on, not lost.
 """

@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from types import SimpleNamespace
 
 import pytest
 import ray
 
 from tlt.runtime.failure_kinds import LOST, PERMANENT, TRANSIENT, classify, failure_line
 from tlt.runtime.ray_cluster import Actors
-from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.rollout_dispatch import StepRollout
 from tlt.runtime.run_checkpoint import RunFailed
+from tlt.runtime.step_recovery import StepRecovery
 from tlt.runtime.worker_replacement import ask_each, lost_ranks
 from tlt.tasks.problem import Problem
 
@@ -169,13 +168,13 @@ def test_failures_are_classified_on_rays_own_errors(local_ray):
 
 def test_the_coordinator_fails_at_once_on_a_permanent_error_and_restarts_on_a_transient_one(local_ray):
     emitted: list = []
-    coordinator = SimpleNamespace(step=1, _emit=lambda kind, **info: emitted.append((kind, info)))
+    recovery = StepRecovery(lambda kind, **info: emitted.append((kind, info)))
     with pytest.raises(
         RunFailed, match=r"^step 2 failed: ValueError: speculative.arms\[0\]: head_dim 16 .*not retried"
     ):
-        RayTrainer._fail_if_permanent(coordinator, failure(raises.remote("value")))
+        recovery.fail_if_permanent(failure(raises.remote("value")), 2)
     assert emitted == [
         ("failed", {"reason": "ValueError: speculative.arms[0]: head_dim 16 is not supported", "retried": False})
     ]
-    RayTrainer._fail_if_permanent(coordinator, failure(raises.remote("runtime")))  # returns: the step restarts
+    recovery.fail_if_permanent(failure(raises.remote("runtime")), 2)  # returns: the step restarts
     assert len(emitted) == 1

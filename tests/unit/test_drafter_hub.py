@@ -316,3 +316,37 @@ def test_the_snapshot_writer_runs_in_the_idle_class(tmp_path, monkeypatch):
     ckpt.close()
     assert seen == [(os.SCHED_IDLE, BACKGROUND_NICE)]
     assert thread_priority() == caller
+
+
+def test_a_restarted_hub_refuses_the_drafters_calls_until_restored():
+    """Ray re-runs the hub's constructor in a restarted process: a fresh drafter, which no trainer may sync with
+    and no rollout draft with until the coordinator restores the one it last pulled (`tlt.runtime.hub_keeper`)."""
+    from ray.exceptions import ActorDiedError
+
+    from tlt.drafter.drafter_set import LearnedDrafters
+    from tlt.runtime.hub_keeper import hub_lost
+    from tlt.runtime.ray_services import HubRestarted, HubWorker
+
+    model = policy()
+    trained = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)
+    delta = {n: torch.full_like(p, 0.01) for n, p in trained.drafter.named_parameters()}
+    version, params = trained.push_delta("w0", delta, 0, 3, 10, 0.5)
+    assert not trained.ping()["awaiting"] and version == 3
+
+    restarted = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)
+    restarted.awaiting = True  # as `was_current_actor_reconstructed` sets it in Ray's restarted process
+    assert restarted.ping()["awaiting"]
+    for call in (
+        lambda: restarted.push_delta("w0", delta, 3, 1, 10, 0.5),
+        restarted.pull,
+        restarted.state,
+        lambda: restarted.snapshot(1),
+    ):
+        with pytest.raises(HubRestarted) as refused:
+            call()
+        assert hub_lost(refused.value)
+    restarted.restore(LearnedDrafters(eagle=True, block_size=0), version, params)
+    got_version, got = restarted.pull()
+    assert got_version == 3 and all(torch.equal(got[k], params[k]) for k in params)
+    assert restarted.push_delta("w1", delta, 3, 2, 10, 0.5)[0] == 5
+    assert not hub_lost(ValueError("a bad delta")) and hub_lost(ActorDiedError())

@@ -14,20 +14,19 @@ class _Ref:
         self.value = value
 
 
-class _Pull:
-    def __init__(self, hub):
-        self.hub = hub
-
-    def remote(self):
-        self.hub.pulls += 1
-        version, params = self.hub.newest
-        return _Ref((version, params))  # a new object each pull, as Ray's deserialization gives
-
-
 class _Hub:
+    """`tlt.runtime.hub_keeper.HubKeeper`'s pulls, over a hub whose newest drafter is `newest`."""
+
     def __init__(self, newest):
         self.newest, self.pulls = newest, 0
-        self.pull = _Pull(self)
+
+    def pull_ref(self):
+        self.pulls += 1
+        version, params = self.newest
+        return _Ref((version, params))  # a new object each pull, as Ray's deserialization gives
+
+    def fetch(self, ref):
+        return ref.value, ref
 
 
 @pytest.fixture(autouse=True)

@@ -148,8 +148,8 @@ def _plugin_runtime_env(target: str) -> dict[str, Any]:
 @dataclass
 class Actors:
     """The run's actors; `names`: the rollout workers' (`worker_identity`), in rank order like `rollout`;
-    `replace(rank)` starts a rollout worker like rank's (None: none can be, e.g. with sidecar trainers);
-    `replace_verifier()` a verifier."""
+    `replace(rank)` starts a rollout worker like rank's (with `drafter.placement: sidecar` attached to rank's
+    sidecar trainer, which Ray restarts on its own); `replace_verifier()` a verifier."""
 
     rollout: list[Any]
     verifiers: list[Any]
@@ -224,14 +224,16 @@ def rollout_starter(
     spec: RunSpec, policy_path: str, resources: dict[str, float], plan: Placement, verifiers: list[Any], hub: Any
 ) -> Callable[[int], Any]:
     """A function that starts the rollout worker of a rank (not waiting for it: its calls queue until it is
-    up); the run's workers at the start, and a lost one's replacement."""
+    up), optionally attached to a sidecar trainer; the run's workers at the start, and a lost one's
+    replacement."""
     rollout_cls = ray.remote(rollout_worker_class(spec))
     options = _role_options("rollout", resources, plan.rollout_cpus, plan.gpus.rollout_gpus)
     rows = worker_rows(spec)
 
-    def start(rank: int) -> Any:
+    def start(rank: int, sidecar: Any | None = None) -> Any:
+        attach = {} if sidecar is None else {"sidecar": sidecar}  # its constructor attaches it
         return rollout_cls.options(max_concurrency=4, **options).remote(
-            rank, spec, policy_path, rows, verifiers, hub, plan.rollout_threads
+            rank, spec, policy_path, rows, verifiers, hub, plan.rollout_threads, **attach
         )
 
     return start
@@ -283,7 +285,7 @@ def create_actors(
         verifiers=verifiers,
         hub=hub,
         names=names,
-        replace=None if sidecar else start_worker,
+        replace=start_worker,
         replace_verifier=start_verifier,
     )
     if sidecar:
@@ -299,6 +301,8 @@ def create_actors(
                 wait=rejoin,
             )
             ray.get([w.attach_sidecar.remote(s) for w, s in zip(workers, actors.sidecars)])
+            sidecars = actors.sidecars
+            actors.replace = lambda rank: start_worker(rank, sidecars[rank])
         except BaseException:
             actors.kill()
             raise

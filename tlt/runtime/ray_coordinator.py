@@ -21,11 +21,12 @@ Failures (`tlt.runtime.failure_kinds`): a rollout worker lost in the middle of i
 nothing but time: the shard goes to a free worker, a fresh worker starts in its place
 (`tlt.runtime.rollout_dispatch`; events `shard_retry`, `worker_replaced`; the step's `recoveries`); a worker
 or verifier lost at another point before the policy update is replaced and the step runs again
-(`step_redone`, `tlt.runtime.worker_replacement`). An error of the configuration or the program (ValueError,
-a missing file or module) fails the run at once with its line (event `failed`): every retry repeats it.
-Anything else (the hub lost, a RuntimeError) fails the step; all actors are torn down, the run reloads its
-newest whole-run checkpoint (or the initial policy) and starts fresh actors; restarts beyond
-`runPolicy.backoffLimit` fail the run (`tlt.runtime.run_checkpoint`).
+(`step_redone`, `tlt.runtime.step_recovery`). A lost drafter hub restarts alone and gets the drafter the
+coordinator last pulled (`tlt.runtime.hub_keeper`; event `hub_restarted`): the step goes on. An error of the
+configuration or the program (ValueError, a missing file or module) fails the run at once with its line
+(event `failed`): every retry repeats it. Anything else (a RuntimeError, a hub that does not come back) fails
+the step; all actors are torn down, the run reloads its newest whole-run checkpoint (or the initial policy)
+and starts fresh actors; restarts beyond `runPolicy.backoffLimit` fail the run (`tlt.runtime.run_checkpoint`).
 When this process (the coordinator's node) is lost, Ray takes its actors with it; rerunning the same
 command (or the operator replacing the policy pod) recreates all workers and resumes from the checkpoint.
 The checkpoint to resume from is read and verified before Ray starts (`checkpoint.onCorrupt`,
@@ -60,9 +61,9 @@ from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
 from tlt.runtime.devices import to_cpu
 from tlt.runtime.events import append_event
-from tlt.runtime.failure_kinds import PERMANENT, classify, failure_line, permanent_message
 from tlt.runtime.graceful_stop import GracefulStop, StoppedWhileStarting, start_ray
 from tlt.runtime.heldout import eval_due, evaluate, heldout_problems, plain_generate
+from tlt.runtime.hub_keeper import HubKeeper
 from tlt.runtime.local import (
     METRICS_FILE,
     POLICY_DIR,
@@ -77,7 +78,6 @@ from tlt.runtime.rollout_dispatch import StepRollout
 from tlt.runtime.run_checkpoint import (
     STEP_FAILURES,
     ActorStates,
-    RunFailed,
     check_backoff,
     restart_event,
     restore_run,
@@ -86,8 +86,9 @@ from tlt.runtime.run_checkpoint import (
 from tlt.runtime.served_drafter import StepDrafters
 from tlt.runtime.shard_metrics import shard_rollout_metrics
 from tlt.runtime.spot_trainers import SlotSource, SpotTrainers, drafter_step_metrics
+from tlt.runtime.step_recovery import StepRecovery
 from tlt.runtime.worker_drafter import NO_AGREEMENT
-from tlt.runtime.worker_replacement import ask_each, replace_lost
+from tlt.runtime.worker_replacement import ask_each
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
@@ -96,7 +97,6 @@ log = logging.getLogger(__name__)
 
 DRAFTER_DIR = DRAFTER_SNAPSHOTS_DIR
 EventFn = Callable[[dict[str, Any]], None]
-MAX_REDOS = 2  # a step runs at most this many more times after losing rollout workers outside their rollout
 
 
 class RayTrainer:
@@ -146,8 +146,8 @@ class RayTrainer:
         self.placement = placement(self.spec, self.resources)  # ValueError: a role asks for a missing GPU
         torch.set_num_threads(self.placement.driver_threads)
         self.actors: Actors | None = None
-        self.updating = False  # the step under way has started changing the policy
-        self.redos, self.redone = 0, []  # the step under way run again after losing actors: times, records
+        self.hub: HubKeeper | None = None  # the coordinator's calls to the drafter hub, and its restart
+        self.recovery = StepRecovery(self._emit)  # the step under way: run again after losing actors
         self.stopped: Path | None = None
         self.restarts = 0
         self._load_initial()
@@ -205,6 +205,7 @@ class RayTrainer:
         snapshot_dir = str(self.out_dir / DRAFTER_DIR)
         self.actors = create_actors(self.spec, self.policy_path, self.policy.config, self.resources, snapshot_dir)
         self.actor_states.hand_out(self.actors, self.spec.speculative.drafter_path, self.policy.config)
+        self.hub = HubKeeper(self.actors.hub, self._emit) if self.actors.hub is not None else None
         self._emit("actors", rollout=len(self.actors.rollout), verifiers=len(self.actors.verifiers))
         return self.actors
 
@@ -213,6 +214,7 @@ class RayTrainer:
         if self.actors is not None:
             self.actors.kill()
             self.actors = None
+        self.hub = None
 
     def save(self) -> Path:
         """A whole-run checkpoint of the current step (the drafter comes from the hub, synchronously)."""
@@ -220,7 +222,8 @@ class RayTrainer:
             try:
                 self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
             except STEP_FAILURES as exc:  # a worker lost since its step: its replacement's (fresh) state is kept
-                if not self._replace_lost(exc, redo=False):
+                recovered = self.hub is not None and self.hub.recover(exc)
+                if not (recovered or self.recovery.replace_lost(self.actors, exc, {}, self.step, redo=False)):
                     raise
                 self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
         return save_run(
@@ -238,7 +241,7 @@ class RayTrainer:
     def train_step(self) -> dict[str, Any]:
         """Run step `self.step + 1` on the actors; returns its metrics."""
         actors = self.actors or self.start_actors()
-        self.updating = False
+        self.recovery.updating = False
         step = self.step + 1
         started = time.time()
         ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
@@ -246,7 +249,7 @@ class RayTrainer:
         stamps = [started, time.time()]  # what the step does before dispatching (`rollout_overhead_parts`)
         carried = self.trainers.stop_running()
         stamps.append(time.time())
-        drafter, candidate = self.drafters.refs(actors.hub)
+        drafter, candidate = self.drafters.refs(self.hub)
         dispatched = time.time()
         prepare = dict(
             zip(
@@ -255,7 +258,7 @@ class RayTrainer:
         )
         rollout = StepRollout(actors, step, ids, self.problems, (weights, drafter, candidate))
         self._emit("phase", phase="rollout", workers=rollout.dispatch())
-        trains = rl_step.trains_drafter(self.spec, step) and actors.hub is not None
+        trains = rl_step.trains_drafter(self.spec, step) and self.hub is not None
         collected = rollout.collect(self.trainers if trains else None, self._emit, self._emit_workers)
         results, started_trainers = collected.results, collected.started
         rollout_end = time.time()
@@ -267,7 +270,7 @@ class RayTrainer:
         reward_errors = [error for _, error in scored if error is not None]
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
-        self.updating = True  # from here a failure cannot run the step again: the policy is changing
+        self.recovery.updating = True  # from here a failure cannot run the step again: the policy is changing
         update = rl_step.learn(
             self.policy,
             self.optimizer,
@@ -293,16 +296,18 @@ class RayTrainer:
         }
         if self.spec.verifier.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
-        if actors.hub is not None:
-            actors.hub.snapshot.remote(step)
+        if self.hub is not None:
+            self.hub.hub.snapshot.remote(step)  # not waited for: a hub lost meanwhile misses one snapshot
         metrics["worker_states"] = {
             r["worker"]: states
             for r, states in zip(results, ask_each(collected.workers, "take_states", None))
             if states is not None
         }
-        metrics["recoveries"] = self.redone + collected.recoveries
-        if actors.hub is not None and not self.trainers.running:  # nothing can push before the next step
-            self.drafters.prefetch(actors.hub)
+        hub_restarts = self.hub.take_recoveries() if self.hub is not None else []
+        restarted = hub_restarts + self.trainers.take_recoveries()
+        metrics["recoveries"] = self.recovery.redone + collected.recoveries + restarted
+        if self.hub is not None and not self.trainers.running:  # nothing can push before the next step
+            self.drafters.prefetch(self.hub)
         if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
             self._emit("phase", phase="evaluation")
             metrics.update(evaluate(plain_generate(self.policy), self.heldout, self.tokenizer, self.spec, self.reward))
@@ -312,9 +317,9 @@ class RayTrainer:
         return metrics
 
     def _drafter_metrics(self, results: list[dict[str, Any]], acks: list[dict[str, Any]]) -> dict[str, Any]:
-        if self.actors is None or self.actors.hub is None:
+        if self.hub is None:
             return {}
-        pushes = ray.get(self.actors.hub.take_pushes.remote())
+        pushes = self.hub.call("take_pushes")
         return {**drafter_step_metrics(results, acks, pushes), **self.drafters.outcome(results)}
 
     def train(
@@ -333,11 +338,12 @@ class RayTrainer:
                 except STEP_FAILURES as exc:
                     if stop.requested:  # stopping: its last checkpoint stands (pods may be leaving with it)
                         break
-                    self._fail_if_permanent(exc)
-                    if not self._replace_lost(exc, redo=True):
+                    self.recovery.fail_if_permanent(exc, self.step + 1)
+                    running = self.trainers.running
+                    if not self.recovery.replace_lost(self.actors, exc, running, self.step + 1, redo=True):
                         self._restart(exc)
                     continue
-                self.redos, self.redone = 0, []
+                self.recovery.finished()
                 if stop.requested:  # the checkpoint holds what the trainers learnt until now
                     self.trainers.stop_running()
                 if self.step % interval == 0 or self.step == self.algo.steps or stop.requested:
@@ -350,13 +356,13 @@ class RayTrainer:
                 self._emit("stop", signal=stop.name, checkpoint=str(saved) if saved else None)
                 return self.history
             self.trainers.stop_running()
-            if self.actors is not None and self.actors.hub is not None:
-                # submitted before waiting: the hub's calls run on several threads, in no fixed order
-                ray.get(self.actors.hub.snapshot.remote(self.step))
-                ray.get(self.actors.hub.wait_snapshots.remote(60.0))
+            if self.hub is not None:
+                # one after the other: the hub's calls run on several threads, in no fixed order
+                self.hub.call("snapshot", self.step)
+                self.hub.call("wait_snapshots", 60.0)
             self.drafters.write_served(
                 self.out_dir,
-                self.actors.hub if self.actors else None,
+                self.hub,
                 self.actor_states.drafter,
                 self.policy.config,
                 self.step,
@@ -365,26 +371,6 @@ class RayTrainer:
             self.shutdown()
         save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
         return self.history
-
-    def _replace_lost(self, exc: BaseException, redo: bool) -> bool:
-        """Replace the rollout workers `exc` lost (`replace_lost`); True when that fixes it: for a step to run
-        again (`redo`; seeded by prompt, it is the same step) the policy must be untouched, `MAX_REDOS` not spent."""
-        if self.actors is None or (redo and (self.updating or self.redos >= MAX_REDOS)):
-            return False
-        lost = replace_lost(self.actors, exc, self._emit, self.trainers.running)
-        if not lost:
-            log.warning("step %d: %s is not a lost rollout worker or verifier", self.step + 1, failure_line(exc))
-        if lost and redo:
-            self.redos += 1
-            self.redone.append({"lost": lost, "reason": failure_line(exc), "attempt": self.redos, "at": time.time()})
-            self._emit("step_redone", **self.redone[-1])
-        return bool(lost)
-
-    def _fail_if_permanent(self, exc: BaseException) -> None:
-        """RunFailed at once, with the cause's line, for a failure no restart changes (`failure_kinds`)."""
-        if classify(exc) == PERMANENT:
-            self._emit("failed", reason=failure_line(exc), retried=False)
-            raise RunFailed(permanent_message(exc, self.step + 1)) from exc
 
     def _restart(self, exc: BaseException) -> None:
         """Tear the actors down and go on from the newest checkpoint; RunFailed past the backoff limit."""

@@ -17,13 +17,21 @@ actor on each such node, next to the rollout worker of the same pod, and attache
 Where the trainer nodes are missing (one machine, or pods without the sidecar) the run stops before
 any actor starts, with an error naming `drafter.placement` (`require_trainer_nodes`): there is no
 silent fallback to the in-container trainer. On rollout pods a missing trainer node is a sidecar the
-kubelet is restarting (a native sidecar; a restart fails the step and the coordinator starts fresh
-actors): the coordinator waits for it up to `TRAINER_REJOIN_SECONDS` before giving up.
+kubelet is restarting (a native sidecar): the coordinator waits for it up to `TRAINER_REJOIN_SECONDS`
+before giving up.
+
+A sidecar trainer whose process is lost (killed, OOM-killed, its container restarted) restarts alone: Ray
+starts it again on its node (`SIDECAR_RESTARTS`), with an empty buffer, and its worker goes on without a
+trainer until it is back (`tlt.runtime.worker_drafter`: the rollouts of that step are not buffered; the
+next stop's acknowledgement says "trainer_lost", the coordinator's event `trainer_restarted`). The tokens
+never depend on it. A lost rollout worker's replacement is attached to its sidecar as it starts
+(`tlt.runtime.ray_cluster.rollout_starter`), which stops any training it still ran for the lost worker.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +54,7 @@ TRAINER_RESOURCE_PREFIX = "tlt_trainer_"
 # The kubelet's restart back-off of a crashed container is capped at 5 minutes: a sidecar that
 # died is back within that, or it will not come back without the operator replacing its pod.
 TRAINER_REJOIN_SECONDS = 300.0
+SIDECAR_RESTARTS = 3  # Ray restarts a lost sidecar trainer's process up to this many times in a run
 
 
 class SidecarPlacementError(ValueError):
@@ -135,6 +144,10 @@ class SidecarTrainer:
     def node_id(self) -> str:
         return self.node
 
+    def status(self) -> dict[str, Any]:
+        """Its worker, process and node (a liveness probe)."""
+        return {"worker": self.worker, "pid": os.getpid(), "node": self.node}
+
     def take_rollouts(
         self,
         step: int,
@@ -155,8 +168,11 @@ class SidecarTrainer:
         )
 
     def start_training(self, step: int) -> float:
+        """Start training for `step`; a sidecar with no rollouts handed in yet (restarted since its worker's
+        rollout) has nothing to train on and does not start."""
         if not self.trainer.drafter.is_bound:
-            raise RuntimeError(f"sidecar of {self.worker}: no rollouts handed in yet, nothing to train on")
+            log.warning("sidecar of %s: no rollouts since it started; not training in step %d", self.worker, step)
+            return time.time()
         return self.trainer.start(step)
 
     def stop_training(self) -> dict[str, Any]:
@@ -192,9 +208,13 @@ def create_sidecars(
     await_trainer_nodes(spec, resources, workers, timeout=wait)
     cls = ray.remote(SidecarTrainer)
     sidecars = [
-        cls.options(num_cpus=cpus, max_concurrency=2, resources={trainer_resource(w): 1}).remote(
-            w, spec, target_config, hub, threads
-        )
+        cls.options(
+            num_cpus=cpus,
+            max_concurrency=2,
+            resources={trainer_resource(w): 1},
+            max_restarts=SIDECAR_RESTARTS,
+            max_task_retries=0,
+        ).remote(w, spec, target_config, hub, threads)
         for w in workers
     ]
     nodes = ray.get([s.node_id.remote() for s in sidecars])

@@ -54,6 +54,7 @@ class VllmRolloutWorker(RolloutWorker):
         verifiers: list[Any],
         hub: Any | None,
         threads: int = 1,
+        sidecar: Any | None = None,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine on this actor's threads
         torch.set_num_threads(threads)  # before vLLM starts: its CPU worker forbids changing it afterwards
@@ -96,6 +97,8 @@ class VllmRolloutWorker(RolloutWorker):
         )
         self.warmup_seconds = time.time() - started
         self.drafting.setup_trainer(hub)
+        if sidecar is not None:  # a replacement's (`RolloutWorker`)
+            self.drafting.attach_sidecar(sidecar)
         self.heap = freeze_actor_heap(self.name)  # as `RolloutWorker`'s (`tlt.runtime.heap`)
 
     def rollout(

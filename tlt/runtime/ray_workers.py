@@ -56,6 +56,7 @@ class RolloutWorker:
         hub: Any | None,
         threads: int = 1,
         device: torch.device | None = None,
+        sidecar: Any | None = None,
     ) -> None:
         torch.set_num_threads(threads)
         model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
@@ -81,6 +82,8 @@ class RolloutWorker:
         self.warmup_seconds = warm_up(self.engine, drafter, **drafter_graphs(spec.speculative, sampled=sampled))
         self.warmup_seconds += warm_up_blocks(self.engine, block, **block_graphs(spec.speculative, sampled=sampled))
         self.drafting.setup_trainer(hub)
+        if sidecar is not None:  # a replacement's: attached before any call can ask for a rollout
+            self.drafting.attach_sidecar(sidecar)
         self.heap = freeze_actor_heap(self.name)  # last: a full collection now, not in a rollout (`tlt.runtime.heap`)
 
     def _setup(self, index: int, spec: RunSpec, model: Any, rows: int, verifiers: list[Any]) -> None:

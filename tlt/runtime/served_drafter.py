@@ -7,7 +7,8 @@ ends with no trainer running (`stop_trainers_at="update"` stopped them all, and 
 before the update), so the next rollout does not wait for a round trip to the hub; otherwise when
 the next step starts, after its trainers stopped. The pulled object goes to the workers as it is
 (an object ref), not copied into a second one, and a served drafter that stays served keeps its
-object from step to step.
+object from step to step. The hub is reached through the coordinator's `tlt.runtime.hub_keeper.HubKeeper`,
+which restores a hub that restarted, so a pull never returns a freshly initialised drafter.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ray
 
 from tlt.drafter.export import write_served_drafter
 from tlt.drafter.publish import publish_outcome, step_drafters
+from tlt.runtime.hub_keeper import HubKeeper
 
 Drafter = tuple[int, Any]  # (version, parameters)
 
@@ -33,23 +35,23 @@ class StepDrafters:
         self._pulled: Any | None = None  # ObjectRef of a hub pull issued early (`prefetch`)
         self._objects: list[tuple[Drafter, Any]] = []  # the last step's drafters and their object refs
 
-    def prefetch(self, hub: Any) -> None:
+    def prefetch(self, hub: HubKeeper) -> None:
         """Pull the hub's newest parameters now; call only when no trainer can push before the next step."""
-        self._pulled = hub.pull.remote()
+        self._pulled = hub.pull_ref()
 
     def forget(self) -> None:
         """Drop a prefetched pull and kept objects (the actors are gone, or the run resumes)."""
         self._pulled = None
         self._objects = []
 
-    def refs(self, hub: Any | None) -> tuple[Any, Any]:
+    def refs(self, hub: HubKeeper | None) -> tuple[Any, Any]:
         """Object refs of the step's (served drafter, candidate); (None, None) without a hub."""
         self.candidate = None
         if hub is None:
             return None, None
-        pulled = self._pulled if self._pulled is not None else hub.pull.remote()
+        pulled = self._pulled if self._pulled is not None else hub.pull_ref()
         self._pulled = None
-        newest = ray.get(pulled)
+        newest, pulled = hub.fetch(pulled)
         self.served, self.candidate = step_drafters(self.publish, self.served, newest)
 
         objects = {id(d): obj for d, obj in self._objects}  # every drafter here is alive: ids are unique
@@ -77,14 +79,14 @@ class StepDrafters:
         return step_drafters(self.publish, self.served, newest)[0]
 
     def write_served(
-        self, out_dir: Path, hub: Any | None, checkpointed: dict[str, Any] | None, config: Any, step: int
+        self, out_dir: Path, hub: HubKeeper | None, checkpointed: dict[str, Any] | None, config: Any, step: int
     ) -> None:
         """Write the drafter the next step would draft with (the served one under `drafter.publish: validated`,
         the hub's newest under `latest`) as `<out>/drafter-served/`, what `tlt export-drafter RUN` exports. The
         hub's newest comes from `hub`, or from the `checkpointed` hub state when no actors ran (a finished run
         started again). Nothing without a drafter. `config`: the policy's model config."""
         if hub is not None:
-            newest = ray.get(hub.pull.remote())
+            newest = hub.pull()
         elif checkpointed is not None:
             newest = (int(checkpointed["version"]), checkpointed["params"])
         else:

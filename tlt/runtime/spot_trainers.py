@@ -75,6 +75,7 @@ class SpotTrainers:
         self.emit = emit
         self.emit_workers = emit_workers
         self.running: dict[Any, float] = {}  # trainers still running from the last step (stop_at="rollout")
+        self.recoveries: list[dict[str, Any]] = []  # sidecar trainers restarted alone since `take_recoveries`
 
     def starts(self, worker: str, started: dict[Any, float], last: bool) -> bool:
         """Whether `worker`, whose shard just finished, starts a trainer (`started`: those started this step;
@@ -104,6 +105,10 @@ class SpotTrainers:
             ack.update(requested_at=requested, acked_at=acked, start_requested_at=started)
             if ack.get("error"):
                 log.warning("trainer on %s failed: %s", ack["worker"], ack["error"])
+            if ack.get("trainer_lost"):  # its sidecar's process was lost and restarts alone (`ray_sidecar`)
+                record = {"lost": f"{ack['worker']}'s drafter trainer", "reason": ack["trainer_lost"], "at": acked}
+                self.recoveries.append({**record, "trainer_restarted": True})
+                self.emit("trainer_restarted", worker=ack["worker"], reason=ack["trainer_lost"])
             self.emit(
                 "trainer",
                 worker=ack["worker"],
@@ -114,6 +119,11 @@ class SpotTrainers:
             )
         self.emit_workers()
         return acks
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The trainers restarted alone since the last call (records for the step's `recoveries`)."""
+        out, self.recoveries = self.recoveries, []
+        return out
 
     def stop_running(self) -> list[dict[str, Any]]:
         """Stop the trainers carried over from the last step (before a rollout, a checkpoint, the end)."""

@@ -16,6 +16,8 @@ Its trainer lives in the container only (`drafter.placement: sidecar` is refused
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -34,6 +36,8 @@ from tlt.runtime.optional_ray import ray
 from tlt.runtime.ray_services import hub_push, no_hub
 from tlt.spec.run import RunSpec
 
+log = logging.getLogger(__name__)
+
 DRAFTER_MODES = ("static", "tlt")
 Drafter = tuple[int, dict[str, torch.Tensor]]  # (version, parameters)
 NO_AGREEMENT = {"agree": 0, "agree_total": 0}
@@ -49,6 +53,7 @@ class WorkerDrafter:
         self.buffer: OnlineBuffer | None = None
         self.trainer: SpotTrainer | None = None
         self.sidecar: Any | None = None
+        self.sidecar_lost: str | None = None  # why the sidecar's process was lost since the last stop's ack
         self.learned = learned_drafters(spec.speculative)
         if spec.speculative.mode in DRAFTER_MODES and self.learned.block_size:
             if spec.drafter.placement == "sidecar":
@@ -91,12 +96,14 @@ class WorkerDrafter:
             )
 
     def attach_sidecar(self, sidecar: Any) -> None:
-        """Train with `sidecar` (a `SidecarTrainer` actor; `drafter.placement: sidecar`)."""
+        """Train with `sidecar` (a `SidecarTrainer` actor; `drafter.placement: sidecar`). A replacement worker's
+        sidecar may still train for its lost predecessor: that training is stopped (its steps reach the hub)."""
         if self.drafter is None or self.trainer is not None:
             raise RuntimeError(
                 f"{self.name}: a sidecar trainer needs speculative.mode static or tlt and drafter.placement 'sidecar'"
             )
         self.sidecar = sidecar
+        self._ask_sidecar("stop_training", lost=None)
 
     def check_ready(self, step: int) -> None:
         """Raise unless a rollout of `step` may start: no trainer still running, a sidecar where one belongs."""
@@ -115,7 +122,7 @@ class WorkerDrafter:
     def iterations(self, training: bool) -> int:
         """The running trainer's iterations this step (`training`: the worker reports TRAINING)."""
         if self.sidecar is not None:
-            return ray.get(self.sidecar.iterations.remote()) if training else 0
+            return self._ask_sidecar("iterations", lost=0) if training else 0
         run = self.trainer.current if self.trainer is not None else None
         return run.iterations if run is not None else 0
 
@@ -127,7 +134,7 @@ class WorkerDrafter:
         policy copy, whose head a sidecar needs."""
         if self.sidecar is not None:
             head = to_cpu(policy_head(model))
-            return ray.get(self.sidecar.take_rollouts.remote(step, completions, head, drafter, candidate))
+            return self._ask_sidecar("take_rollouts", step, completions, head, drafter, candidate, lost=NO_AGREEMENT)
         if self.trainer is None or self.buffer is None:
             return dict(NO_AGREEMENT)
         return buffer_and_agreement(
@@ -138,7 +145,7 @@ class WorkerDrafter:
         """The trainer's buffer and shuffle epoch (`SpotTrainer.state_dict`), in the container or the sidecar,
         and the draft vocabulary's counts; None without a learned drafter."""
         if self.sidecar is not None:
-            state = ray.get(self.sidecar.trainer_state.remote())
+            state = self._ask_sidecar("trainer_state", lost=None)
         else:
             state = tree_to_cpu(self.trainer.state_dict()) if self.trainer is not None else None
         if state is not None and self.draft_vocab is not None:  # the draft vocabulary's token counts too
@@ -154,7 +161,7 @@ class WorkerDrafter:
         if counts is not None and self.draft_vocab is not None:
             self.draft_vocab.load_counts(counts)
         if self.sidecar is not None:
-            ray.get(self.sidecar.load_trainer_state.remote(state))
+            self._ask_sidecar("load_trainer_state", state, lost=None)
         elif self.trainer is not None:
             self.trainer.load_state_dict(state)
         else:
@@ -166,7 +173,7 @@ class WorkerDrafter:
     def start(self, step: int, after: Future | None) -> float:
         """Start training for `step` once `after` (the rollout's samples entering the buffer) is done."""
         if self.sidecar is not None:
-            return ray.get(self.sidecar.start_training.remote(step))
+            return self._ask_sidecar("start_training", step, lost=time.time())
         if self.trainer is not None:
             return self.trainer.start(step, after=after)
         raise RuntimeError(f"{self.name}: speculative.mode {self.spec.speculative.mode!r} has no drafter to train")
@@ -175,8 +182,28 @@ class WorkerDrafter:
         """Stop the trainer (if running); the acknowledgement with the trainer process's timestamps and
         "was_training" (whether a trainer was stopped)."""
         if self.sidecar is not None:
-            return dict(ray.get(self.sidecar.stop_training.remote()))
+            now = time.time()
+            ack = dict(self._ask_sidecar("stop_training", lost={"stop_received_at": now, "stopped_at": now}))
+            ack.setdefault("was_training", False)
+            if self.sidecar_lost is not None:
+                ack["trainer_lost"], self.sidecar_lost = self.sidecar_lost, None
+            return ack
         if self.trainer is None or not self.trainer.active:
             now = time.time()
             return {"was_training": False, "stop_received_at": now, "stopped_at": now}
         return {"was_training": True, **self.trainer.stop()}
+
+    def _ask_sidecar(self, method: str, *args: Any, lost: Any) -> Any:
+        """`method(*args)` of the sidecar trainer; `lost` (copied) when its process is lost: Ray restarts it
+        (`ray_sidecar.SIDECAR_RESTARTS`) with an empty buffer, and the rollout goes on without its trainer
+        until then (the next stop's ack says so: "trainer_lost")."""
+        from tlt.runtime.failure_kinds import LOST, classify, failure_line  # Ray's errors: only a sidecar's calls
+
+        try:
+            return ray.get(getattr(self.sidecar, method).remote(*args))
+        except Exception as exc:
+            if classify(exc) != LOST:
+                raise
+            self.sidecar_lost = failure_line(exc)
+            log.warning("%s: its sidecar trainer was lost (%s); Ray restarts it", self.name, self.sidecar_lost)
+            return copy.copy(lost)
