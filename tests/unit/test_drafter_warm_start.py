@@ -143,6 +143,31 @@ def test_tlt_validate_refuses_a_drafter_path_that_does_not_fit_the_arms(tmp_path
     assert line.startswith("spec.speculative.drafterPath: ") and "block_size 4" in line and "block_size 8" in line
 
 
+def test_a_run_that_never_trains_is_refused_block_arms_without_a_block_part(tmp_path):
+    """Mode static starting from drafterPath (frozen from it) or drafter.training false: block arms with no block
+    part to start from would draft with an untrained drafter for the whole run."""
+    with_block, _, _ = served(tmp_path, eagle=True, block_size=2)
+    eagle_only = tmp_path / "eagle-only"
+    eagle_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (eagle_only / name).write_bytes((with_block / name).read_bytes())
+
+    def problems(folder, mode: str = "static", training: bool = True, block: bool = True) -> list[str]:
+        arms = [{"kind": "chain", "depth": 2}, *([{"kind": "block", "depth": 2}] if block else [])]
+        spec = {
+            "speculative": {"mode": mode, "arms": arms, "drafterPath": str(folder)},
+            "drafter": {"training": training},
+        }
+        return input_problems(RunSpec.model_validate(spec))
+
+    (line,) = problems(eagle_only)
+    assert line.startswith("spec.speculative.drafterPath: ") and "mode static" in line and "untrained" in line
+    (line,) = problems(eagle_only, mode="tlt", training=False)
+    assert "drafter.training false" in line
+    assert problems(eagle_only, mode="tlt") == []  # it trains the block drafter online
+    assert problems(eagle_only, block=False) == [] and problems(with_block) == []
+
+
 class _Remote:
     """An in-process hub behind the `actor.method.remote(...)` calls `hand_out` makes (ray.get: identity)."""
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from tlt.drafter.drafter_set import learned_drafters
-from tlt.drafter.warm_start import warm_start_problem
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, learned_drafters
+from tlt.drafter.warm_start import has_block_part, warm_start_problem
 from tlt.models.loading import (
     load_tokenizer,
     model_folder_problems,
@@ -151,7 +151,27 @@ def input_problems(spec: RunSpec) -> list[str]:
         )
     elif drafter is not None and (problem := warm_start_problem(drafter, learned_drafters(spec.speculative))):
         problems.append(f"spec.{problem}")
+    elif drafter is not None and (untrained := untrained_block_problem(spec)) is not None:
+        problems.append(untrained)
     return problems
+
+
+def untrained_block_problem(spec: RunSpec) -> str | None:
+    """Why the block arms of a run that never trains its drafter would draft with an untrained block drafter:
+    `speculative.drafterPath` without a block part, and mode static starting from it (which freezes it) or
+    `drafter.training: false`; None otherwise."""
+    sd = spec.speculative
+    never_trains = sd.mode == "static" or (sd.mode == "tlt" and not spec.drafter.training)
+    if sd.drafter_path is None or not never_trains or not learned_drafters(sd).block_size:
+        return None
+    if has_block_part(sd.drafter_path):
+        return None
+    why = "speculative.mode static starting from it" if sd.mode == "static" else "drafter.training false"
+    return (
+        f"spec.speculative.drafterPath: {sd.drafter_path!r} holds no block drafter ({BLOCK_SNAPSHOTS}/), and this "
+        f"run never trains one ({why}): its block arms would draft with an untrained drafter. Point it at a "
+        "folder with a block/ part, drop the block arms, or let the drafter train"
+    )
 
 
 def metrics_port_problem(spec: RunSpec, host: str = "0.0.0.0") -> str | None:
