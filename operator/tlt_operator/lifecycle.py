@@ -44,6 +44,7 @@ CONDITION_OF_PHASE = {
     "Failed": "Failed",
     "Restarting": "Restarting",
 }
+PHASE_CONDITIONS = frozenset(CONDITION_OF_PHASE.values())
 
 
 @dataclass(frozen=True)
@@ -252,8 +253,8 @@ def decide(
     conditions = list(old.conditions or [])
     if phase != old.phase:
         kind = CONDITION_OF_PHASE.get(phase)
-        for cond in conditions:
-            if cond.status == "True" and cond.type != kind:
+        for cond in conditions:  # the other phases' conditions; Recovered, ChildConflict... keep their own
+            if cond.status == "True" and cond.type != kind and cond.type in PHASE_CONDITIONS:
                 conditions = set_condition(conditions, _condition(cond.type, False, reason, message, generation, now))
         if kind:
             conditions = set_condition(conditions, _condition(kind, True, reason, message, generation, now))

@@ -78,3 +78,14 @@ def test_no_recovery_no_condition_and_a_hostile_one_is_ignored():
     huge = {"step": 2, "recovery": {"step": 2, "message": "m" * 100_000}}
     cond = condition(decide(SPEC, RunStatus(), PODS, 1, NOW, HASHES, huge).status, "Recovered")
     assert cond is not None and len(cond.message) == 1024
+
+
+def test_a_phase_change_leaves_recovered_as_it_is():
+    """Only the phases' own conditions follow the phase: a recovery stays said when the run moves on."""
+    progress = json.loads(progress_report({"step": 4}, recovery_report({"step": 3, "recoveries": [RECOVERY]})))
+    first = decide(SPEC, RunStatus(), PODS, 1, NOW, HASHES, progress).status
+    before = condition(first, "Recovered")
+    done = [PodView(p.name, p.uid, p.role, p.rank, "Succeeded", False, True, "h") for p in PODS]
+    later = decide(SPEC, first, done, 1, NOW, HASHES, {"step": 4}).status
+    assert later.phase != first.phase
+    assert condition(later, "Recovered") == before
