@@ -79,6 +79,17 @@ def test_graph_sets_follow_the_mode_engine_and_compile_setting(policy):
     assert graph_sets(_spec(engine="vllm"), policy, rows=8, threads=1) == []
     assert graph_sets(_spec(compile_="off"), policy, rows=8, threads=1) == []
     assert graph_sets(_spec(compile_="auto"), policy, rows=8, threads=1) == []  # 1 layer: auto runs eager
+    blocks = _spec("tlt")
+    blocks.speculative.arms += [_arm(kind="block", depth=4), _arm(kind="block", depth=2)]
+    *_, block = graph_sets(blocks, policy, rows=8, threads=1)
+    assert block.block_depths == (2, 4) and block.block_size == 4 and block.guesses == ("coupled",)
+    assert block.chain_depths == () and block.describe() == "block drafter (blocks [2, 4])"
+
+
+def _arm(**fields):
+    from tlt.spec.run import ArmSpec
+
+    return ArmSpec.model_validate(fields)
 
 
 def test_jobs_split_sets_by_batch_class():
@@ -86,6 +97,8 @@ def test_jobs_split_sets_by_batch_class():
     assert [j.batch for j in jobs([target, target])] == [1, 2]
     assert [j.batch for j in jobs([one_row])] == [1]
     assert jobs([target])[1].describe() == "target with hidden states, several rows"
+    block = GraphSet(**{**_set(drafter=True).__dict__, "block_depths": (2,), "block_size": 2})
+    assert [j.batch for j in jobs([block])] == [0]  # one job compiles both batch classes' blocks
 
 
 @pytest.mark.skipif(NO_COMPILER is not None, reason=str(NO_COMPILER))
@@ -185,14 +198,14 @@ def worker_cache_counters(spec, policy_path: str, rows: int) -> dict[str, int]:
 def test_a_worker_started_after_precompile_compiles_nothing_cold(policy, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     spec = _spec("tlt")
-    # plain, chain-2 (its coupled graphs: the run samples) and the tree (the drafter step at width > 1)
+    # plain, chain-2 (its coupled graphs: the run samples), the tree (the drafter step at width > 1), a block
     spec.speculative.arms = [
         a for a in spec.speculative.arms if a.kind in ("plain", "tree") or (a.kind == "chain" and a.depth == 2)
-    ]
+    ] + [_arm(kind="block", depth=2)]
     rows = 4
     sets = graph_sets(spec, policy, rows=rows, threads=1)
     report = precompile(sets, processes=2)
-    assert report["failed"] == [] and len(report["compiled"]) == 4 and report["lanes"] == 2, report
+    assert report["failed"] == [] and len(report["compiled"]) == 5 and report["lanes"] == 2, report
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         counters = pool.submit(worker_cache_counters, spec, policy, rows).result()
     assert counters.get("fxgraph_cache_hit", 0) > 0, counters

@@ -9,7 +9,8 @@ target's 4 graphs, 173 s for all 12 of the drafter's; 20 s + 30 s from a warm ca
 reach 6 of those 12: `tlt.adaptive.arms.drafter_graphs`).
 
 `precompile` compiles each graph once instead, in parallel lanes (one per core). A job is one graph set
-(the target's, or the drafter's) at one batch class (one row, or several: their graphs are independent);
+(the target's, the drafter's, or the block drafter's: `kind: block` arms) at one batch class (one row, or
+several: their graphs are independent; a block set's few small graphs are one job);
 a lane runs its jobs in order, each in a fresh process with the workers' thread count (inductor's CPU
 kernels specialise on it; dynamo's graphs on what the process compiled before): a child forked from the
 lane's process, which made the imports every job needs once. The target's jobs of one
@@ -51,9 +52,9 @@ _CODE_FOLDERS = ("models", "rollout")  # the code that shapes a graph (tlt/model
 
 @dataclass(frozen=True)
 class GraphSet:
-    """A compile job: the target's graphs (`drafter=False`) or the drafter's and its chains', for the
-    engine a rollout worker builds (`tlt.runtime.ray_workers.RolloutWorker`), at batch class `batch`
-    (1: one row, 2: several rows, 0: both)."""
+    """A compile job: the target's graphs (`drafter=False`), the drafter's and its chains', or (`block_depths`)
+    the block drafter's blocks, for the engine a rollout worker builds (`tlt.runtime.ray_workers.RolloutWorker`),
+    at batch class `batch` (1: one row, 2: several rows, 0: both; a block job always compiles both)."""
 
     policy_path: str
     dtype: str
@@ -67,8 +68,12 @@ class GraphSet:
     guesses: tuple[str, ...] = ()  # the chains' draft kinds (`warm_up`'s guesses)
     step_widths: tuple[int, ...] = ()  # the drafter step's width classes (`warm_up`'s step_widths)
     draft_vocab: int = 0  # speculative.draftVocab: the drafter's graphs read its reduced head
+    block_depths: tuple[int, ...] = ()  # the block arms' depths (`warm_up_blocks`'s depths)
+    block_size: int = 0  # the run's block drafter's block size (its largest block arm)
 
     def describe(self) -> str:
+        if self.block_depths:
+            return f"block drafter (blocks {list(self.block_depths)})"
         what = (
             f"drafter (chains {list(self.chain_depths)})"
             if self.drafter
@@ -80,8 +85,9 @@ class GraphSet:
 def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list[GraphSet]:
     """The graph sets a run's rollout workers compile: none for vLLM or an eager engine (`rollout.compile`),
     the target's, and with a drafter (modes static / tlt) the drafter graphs its arms and sampling reach
-    (`tlt.adaptive.arms.drafter_graphs`), when there are any."""
-    from tlt.adaptive.arms import drafter_graphs
+    (`tlt.adaptive.arms.drafter_graphs`) and the block drafter's (`block_graphs`), when there are any."""
+    from tlt.adaptive.arms import block_graphs, drafter_graphs
+    from tlt.drafter.drafter_set import learned_drafters
     from tlt.models.loading import read_model_config
     from tlt.rollout.compiled import resolve_compile_for
     from tlt.runtime.worker_drafter import DRAFTER_MODES  # here, not at the top: job processes need no Ray
@@ -114,12 +120,26 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
                     draft_vocab=spec.speculative.draft_vocab,
                 )
             )
+        blocks = block_graphs(spec.speculative, sampled=spec.algorithm.temperature > 0)
+        if blocks["depths"]:
+            sets.append(
+                GraphSet(
+                    **base,
+                    drafter=True,
+                    chain_depths=(),
+                    guesses=tuple(blocks["guesses"]),
+                    draft_vocab=spec.speculative.draft_vocab,
+                    block_depths=tuple(blocks["depths"]),
+                    block_size=learned_drafters(spec.speculative).block_size,
+                )
+            )
     return sets
 
 
 def jobs(sets: list[GraphSet]) -> list[GraphSet]:
-    """Each set split by batch class (one class when its engine holds one row), duplicates dropped."""
-    out = [replace(s, batch=b) for s in sets for b in ((1, 2) if s.rows > 1 else (1,))]
+    """Each set split by batch class (one class when its engine holds one row; a block set is one job),
+    duplicates dropped."""
+    out = [replace(s, batch=b) for s in sets for b in ((0,) if s.block_depths else (1, 2) if s.rows > 1 else (1,))]
     return list(dict.fromkeys(out))
 
 
@@ -173,15 +193,20 @@ def marker_path(s: GraphSet) -> Path:
 def compile_set(s: GraphSet) -> float:
     """Build the engine (and drafter) a worker builds and warm up this set's graphs; the seconds it took.
     Runs in a fresh process: dynamo's graphs depend on what else the process compiled before."""
+    from tlt.drafter.drafter_set import LearnedDrafters, new_drafter_set
     from tlt.models.drafter import EagleDrafter, drafter_config_from_target
     from tlt.models.loading import load_policy
     from tlt.rollout.engine import Engine
-    from tlt.rollout.warmup import warm_up
+    from tlt.rollout.warmup import warm_up, warm_up_blocks
 
     torch.set_num_threads(s.threads)
     model, _ = load_policy(s.policy_path, s.dtype)
     context = min(s.max_context, model.config.max_position_embeddings)
     engine = Engine(model, max_batch_size=s.rows, max_context=context, return_hidden=s.hidden, compile=True)
+    if s.block_depths:  # the worker's block drafter: the block member of its drafter set
+        drafters = new_drafter_set(model, LearnedDrafters(eagle=False, block_size=s.block_size))
+        drafters.set_draft_vocab(s.draft_vocab)
+        return warm_up_blocks(engine, drafters.block, depths=s.block_depths, guesses=s.guesses)
     drafter = None
     if s.drafter:
         drafter = EagleDrafter(drafter_config_from_target(model.config)).float().eval()
