@@ -103,6 +103,27 @@ def test_one_step_offset_keeps_the_previous_steps_long_sequences_only():
     assert sorted(s.response_len for s in buffer.samples) == [4, 5]
 
 
+def test_a_step_run_again_replaces_its_samples_and_a_second_shard_adds_to_them():
+    """A step run again after a lost worker hands the same requests in again: each is held once (the later
+    samples), while another shard of the same step (a lost worker's, retried here) adds its own."""
+    buffer = OnlineBuffer(buffer_steps=2, row_tokens=64)
+    buffer.add([fake_completion(2, n, f"s1-p{n}-g0") for n in (3, 4)], step=1)
+    buffer.add([fake_completion(2, n, f"s2-p{n}-g0") for n in (5, 6)], step=2)
+    again = [fake_completion(2, n, f"s2-p{n}-g0") for n in (5, 6)]
+    assert buffer.add(again, step=2) == 2
+    step_2 = [s for s in buffer.samples if s.step == 2]
+    assert [s.request_id for s in step_2] == ["s2-p5-g0", "s2-p6-g0"]
+    assert all(s.hidden is c.hidden for s, c in zip(step_2, again)), "the later samples are kept"
+    buffer.add([fake_completion(2, 7, "s2-p7-g0")], step=2)  # another shard of the step
+    assert len([s for s in buffer.samples if s.step == 2]) == 3 and buffer.steps_held() == [1, 2]
+    restored = OnlineBuffer(buffer_steps=2, row_tokens=64)
+    restored.load_state_dict(buffer.state_dict())
+    assert [s.request_id for s in restored.samples] == [s.request_id for s in buffer.samples]
+    old = {k: v for k, v in buffer.state_dict().items() if k != "request_id"}  # written before samples kept ids
+    restored.load_state_dict(old)
+    assert len(restored.samples) == len(buffer.samples) and {s.request_id for s in restored.samples} == {""}
+
+
 def test_batches_cover_the_buffer_in_a_seeded_order():
     buffer = OnlineBuffer(buffer_steps=1, row_tokens=8, seed=7)
     buffer.add([fake_completion(2, n, f"c{n}") for n in (3, 4, 5, 6)], step=1)

@@ -31,12 +31,14 @@ from tlt.rollout.types import Completion
 
 @dataclass(frozen=True)
 class Sample:
-    """One sequence: tokens [L] long, hidden [L, H] (f[t] at row t), the first response index, its step."""
+    """One sequence: tokens [L] long, hidden [L, H] (f[t] at row t), the first response index, its step, and the
+    request it answered (`s<step>-p<prompt>-g<member>`: the same in a step run again)."""
 
     tokens: torch.Tensor
     hidden: torch.Tensor
     prompt_len: int
     step: int
+    request_id: str = ""
 
     @property
     def length(self) -> int:
@@ -96,7 +98,7 @@ def sample_from_completion(completion: Completion, step: int) -> Sample | None:
         )
     if length - prompt_len < 1:
         return None
-    return Sample(torch.tensor(tokens[:length]), completion.hidden, prompt_len, step)
+    return Sample(torch.tensor(tokens[:length]), completion.hidden, prompt_len, step, completion.request_id)
 
 
 def keep_long(samples: list[Sample]) -> list[Sample]:
@@ -177,12 +179,14 @@ class OnlineBuffer:
         self.current_step = step
 
     def add(self, completions: list[Completion], step: int) -> int:
-        """Add the completions of `step` (must be the current step); returns how many samples entered."""
+        """Add the completions of `step` (must be the current step); returns how many samples entered. A request
+        of this step already held (the step run again after a lost worker) is replaced, not held twice."""
         self.begin_step(step)
         if step != self.current_step:
             raise ValueError(f"buffer is at step {self.current_step}; cannot add samples of older step {step}")
         new = [s for c in completions if (s := sample_from_completion(c, step)) is not None]
-        self.samples.extend(new)
+        again = {s.request_id for s in new if s.request_id}
+        self.samples = [s for s in self.samples if s.step != step or s.request_id not in again] + new
         return len(new)
 
     @property
@@ -195,7 +199,7 @@ class OnlineBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to rebuild this buffer exactly: settings, step, and every sample
-        (tokens [L] int64, hidden [L, H], prompt length, step) in order. Tensors, ints and lists
+        (tokens [L] int64, hidden [L, H], prompt length, step, request id) in order. Tensors, ints and lists
         only, so whole-run checkpoints load it with `torch.load(weights_only=True)`."""
         return {
             "buffer_steps": self.buffer_steps,
@@ -206,6 +210,7 @@ class OnlineBuffer:
             "hidden": [s.hidden.clone() for s in self.samples],
             "prompt_len": [s.prompt_len for s in self.samples],
             "step": [s.step for s in self.samples],
+            "request_id": [s.request_id for s in self.samples],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -219,7 +224,8 @@ class OnlineBuffer:
         columns = (state["tokens"], state["hidden"], state["prompt_len"], state["step"])
         if len({len(c) for c in columns}) != 1:
             raise ValueError(f"buffer state columns differ in length: {[len(c) for c in columns]}")
-        self.samples = [Sample(t, h, int(p), int(s)) for t, h, p, s in zip(*columns)]
+        ids = state.get("request_id") or [""] * len(columns[0])  # a state written before samples kept theirs
+        self.samples = [Sample(t, h, int(p), int(s), str(r)) for t, h, p, s, r in zip(*columns, ids)]
         self.current_step = int(state["current_step"])
 
     def batches(self, epoch: int) -> list[PackedBatch]:
