@@ -117,6 +117,19 @@ def _finish(view, run: str, logs) -> dict:
     return status
 
 
+SIZED = {"steps": 40, "prompts": 4, "new_tokens": 32}  # ~10 s of steps: a fault lands mid-run
+_CALM: list[list[dict]] = []  # the undisturbed run's step metrics, once per session (the same for every test)
+
+
+def _calm_metrics(view, policy: str, logs) -> list[dict]:
+    """The step metrics of an undisturbed run of SIZED (run in `view`'s namespace the first time)."""
+    if not _CALM:
+        view.apply(local_run("calm", policy, **SIZED))
+        _finish(view, "calm", logs("calm"))
+        _CALM.append(_step_metrics(view, "calm"))
+    return _CALM[0]
+
+
 def test_a_rollout_pod_deleted_mid_run_is_replaced_and_the_run_ends_as_an_undisturbed_one(view):
     if why := why_pods_cannot_run():
         pytest.skip(f"skipped: {why}")
@@ -128,10 +141,8 @@ def test_a_rollout_pod_deleted_mid_run_is_replaced_and_the_run_ends_as_an_undist
             + f"\nagent errors: {view.agent.errors[-5:]}"
         )
 
-    sized = {"steps": 40, "prompts": 4, "new_tokens": 32}  # ~10 s of steps: the deletion lands mid-run
-    view.apply(local_run("calm", policy, **sized))
-    _finish(view, "calm", logs("calm"))
-    view.apply(local_run("shaken", policy, **sized))
+    calm = _calm_metrics(view, policy, logs)
+    view.apply(local_run("shaken", policy, **SIZED))
     wait_for(
         "step 3 done",
         lambda: (view.status("shaken").get("step") or {}).get("current", 0) >= 3,
@@ -158,4 +169,88 @@ def test_a_rollout_pod_deleted_mid_run_is_replaced_and_the_run_ends_as_an_undist
     replaced = [e for e in recovered if e["type"] == "worker_replaced"]
     assert len(replaced) == 1 and replaced[0]["step"] >= 4, "the deletion must land mid-run: " + str(recovered)
     assert replaced[0]["worker"] == "rollout-0"
-    assert _step_metrics(view, "shaken") == _step_metrics(view, "calm")
+    assert _step_metrics(view, "shaken") == calm
+
+
+def _claim(view, name: str) -> str:
+    """A PersistentVolume pre-bound to claim `name` of the test's namespace, and the claim, bound: the checkpoint
+    volume a suspended run comes back to (the node agent keeps one folder per claim). Returns the volume's name."""
+    volume = f"{view.namespace}-{name}"
+    storage = {"storageClassName": "tlt-test", "accessModes": ["ReadWriteOnce"]}
+    view.plane.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    **storage,
+                    "capacity": {"storage": "1Gi"},
+                    "hostPath": {"path": f"/tmp/{volume}"},  # not read: the node agent mounts its own folder
+                    "claimRef": {"namespace": view.namespace, "name": name},
+                },
+            }
+        ),
+    )
+    view.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {**storage, "volumeName": volume, "resources": {"requests": {"storage": "1Gi"}}},
+        }
+    )
+    wait_for("the claim bound", lambda: view.get("pvc", name)["status"].get("phase") == "Bound", timeout=60)
+    return volume
+
+
+def test_a_suspended_run_stops_with_its_checkpoint_and_resumes_to_an_undisturbed_runs_metrics(view):
+    """`spec.suspend: true` deletes every pod of the run at once (the head SIGTERMed as its rollout pod leaves);
+    the checkpoints on the run's claim stay, and `suspend: false` brings pods back whose head resumes from them:
+    the run ends with the step metrics of an undisturbed run."""
+    if why := why_pods_cannot_run():
+        pytest.skip(f"skipped: {why}")
+    policy = str(warm_start(reduced_config()))
+
+    def logs(run: str):
+        return lambda: (
+            "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}" for name in view.pods(run))
+            + f"\nagent errors: {view.agent.errors[-5:]}"
+        )
+
+    calm = _calm_metrics(view, policy, logs)
+    volume = _claim(view, "checkpoints")
+    try:
+        paused = local_run("paused", policy, **SIZED)
+        paused["spec"]["checkpoint"] = {"claimName": "checkpoints", "intervalSteps": 1}
+        view.apply(paused)
+        wait_for(
+            "step 3 done",
+            lambda: (view.status("paused").get("step") or {}).get("current", 0) >= 3,
+            timeout=300,
+            poll=1.0,
+            describe=logs("paused"),
+        )
+        view.kubectl("patch", "tltrun/paused", "--type", "merge", "-p", json.dumps({"spec": {"suspend": True}}))
+        wait_for(
+            "Suspended without pods",
+            lambda: view.status("paused").get("phase") == "Suspended" and not view.pods("paused"),
+            timeout=120,
+            describe=logs("paused"),
+        )
+        claim = view.agent.root / "claims" / view.namespace / "checkpoints"
+        kept = sorted(p.name for p in claim.glob("step-*"))
+        assert kept, f"no checkpoint on the claim: {sorted(p.name for p in claim.iterdir())}"
+        view.kubectl("patch", "tltrun/paused", "--type", "merge", "-p", json.dumps({"spec": {"suspend": False}}))
+        _finish(view, "paused", logs("paused"))
+        work = view.agent.root / "pods" / view.namespace / "paused-policy-0" / "volumes" / "work"
+        events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+        first = min(e["step"] for e in events)
+        assert first == int(kept[-1].removeprefix("step-")) + 1, "the new head did not resume from the claim"
+        assert _step_metrics(view, "paused") == calm
+    finally:
+        view.kubectl("delete", "tltrun/paused", "--ignore-not-found", "--wait=true", "--timeout=60s")
+        view.plane.kubectl("delete", "pv", volume, "--ignore-not-found", "--wait=false")
