@@ -117,6 +117,28 @@ def _finish(view, run: str, logs) -> dict:
     return status
 
 
+def _pod_logs(view):
+    """`logs(run)` -> a function describing the run's pods' logs (for `wait_for`'s timeouts)."""
+
+    def logs(run: str):
+        return lambda: (
+            "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}" for name in view.pods(run))
+            + f"\nagent errors: {view.agent.errors[-5:]}"
+        )
+
+    return logs
+
+
+def _wait_for_step(view, run: str, step: int, logs) -> None:
+    wait_for(
+        f"step {step} done",
+        lambda: (view.status(run).get("step") or {}).get("current", 0) >= step,
+        timeout=300,
+        poll=1.0,
+        describe=logs(run),
+    )
+
+
 SIZED = {"steps": 40, "prompts": 4, "new_tokens": 32}  # ~10 s of steps: a fault lands mid-run
 _CALM: list[list[dict]] = []  # the undisturbed run's step metrics, once per session (the same for every test)
 
@@ -134,22 +156,10 @@ def test_a_rollout_pod_deleted_mid_run_is_replaced_and_the_run_ends_as_an_undist
     if why := why_pods_cannot_run():
         pytest.skip(f"skipped: {why}")
     policy = str(warm_start(reduced_config()))
-
-    def logs(run: str):
-        return lambda: (
-            "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}" for name in view.pods(run))
-            + f"\nagent errors: {view.agent.errors[-5:]}"
-        )
-
+    logs = _pod_logs(view)
     calm = _calm_metrics(view, policy, logs)
     view.apply(local_run("shaken", policy, **SIZED))
-    wait_for(
-        "step 3 done",
-        lambda: (view.status("shaken").get("step") or {}).get("current", 0) >= 3,
-        timeout=300,
-        poll=1.0,
-        describe=logs("shaken"),
-    )
+    _wait_for_step(view, "shaken", 3, logs)
     old_uid = view.pods("shaken")["shaken-rollout-0"]["metadata"]["uid"]
     view.kubectl("delete", "pod", "shaken-rollout-0", "--wait=false")
     wait_for(
@@ -214,26 +224,14 @@ def test_a_suspended_run_stops_with_its_checkpoint_and_resumes_to_an_undisturbed
     if why := why_pods_cannot_run():
         pytest.skip(f"skipped: {why}")
     policy = str(warm_start(reduced_config()))
-
-    def logs(run: str):
-        return lambda: (
-            "\n".join(f"--- {name}\n{view.agent.log_of(view.namespace, name)[-2500:]}" for name in view.pods(run))
-            + f"\nagent errors: {view.agent.errors[-5:]}"
-        )
-
+    logs = _pod_logs(view)
     calm = _calm_metrics(view, policy, logs)
     volume = _claim(view, "checkpoints")
     try:
         paused = local_run("paused", policy, **SIZED)
         paused["spec"]["checkpoint"] = {"claimName": "checkpoints", "intervalSteps": 1}
         view.apply(paused)
-        wait_for(
-            "step 3 done",
-            lambda: (view.status("paused").get("step") or {}).get("current", 0) >= 3,
-            timeout=300,
-            poll=1.0,
-            describe=logs("paused"),
-        )
+        _wait_for_step(view, "paused", 3, logs)
         view.kubectl("patch", "tltrun/paused", "--type", "merge", "-p", json.dumps({"spec": {"suspend": True}}))
         wait_for(
             "Suspended without pods",
