@@ -321,7 +321,7 @@ def test_the_snapshot_writer_runs_in_the_idle_class(tmp_path, monkeypatch):
 def test_a_restarted_hub_refuses_the_drafters_calls_until_restored():
     """Ray re-runs the hub's constructor in a restarted process: a fresh drafter, which no trainer may sync with
     and no rollout draft with until the coordinator restores the one it last pulled (`tlt.runtime.hub_keeper`)."""
-    from ray.exceptions import ActorDiedError
+    from ray.exceptions import ActorDiedError, RayTaskError
 
     from tlt.drafter.drafter_set import LearnedDrafters
     from tlt.runtime.hub_keeper import hub_lost
@@ -350,3 +350,6 @@ def test_a_restarted_hub_refuses_the_drafters_calls_until_restored():
     assert got_version == 3 and all(torch.equal(got[k], params[k]) for k in params)
     assert restarted.push_delta("w1", delta, 3, 2, 10, 0.5)[0] == 5
     assert not hub_lost(ValueError("a bad delta")) and hub_lost(ActorDiedError())
+    # as the coordinator gets it from Ray: the refusal is the cause of a task error
+    assert hub_lost(RayTaskError("pull", "traceback", HubRestarted("restarting")))
+    assert not hub_lost(RayTaskError("pull", "traceback", ValueError("a bad delta")))

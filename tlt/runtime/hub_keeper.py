@@ -23,7 +23,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError
 
-from tlt.runtime.failure_kinds import LOST, classify, failure_line
+from tlt.runtime.failure_kinds import LOST, cause_of, classify, failure_line
 from tlt.runtime.ray_services import HubRestarted
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ Drafter = tuple[int, Any]  # (version, parameters)
 
 def hub_lost(exc: BaseException) -> bool:
     """True when `exc` (out of `ray.get` of a hub call) says the hub's process was lost or restarted."""
-    restarted = isinstance(exc, HubRestarted) or isinstance(getattr(exc, "cause", None), HubRestarted)
+    restarted = isinstance(exc, HubRestarted) or isinstance(cause_of(exc), HubRestarted)
     return restarted or classify(exc) == LOST
 
 
