@@ -56,7 +56,7 @@ def test_accept_lengths_are_reachable_by_each_draft_shape(report):
     most[f"tree-k{topk}-d{depth}-b{budget}"] = depth + 1  # tree: at most depth drafts plus the next token
     most[f"ngram-{cfg.ngram[0]}"] = cfg.ngram[0] + 1
     most[f"history-{cfg.history[0]}"] = most[f"mixed-{cfg.history[0]}"] = cfg.history[0] + 1
-    most.update({f"block-{d}": d + 1 for d in cfg.block_depths})
+    most.update({f"block-{d}{wide}": d + 1 for d in cfg.block_depths for wide in ("", "-wide")})
     assert set(most) | {"plain"} == set(cfg.variants())
     for row in report["sd"]["rows"]:
         if row["variant"] == "plain":
@@ -104,6 +104,10 @@ def test_costs_cover_every_batch_and_verify_width(report):
         }
         for k in cfg.block_depths
     }
+    assert [(p["batch"], p["block"]) for p in costs["block_step_wide"]] == [
+        (b, k) for b in cfg.batches for k in cfg.block_depths
+    ]
+    assert set(report["block_cost_fraction_wide"]) == {str(k) for k in cfg.block_depths}
 
 
 def test_drafter_was_trained_on_the_policys_outputs(report):

@@ -24,8 +24,13 @@ def requests(max_new: tuple[int, ...] = (20, 9, 14), **params) -> list[Request]:
     ]
 
 
+def feature_layers(drafter: Drafter | None) -> tuple[int, ...]:
+    """The target layers a block chain's drafter reads (an engine for it keeps them); () for every other drafter."""
+    return getattr(getattr(drafter, "drafter", None), "feature_layers", ())
+
+
 def generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter | None, batch_size: int = 4):
-    engine = Engine(model, max_batch_size=batch_size, max_context=MAX_CONTEXT)
+    engine = Engine(model, max_batch_size=batch_size, max_context=MAX_CONTEXT, feature_layers=feature_layers(drafter))
     stepper = None
     if drafter is not None:
         stepper = SpeculativeStepper(engine.runner, drafter)
@@ -35,14 +40,6 @@ def generate(model: PreTrainedModel, requests: list[Request], drafter: Drafter |
 
 def prefilled(engine: Engine, sequences: list[Sequence]) -> RunningBatch:
     """A running batch of `sequences` on `engine`'s cache, keeping hidden states, after its prefill."""
-    model = engine.runner.model
-    batch = RunningBatch(
-        sequences,
-        engine.runner.cache,
-        hidden_size=model.config.hidden_size,
-        return_hidden=True,
-        dtype=model.dtype,
-        device=engine.runner.device,
-    )
+    batch = engine.running_batch(sequences)
     prefill(engine.runner, batch)
     return batch

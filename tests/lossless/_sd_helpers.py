@@ -48,11 +48,14 @@ def reduced_eagle(model: PreTrainedModel, ids: list[int], seed: int = 3) -> Eagl
     return drafter
 
 
-def random_block(model: PreTrainedModel, ids: list[int] | None = None, seed: int = 5) -> BlockDrafter:
+def random_block(
+    model: PreTrainedModel, ids: list[int] | None = None, seed: int = 5, feature_layers: tuple[int, ...] = ()
+) -> BlockDrafter:
     """An untrained block drafter (seeded init, block size 8, two layers) bound to the model; drafting from
-    the token ids `ids` only when given (a reduced draft vocabulary)."""
+    the token ids `ids` only when given (a reduced draft vocabulary); reading `feature_layers` of the target
+    beside its final-norm state when given."""
     torch.manual_seed(seed)
-    drafter = new_block_drafter(model, num_layers=2)
+    drafter = new_block_drafter(model, num_layers=2, feature_layers=feature_layers)
     if ids is not None:
         drafter.set_draft_vocab(len(ids)).update(torch.tensor(sorted(ids)), model.get_output_embeddings())
     return drafter

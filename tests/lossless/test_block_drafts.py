@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from tlt.models.feature_layers import wide_features
 from tlt.models.tiny import tiny_model
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.block import BlockChainDrafter, block_guesses, warm_up_block
@@ -31,9 +32,11 @@ def model64() -> PreTrainedModel:
     return tiny_model("qwen2", dtype=torch.float64, vocab_size=32, seed=11)
 
 
-def _batch_after_steps(model: PreTrainedModel, steps: int, temperature: float = 0.0, rows: int = 3) -> RunningBatch:
+def _batch_after_steps(
+    model: PreTrainedModel, steps: int, temperature: float = 0.0, rows: int = 3, feature_layers: tuple[int, ...] = ()
+) -> RunningBatch:
     """A running batch of the first `rows` prompts, prefilled and advanced `steps` plain steps."""
-    engine = Engine(model, max_batch_size=4, max_context=64)
+    engine = Engine(model, max_batch_size=4, max_context=64, feature_layers=feature_layers)
     requests = [
         Request(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=20, seed=i))
         for i, p in enumerate(PROMPTS[:rows])
@@ -45,14 +48,15 @@ def _batch_after_steps(model: PreTrainedModel, steps: int, temperature: float = 
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("layers", [(), (0,)], ids=["final-norm", "feature-layers"])
 @pytest.mark.parametrize("steps", [0, 3])
-def test_block_drafts_are_the_drafters_forward_on_the_targets_own_features(steps: int, model64):
-    batch = _batch_after_steps(model64, steps)
-    drafter = H.random_block(model64)
+def test_block_drafts_are_the_drafters_forward_on_the_targets_own_features(steps: int, layers, model64):
+    batch = _batch_after_steps(model64, steps, feature_layers=layers)
+    drafter = H.random_block(model64, feature_layers=layers)
     drafts = BlockChainDrafter(drafter, k=5).propose(batch).tree.tokens[:, 1:]  # [B, 5]
     for b, seq in enumerate(batch.sequences):
         ids = torch.tensor([seq.request.prompt_ids + seq.tokens])  # x[0 .. L], x[L] the newest (unfed) token
-        features = model64.model(input_ids=ids[:, :-1]).last_hidden_state[:, -1]  # f[L-1] [1, H]
+        features = wide_features(model64, ids[:, :-1], None, layers)[:, -1]  # f[L-1] [1, H * (1 + n)]
         want = drafter.logits(drafter(ids[:, -1], features, 5)).argmax(-1)[0]
         assert drafts[b].tolist() == want.tolist(), f"row {b}: block drafts from other inputs than x[L], f[L-1]"
 

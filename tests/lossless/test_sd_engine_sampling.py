@@ -51,7 +51,10 @@ def _exact_joint(model: PreTrainedModel, temperature: float, top_p: float) -> to
 
 
 ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
-    "block-coupled": lambda m, c: BlockChainDrafter(H.random_block(m), k=2, compile=c),
+    # reads a chosen target layer's output beside the final-norm state (wide features)
+    "block-coupled-feature-layers": lambda m, c: BlockChainDrafter(
+        H.random_block(m, feature_layers=(0,)), k=2, compile=c
+    ),
     "block-argmax-draft-vocab": lambda m, c: BlockChainDrafter(
         H.random_block(m, [0, 2, 3, 5, 7]), k=3, guess="argmax", compile=c
     ),
@@ -88,8 +91,10 @@ ENGINE_SAMPLERS: dict[str, Callable[[PreTrainedModel, bool], Drafter]] = {
 @pytest.mark.parametrize("name", list(ENGINE_SAMPLERS))
 def test_engine_sampling_matches_exact_joint(name: str, temperature: float, top_p: float, compiled: bool):
     model = _peaked_model()
-    engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled)
-    engine.stepper = SpeculativeStepper(engine.runner, ENGINE_SAMPLERS[name](model, compiled))
+    drafter = ENGINE_SAMPLERS[name](model, compiled)
+    layers = getattr(getattr(drafter, "drafter", None), "feature_layers", ())
+    engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled, feature_layers=layers)
+    engine.stepper = SpeculativeStepper(engine.runner, drafter)
     params = [
         SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s) for s in range(ENGINE_SAMPLES)
     ]

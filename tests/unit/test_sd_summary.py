@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tlt.bench.engine_sd import SdBenchConfig, SdRow, _sd_runner, sd_engine
-from tlt.bench.sd_summary import block_vs_best_chain, history_summary
+from tlt.bench.sd_summary import block_vs_best_chain, history_summary, wide_vs_final_norm_block
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
@@ -39,6 +39,19 @@ def test_block_vs_best_chain_divides_the_best_block_by_the_best_chain_per_batch(
     assert block_vs_best_chain(rows, (1, 4, 8), 1.0) == {"1": pytest.approx(150 / 120), "4": pytest.approx(0.5)}
 
 
+def test_wide_vs_final_norm_block_divides_the_best_wide_block_by_the_best_final_norm_block():
+    rows = [
+        _row("block-2", 1, 100.0),
+        _row("block-4", 1, 120.0),
+        _row("block-2-wide", 1, 90.0),
+        _row("block-4-wide", 1, 150.0),
+        _row("chain-4", 1, 999.0),
+        _row("block-4", 4, 80.0),
+    ]
+    assert wide_vs_final_norm_block(rows, (1, 4), 1.0) == {"1": pytest.approx(150 / 120)}
+    assert block_vs_best_chain(rows, (1,), 1.0) == {"1": pytest.approx(150 / 999)}
+
+
 def test_history_summary_ratios_per_batch():
     rows = [
         _row("ngram-4", 1, 50.0, accept=2.0),
@@ -63,9 +76,10 @@ def test_bench_block_rows_on_a_tiny_model_feed_block_vs_best_chain():
         Request(f"r{i}", [3 + i, 4, 5], SamplingParams(temperature=1.0, max_new_tokens=12, seed=i)) for i in range(2)
     ]
     rows = []
-    for variant in ("plain", "chain-2", "block-2", "block-4"):
+    wide = new_block_drafter(policy, block_size=4, feature_layers=(0,))
+    for variant in ("plain", "chain-2", "block-2", "block-4", "block-4-wide"):
         row = SdRow(variant, 2, 1.0, len(requests))
-        engine = sd_engine(variant, cfg, policy, eagle, 2, 32, block)
+        engine = sd_engine(variant, cfg, policy, eagle, 2, 32, block, wide)
         row.seconds.append(_sd_runner(row, engine, requests, cfg, [])())
         rows.append(row)
     assert all(r.outputs == rows[0].outputs for r in rows), "every variant samples plain decoding's tokens"

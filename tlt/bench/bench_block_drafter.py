@@ -29,9 +29,11 @@ def trained_block_drafter(
     folder: Path,
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
+    feature_layers: tuple[int, ...] = (),
 ) -> tuple[BlockDrafter, dict]:
-    """A block drafter of block size `block` and `layers` layers trained for cfg.drafter_steps on the policy's
-    own T=1 samples; info has its per-offset agreement on a held-out batch (`block_agreement`)."""
+    """A block drafter of block size `block` and `layers` layers, reading the target's `feature_layers` beside
+    its final-norm state, trained for cfg.drafter_steps on the policy's own T=1 samples; info has its
+    per-offset agreement on a held-out batch (`block_agreement`)."""
     settings = {
         "policy": folder.name,
         "prompts": cfg.drafter_prompts,
@@ -43,18 +45,21 @@ def trained_block_drafter(
         "block_size": block,
         "layers": layers,
     }
+    if feature_layers:  # (absent from the settings of a final-norm drafter: its cache key is unchanged)
+        settings["feature_layers"] = list(feature_layers)
 
     def train() -> tuple[BlockDrafter, dict]:
         requests = drafter_requests(cfg, folder, tokenizer)
         started = time.perf_counter()
-        batches = [block_batch(b, block) for b in own_samples(policy, requests, cfg.drafter_batch)]
+        batches = [block_batch(b, block) for b in own_samples(policy, requests, cfg.drafter_batch, feature_layers)]
         torch.manual_seed(cfg.seed)
-        drafter = new_block_drafter(policy, block, layers)
+        drafter = new_block_drafter(policy, block, layers, feature_layers)
         with phase("block drafter warm start: training", cfg.drafter_steps) as update:
             losses = BlockTraining(drafter, batches, cfg.drafter_lr).train(
                 cfg.drafter_steps, lambda step, loss: update(step, f"loss {loss:.3f}")
             )
-        held = block_batch(drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch)[0], block)
+        held = drafter_data(policy, requests[: cfg.drafter_batch], cfg.drafter_batch, feature_layers)[0]
+        held = block_batch(held, block)
         return drafter, {
             "train_seconds": time.perf_counter() - started,
             "loss_first": losses[0],

@@ -15,7 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.bench.drafter_cache import cached_drafter
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.objective import DrafterBatch, drafter_inputs, train_drafter_steps
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter, target_features
+from tlt.models.drafter import EagleDrafter, drafter_config_from_target, load_drafter
+from tlt.models.feature_layers import wide_features
 from tlt.progress import phase
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request
@@ -45,8 +46,11 @@ def sample_context(policy: PreTrainedModel, requests: list[Request]) -> int:
     return min(policy.config.max_position_embeddings, longest + 32)
 
 
-def drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
-    """The policy's own samples as aligned drafter batches (response positions only)."""
+def drafter_data(
+    policy: PreTrainedModel, requests: list[Request], batch: int, feature_layers: tuple[int, ...] = ()
+) -> list[DrafterBatch]:
+    """The policy's own samples as aligned drafter batches (response positions only); the features wide
+    (`tlt.models.feature_layers`) when `feature_layers` are given."""
     engine = Engine(policy, max_batch_size=64, max_context=sample_context(policy, requests), return_hidden=False)
     seqs = [(c.prompt_ids + c.token_ids, len(c.prompt_ids)) for c in engine.generate(requests)]
     out = []
@@ -60,7 +64,7 @@ def drafter_data(policy: PreTrainedModel, requests: list[Request], batch: int) -
             tokens[row, : len(ids)] = torch.tensor(ids)
             valid[row, : len(ids)] = 1
             mask[row, prompt_len - 1 : len(ids)] = True  # f[t] that produced a response token
-        hidden = target_features(policy, tokens, valid)
+        hidden = wide_features(policy, tokens, valid, feature_layers)
         out.append(drafter_inputs(tokens, hidden, mask))
     return out
 
@@ -73,10 +77,12 @@ def drafter_requests(cfg: DrafterBudget, folder: Path, tokenizer: PreTrainedToke
     )
 
 
-def own_samples(policy: PreTrainedModel, requests: list[Request], batch: int) -> list[DrafterBatch]:
+def own_samples(
+    policy: PreTrainedModel, requests: list[Request], batch: int, feature_layers: tuple[int, ...] = ()
+) -> list[DrafterBatch]:
     """`drafter_data` under the progress line of the drafter warm start."""
     with phase("drafter warm start: the policy's own samples", len(requests), "prompts") as update:
-        batches = drafter_data(policy, requests, batch)
+        batches = drafter_data(policy, requests, batch, feature_layers)
         update(len(requests))
     return batches
 

@@ -21,14 +21,16 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.bench.bench_block_drafter import trained_block_drafter
-from tlt.bench.bench_drafter import DrafterBudget, countdown_task, sample_context, trained_drafter
+from tlt.bench.bench_drafter import countdown_task, sample_context, trained_drafter
 from tlt.bench.cost_timing import measure_costs
 from tlt.bench.engine import DTYPES
+from tlt.bench.sd_config import SdBenchConfig
 from tlt.bench.sd_costs import block_cost_fraction, block_step_costs, drafter_step_costs
-from tlt.bench.sd_summary import block_vs_best_chain, history_summary
+from tlt.bench.sd_summary import block_vs_best_chain, history_summary, wide_vs_final_norm_block
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter, load_drafter
+from tlt.models.feature_layers import spread_layers
 from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
@@ -47,90 +49,6 @@ log = logging.getLogger(__name__)
 WARMSTARTS = {"full": WarmstartConfig, "reduced": reduced_config, "deep": deep_config}
 
 
-@dataclass(frozen=True)
-class SdBenchConfig:
-    """Plain vs chain / tree / n-gram SD on the warm-started policy, plus the measured costs.
-
-    warmstart: "full" (WarmstartConfig()), "reduced" (reduced_config()) or "deep" (deep_config()).
-    workload: a `tlt bench run` workload file instead: its warm-started policy and its `drafterWarmstart`
-    drafter (the one its static / tlt variants start from), its temperature, response budget, group size
-    and `rollout.compile` (compile: compiled target and drafter steps). Each
-    running batch B runs max(B, min_prompts) requests (waves of B, rows leave at eos): at T = 0 one per
-    task prompt, at T > 0 `group_size` per prompt. The drafter trains for drafter_steps on the policy's
-    own T=1 samples of drafter_prompts other task prompts. history: (k, min_match, max_match) of the
-    history and mixed variants (the mixed one's EAGLE chain drafts k too).
-    """
-
-    warmstart: str = "full"
-    workload: str | None = None
-    compile: bool = False
-    dtype: str = "fp32"
-    batches: tuple[int, ...] = (1, 4, 32)
-    temperatures: tuple[float, ...] = (0.0, 1.0)
-    min_prompts: int = 8
-    max_new_tokens: int = 128
-    chain_depths: tuple[int, ...] = (2, 4)
-    tree: tuple[int, int, int] = (2, 4, 8)  # (top-k, depth, verify budget)
-    ngram: tuple[int, int, int] = (4, 2, 4)  # (k, ngram_min, ngram_max)
-    history: tuple[int, int, int] = (4, 2, 8)  # (k, min_match, max_match)
-    history_nodes: int = 400_000
-    block_depths: tuple[int, ...] = (2, 4, 8)  # block drafts (one drafter forward each); the drafter's block: max
-    block_layers: int = 1
-    group_size: int = 8
-    drafter_prompts: int = 512
-    drafter_steps: int = 400
-    drafter_batch: int = 32
-    drafter_lr: float = 3e-3
-    cost_widths: tuple[int, ...] = (2, 4, 8, 16)
-    cost_context: int = 128
-    repeats: int = 3
-    seed: int = 0
-
-    def drafter_budget(self) -> DrafterBudget:
-        return DrafterBudget(
-            self.max_new_tokens,
-            self.drafter_prompts,
-            self.drafter_steps,
-            self.drafter_batch,
-            self.drafter_lr,
-            self.seed,
-        )
-
-    threads: int = 2
-
-    @classmethod
-    def quick(cls, repeats: int = 1) -> SdBenchConfig:
-        return cls(
-            warmstart="reduced",
-            batches=(1, 4),
-            min_prompts=2,
-            max_new_tokens=16,
-            drafter_prompts=16,
-            drafter_steps=5,
-            drafter_batch=16,
-            cost_widths=(2, 4),
-            cost_context=32,
-            repeats=repeats,
-            group_size=2,
-            block_depths=(2, 4),
-        )
-
-    def variants(self) -> list[str]:
-        topk, depth, budget = self.tree
-        # chain-<k>-argmax: the deepest chain drafting the drafter's argmax instead of its coupled guess
-        # (the two differ only at T > 0)
-        return [
-            "plain",
-            *(f"chain-{d}" for d in self.chain_depths),
-            f"chain-{max(self.chain_depths)}-argmax",
-            f"tree-k{topk}-d{depth}-b{budget}",
-            f"ngram-{self.ngram[0]}",
-            f"history-{self.history[0]}",
-            f"mixed-{self.history[0]}",
-            *(f"block-{d}" for d in self.block_depths),
-        ]
-
-
 def _policy(cfg: SdBenchConfig) -> tuple[Path, PreTrainedModel, PreTrainedTokenizerBase]:
     if cfg.warmstart not in WARMSTARTS:
         raise ValueError(f"warmstart must be one of {sorted(WARMSTARTS)}, got {cfg.warmstart!r}")
@@ -147,10 +65,19 @@ def sd_engine(
     batch: int,
     context: int,
     block: BlockDrafter | None = None,
+    wide: BlockDrafter | None = None,
 ) -> Engine:
-    """An engine for one SD variant name from cfg.variants() (`block`: the block variants' drafter)."""
+    """An engine for one SD variant name from cfg.variants() (`block`: the block variants' drafter, `wide`: the
+    `-wide` block variants', whose engine keeps its feature layers)."""
+    depth, _, suffix = variant.removeprefix("block-").partition("-")
+    block_drafter = (wide if suffix == "wide" else block) if variant.startswith("block-") else None
     engine = Engine(
-        policy, max_batch_size=batch, max_context=context, return_hidden=variant != "plain", compile=cfg.compile
+        policy,
+        max_batch_size=batch,
+        max_context=context,
+        return_hidden=variant != "plain",
+        compile=cfg.compile,
+        feature_layers=() if block_drafter is None else block_drafter.feature_layers,
     )
     embed = policy.get_input_embeddings()
     if variant.startswith("chain-"):
@@ -179,8 +106,8 @@ def sd_engine(
         stepper_drafter = MixedDrafter(
             _history_store(cfg, []), EagleChainDrafter(drafter, embed, k, batch, context, compile=cfg.compile), k
         )
-    elif variant.startswith("block-") and block is not None:
-        stepper_drafter = BlockChainDrafter(block, int(variant[6:]), compile=cfg.compile)
+    elif block_drafter is not None:
+        stepper_drafter = BlockChainDrafter(block_drafter, int(depth), compile=cfg.compile)
     elif variant == "plain":
         return engine
     else:
@@ -307,10 +234,18 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     block, block_info = trained_block_drafter(
         cfg.drafter_budget(), max(cfg.block_depths), cfg.block_layers, folder, policy, tokenizer
     )
+    wide, wide_info = None, None
+    if cfg.block_wide:
+        layers = spread_layers(policy.config.num_hidden_layers)
+        wide, wide_info = trained_block_drafter(
+            cfg.drafter_budget(), max(cfg.block_depths), cfg.block_layers, folder, policy, tokenizer, layers
+        )
     policy = policy.to(DTYPES[cfg.dtype])
     drafter, block = (copy.deepcopy(d).to(DTYPES[cfg.dtype]) for d in (drafter, block))
-    drafter.bind_policy(policy)
-    block.bind_policy(policy)
+    wide = None if wide is None else copy.deepcopy(wide).to(DTYPES[cfg.dtype])
+    for d in (drafter, block, wide):
+        if d is not None:
+            d.bind_policy(policy)
     task = countdown_task(folder)
     variants: list[tuple[SdRow, Callable[[], float]]] = []
     for batch in cfg.batches:
@@ -329,7 +264,7 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
             earlier = _earlier_step(policy, requests, batch, context) if temperature > 0 else []
             for name in cfg.variants():
                 row = SdRow(name, batch, temperature, len(problems))
-                engine = sd_engine(name, cfg, policy, drafter, batch, context, block)
+                engine = sd_engine(name, cfg, policy, drafter, batch, context, block, wide)
                 variants.append((row, _sd_runner(row, engine, requests, cfg, earlier)))
     for _, go in variants:  # warm-up round, not timed
         go()
@@ -375,6 +310,7 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         },
         "drafter": drafter_info,
         "block_drafter": block_info,
+        "block_drafter_wide": wide_info,
         "rows": [r.as_dict() for r, _ in variants],
         "ratios": ratios,
     }
@@ -386,11 +322,15 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "drafter_step": drafter_step_costs(cfg.batches, cfg.cost_context, cfg.repeats, drafter, policy),
         "block_step": block_step_costs(cfg.batches, tuple(cfg.block_depths), cfg.repeats, block, policy),
     }
+    if wide is not None:
+        costs["block_step_wide"] = block_step_costs(cfg.batches, tuple(cfg.block_depths), cfg.repeats, wide, policy)
     temperature = max(cfg.temperatures)  # GRPO samples
     return {
         "sd": sd,
         "costs": costs,
         "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
         "block_cost_fraction": block_cost_fraction(costs),
+        "block_cost_fraction_wide": block_cost_fraction(costs, "block_step_wide") if wide is not None else None,
+        "wide_vs_final_norm_block": wide_vs_final_norm_block(sd["rows"], cfg.batches, temperature),
         **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0]),
     }

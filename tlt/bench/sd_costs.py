@@ -52,18 +52,18 @@ def block_step_costs(
     fns = {}
     for b in batches:
         tokens = torch.ones(b, dtype=torch.long)
-        feats = torch.zeros(b, policy.config.hidden_size, dtype=policy.dtype)
+        feats = torch.zeros(b, block.feature_size, dtype=policy.dtype)
         for k in depths:
             fns[(b, k)] = lambda tokens=tokens, feats=feats, k=k: block.logits(block(tokens, feats, k))
     return [{**point, "batch": point["batch"][0], "block": point["batch"][1]} for point in fastest(fns, repeats)]
 
 
-def block_cost_fraction(costs: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{block depth: {batch: one block forward / one target step}} of the bench's `costs` (fastest repeats; the
-    target step is the one-token verify of that batch)."""
+def block_cost_fraction(costs: dict[str, Any], part: str = "block_step") -> dict[str, dict[str, float]]:
+    """{block depth: {batch: one block forward / one target step}} of the bench's `costs[part]` (fastest
+    repeats; the target step is the one-token verify of that batch)."""
     step = {p["batch"]: p["seconds"] for p in costs["verify"] if p["width"] == 1}
     out: dict[str, dict[str, float]] = {}
-    for p in costs["block_step"]:
+    for p in costs[part]:
         out.setdefault(str(p["block"]), {})[str(p["batch"])] = p["seconds"] / step[p["batch"]]
     return out
 

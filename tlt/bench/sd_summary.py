@@ -4,6 +4,7 @@ Rows are `SdRow.as_dict()`s: variant, batch, temperature, accept_length, tokens_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,14 +33,40 @@ def history_summary(
     return out
 
 
-def block_vs_best_chain(rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float) -> dict[str, float]:
-    """{batch: tokens/s of the best block variant over the best EAGLE chain variant's} (variants named
-    `block-<k>` and `chain-<k>[-guess]`); batches without both are left out."""
+def _best_over_best(
+    rows: list[dict[str, Any]],
+    batches: tuple[int, ...],
+    temperature: float,
+    top: Callable[[str], bool],
+    bottom: Callable[[str], bool],
+) -> dict[str, float]:
+    """{batch: best tokens/s of the variants `top` picks over the best of those `bottom` picks}; batches
+    without both are left out."""
     at = _at(rows, temperature)
     out = {}
     for b in batches:
-        blocks = [r["tokens_per_s"] for (v, batch), r in at.items() if batch == b and v.startswith("block-")]
-        chains = [r["tokens_per_s"] for (v, batch), r in at.items() if batch == b and v.startswith("chain-")]
-        if blocks and chains:
-            out[str(b)] = max(blocks) / max(chains)
+        over = [r["tokens_per_s"] for (v, batch), r in at.items() if batch == b and top(v)]
+        under = [r["tokens_per_s"] for (v, batch), r in at.items() if batch == b and bottom(v)]
+        if over and under:
+            out[str(b)] = max(over) / max(under)
     return out
+
+
+def block_vs_best_chain(rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float) -> dict[str, float]:
+    """{batch: tokens/s of the best block variant (`block-<k>[-wide]`) over the best EAGLE chain variant's
+    (`chain-<k>[-guess]`)}."""
+    return _best_over_best(
+        rows, batches, temperature, lambda v: v.startswith("block-"), lambda v: v.startswith("chain-")
+    )
+
+
+def wide_vs_final_norm_block(
+    rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float
+) -> dict[str, float]:
+    """{batch: tokens/s of the best block variant reading chosen target layers too (`block-<k>-wide`) over
+    the best reading the final-norm state alone (`block-<k>`)}."""
+
+    def wide(v: str) -> bool:
+        return v.startswith("block-") and v.endswith("-wide")
+
+    return _best_over_best(rows, batches, temperature, wide, lambda v: v.startswith("block-") and not wide(v))

@@ -235,10 +235,11 @@ def _engine_tables(result: dict) -> list:
             tables.append(table)
         if result.get("block_vs_best_chain"):
             table = Table(title=f"block drafts (one drafter forward) at T={max(sd['config']['temperatures']):g}")
-            for column in ("batch", "best block / best chain tok/s"):
+            wide = result.get("wide_vs_final_norm_block") or {}
+            for column in ("batch", "best block / best chain tok/s", "reading layers too / final-norm only"):
                 table.add_column(column, justify="right")
             for b, ratio in result["block_vs_best_chain"].items():
-                table.add_row(b, f"{ratio:.2f}x")
+                table.add_row(b, f"{ratio:.2f}x", f"{wide[b]:.2f}x" if b in wide else "")
             tables.append(table)
         costs = result["costs"]
         table = Table(title=f"costs after {costs['context']} cached tokens (ms, {costs['estimate']})")
@@ -250,8 +251,9 @@ def _engine_tables(result: dict) -> list:
             )
         for point in costs["drafter_step"]:
             table.add_row(str(point["batch"]), "drafter step", f"{point['seconds'] * 1e3:.2f}", "")
-        for point in costs.get("block_step", []):
-            table.add_row(str(point["batch"]), f"block of {point['block']}", f"{point['seconds'] * 1e3:.2f}", "")
+        for part, label in (("block_step", "block of {}"), ("block_step_wide", "block of {}, with layers")):
+            for point in costs.get(part, []):
+                table.add_row(str(point["batch"]), label.format(point["block"]), f"{point['seconds'] * 1e3:.2f}", "")
         tables.append(table)
     if "vllm" in result:
         tables.extend(_vllm_tables(result))

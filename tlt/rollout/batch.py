@@ -34,8 +34,10 @@ class RunningBatch:
     float64 (None when every row is greedy): row w's uniforms, drawn once from its own seeded generator,
     one per generated position: the token at generated position t is drawn with uniform_buf[w, t]
     whatever step produces it (a plain step, or the verification of a draft), so speculative decoding
-    reproduces plain sampling token for token (`uniforms_at`). hidden_buf [W, P_max + T_max, H] (or None),
-    logprob_buf [W, T_max], indexed by wave row.
+    reproduces plain sampling token for token (`uniforms_at`). feature_buf [W, P_max + T_max, F] (or None):
+    the target's features per position, F = `feature_size` (H, or the wide features of an engine that keeps
+    chosen layers, `tlt.models.feature_layers`); hidden_buf: its first H, the final-norm states (the same
+    tensor when F = H). logprob_buf [W, T_max]. All indexed by wave row.
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class RunningBatch:
         return_hidden: bool,
         dtype: torch.dtype,
         device: torch.device,
+        feature_size: int | None = None,
     ) -> None:
         self.sequences = list(sequences)
         self.all_sequences = list(sequences)
@@ -74,8 +77,14 @@ class RunningBatch:
         )
         self.logprob_buf = torch.zeros(len(sequences), width, dtype=torch.float32, device=device)
         positions = max(s.prompt_len for s in sequences) + width
+        width = hidden_size if feature_size is None else feature_size
+        self.feature_buf = (
+            torch.zeros(len(sequences), positions, width, dtype=dtype, device=device) if return_hidden else None
+        )
         self.hidden_buf = (
-            torch.zeros(len(sequences), positions, hidden_size, dtype=dtype, device=device) if return_hidden else None
+            self.feature_buf
+            if self.feature_buf is None or width == hidden_size
+            else self.feature_buf[..., :hidden_size]
         )
         self._window: torch.Tensor | None = None  # uniform_window's read of this step
 
@@ -125,7 +134,7 @@ class RunningBatch:
         """Record one step: row b gained new_tokens[b] and committed fed[b] fed tokens' cache slots.
 
         last_token [B]: the last of each row's new tokens; logprobs [B, K]: of the new tokens;
-        hidden [B, Kf, H]: final-norm states of the fed tokens, whose k/v the caller has put right
+        hidden [B, Kf, F]: features of the fed tokens (`feature_buf`'s width), whose k/v the caller has put right
         after the committed slots. fed defaults to len(new_tokens[b]) (a decode step feeds as many
         tokens as it keeps). Returns how many new tokens the sequences kept (stop tokens and limits
         cut the rest; their buffer entries are then ignored).
@@ -133,8 +142,8 @@ class RunningBatch:
         counts = [len(t) for t in new_tokens]
         fed = counts if fed is None else fed
         _scatter(self.logprob_buf, self.wave_rows, [len(s.tokens) for s in self.sequences], logprobs, counts)
-        if self.hidden_buf is not None and hidden is not None:
-            _scatter(self.hidden_buf, self.wave_rows, list(self.cache.lengths), hidden, fed)
+        if self.feature_buf is not None and hidden is not None:
+            _scatter(self.feature_buf, self.wave_rows, list(self.cache.lengths), hidden, fed)
         self.cache.advance(fed)
         self.last_token = last_token
         self._window = None
@@ -165,7 +174,7 @@ class RunningBatch:
             if not seq.finished:
                 raise RuntimeError(f"request {seq.request.request_id!r} is still running")
             t = len(seq.tokens)
-            hidden = None if self.hidden_buf is None else self.hidden_buf[w, : seq.prompt_len + t - 1].clone()
+            hidden = None if self.feature_buf is None else self.feature_buf[w, : seq.prompt_len + t - 1].clone()
             out.append(
                 Completion(
                     request_id=seq.request.request_id,

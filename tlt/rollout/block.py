@@ -1,7 +1,8 @@
 """Block drafts: a chain of k tokens per row from ONE block-drafter forward (`tlt.models.block_drafter`).
 
-The drafter reads, per running row, its newest token x[L] and the target's final-norm state f[L-1] that
-produced it (`RunningBatch.hidden_buf`, what the EAGLE drafter reads too), and returns k predicted
+The drafter reads, per running row, its newest token x[L] and the target's features f[L-1] that
+produced it (`RunningBatch.feature_buf`: the final-norm state the EAGLE drafter reads too, and the chosen
+layers' outputs when the drafter reads them, `tlt.models.feature_layers`), and returns k predicted
 features at once. Draft i + 1 is the head's argmax at output i, or, in a sampling batch, the coupled
 guess with the uniform the target will draw that position with (`tlt.rollout.guess`).
 
@@ -31,11 +32,11 @@ from tlt.rollout.tree import chain_tree
 
 
 def block_anchor(batch: RunningBatch) -> tuple[Tensor, Tensor]:
-    """(tokens [B], features [B, H]): each running row's newest token x[L] and the target's f[L-1]."""
-    if batch.hidden_buf is None:
+    """(tokens [B], features [B, F]): each running row's newest token x[L] and the target's f[L-1]."""
+    if batch.feature_buf is None:
         raise ValueError("block drafting reads the target's hidden states: build the Engine with return_hidden=True")
     last = batch.lengths() - 1  # [B] the newest committed position L - 1
-    return batch.last_token, batch.hidden_buf[batch.wave_rows, last]
+    return batch.last_token, batch.feature_buf[batch.wave_rows, last]
 
 
 def block_guesses(logits: Tensor, u: Tensor | None, temperature: Tensor | None) -> Tensor:
@@ -51,7 +52,7 @@ _BLOCK_FNS: dict[int, Callable[..., Tensor]] = {}
 
 
 def block_draft_fn(k: int) -> Callable[..., Tensor]:
-    """fn(drafter, tokens [B], features [B, H], u=None, temperature=None) -> drafts [B, k] long: one
+    """fn(drafter, tokens [B], features [B, F], u=None, temperature=None) -> drafts [B, k] long: one
     forward, the head (the draft vocabulary's when set), the guesses (`block_guesses`). One object per k,
     so every compiled block drafter of the process shares its graphs."""
     if k not in _BLOCK_FNS:
@@ -108,6 +109,12 @@ class BlockChainDrafter:
     @torch.no_grad()
     def propose(self, batch: RunningBatch) -> Draft:
         tokens, features = block_anchor(batch)
+        if features.shape[-1] != self.drafter.feature_size:
+            raise ValueError(
+                f"the engine keeps features of width {features.shape[-1]}; this block drafter reads "
+                f"{self.drafter.feature_size} (feature_layers {list(self.drafter.feature_layers)}): build the "
+                "Engine with feature_layers=drafter.feature_layers"
+            )
         extra = guess_inputs(batch, self.k) if self.guess == "coupled" and batch.sampled else ()
         return Draft(chain_tree(batch.last_token, self.step(self.drafter, tokens, features, *extra)), chain=True)
 
@@ -117,7 +124,7 @@ def warm_up_block(drafter: BlockDrafter, depths: Iterable[int], guesses: Iterabl
     """Compile the block graphs of `depths` (batch 1 and 2; argmax and / or coupled drafts) before a rollout;
     returns the graphs compiled. Later drafters of any batch size reuse them."""
     compiled = 0
-    hidden, device = drafter.config.hidden_size, drafter.device
+    hidden, device = drafter.feature_size, drafter.device
     for k in sorted(set(depths)):
         step = CompiledBlock(k)
         for b in (1, 2):

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tlt.models.draft_vocab import DraftVocabTracker
+from tlt.models.feature_layers import feature_width
 from tlt.rollout.batch import RunningBatch
 from tlt.rollout.decode_step import PlainStepper, Stepper, prefill
 from tlt.rollout.runner import ModelRunner
@@ -30,7 +31,9 @@ class Engine:
     finish (the long tail runs at a shrinking batch size). `stepper` may be replaced by any
     `Stepper` built on `runner` (e.g. speculative decoding). `tokens_processed` counts the tokens
     the target forwarded: real prompt tokens plus every token fed while decoding. compile: run the
-    target (and drafters built with `compile=engine.compiled`) through compiled steps.
+    target (and drafters built with `compile=engine.compiled`) through compiled steps. feature_layers:
+    decoder layers whose outputs every target step keeps beside the final-norm state, for a block drafter
+    that reads them (`tlt.models.feature_layers`); completions' `hidden` are then these wide features.
     `wave_observers` are called with every wave's sequences once the wave has finished (e.g. the
     rollout-history store indexes them, whichever stepper ran). `draft_vocab`: when set, every generate
     re-picks the drafter's reduced vocabulary first (from its requests' prompts, their stop tokens kept)
@@ -45,13 +48,20 @@ class Engine:
         max_context: int = 4096,
         return_hidden: bool = True,
         compile: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {max_context}")
         self.model = model
-        self.runner = ModelRunner(model, max_batch_size=max_batch_size, max_context=max_context, compile=compile)
+        self.runner = ModelRunner(
+            model,
+            max_batch_size=max_batch_size,
+            max_context=max_context,
+            compile=compile,
+            feature_layers=feature_layers,
+        )
         self.stepper: Stepper = PlainStepper(self.runner)
         self.max_batch_size = max_batch_size
         self.max_context = max_context
@@ -78,15 +88,21 @@ class Engine:
             self.draft_vocab_coverage = self.draft_vocab.after([c.token_ids for c in out])
         return out
 
-    def _run_wave(self, sequences: list[Sequence], on_step: StepCallback | None) -> list[Completion]:
-        batch = RunningBatch(
+    def running_batch(self, sequences: list[Sequence]) -> RunningBatch:
+        """A wave's running batch on this engine's cache, its feature buffer as wide as the runner's features."""
+        hidden = self.model.config.hidden_size
+        return RunningBatch(
             sequences,
             self.runner.cache,
-            hidden_size=self.model.config.hidden_size,
+            hidden_size=hidden,
             return_hidden=self.return_hidden,
+            feature_size=feature_width(hidden, self.runner.feature_layers),
             dtype=self.model.dtype,
             device=self.runner.device,
         )
+
+    def _run_wave(self, sequences: list[Sequence], on_step: StepCallback | None) -> list[Completion]:
+        batch = self.running_batch(sequences)
         step, advance = 0, lambda b: prefill(self.runner, b)
         while batch.num_rows:
             t0, running, generated = time.perf_counter(), batch.num_rows, _generated(batch)

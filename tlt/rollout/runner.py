@@ -11,11 +11,14 @@ Every forward says where each new token sits: `positions` (RoPE position: tree d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from tlt.models.feature_layers import check_feature_layers
 from tlt.rollout.compiled import LAYER_REGIONS, CompiledStep
 from tlt.rollout.kv_cache import KVCache, write_layer
 
@@ -120,10 +123,27 @@ def run_layers(
     Under torch.compile each layer is a nested compile region (`decoder_layer_region`): dynamo traces the
     first layer and stamps that trace out for the others (same structure, other weights and caches), where
     this torch can inline the stamped-out layers (`LAYER_REGIONS`); elsewhere every layer is traced."""
+    return run_layers_keeping(layers, x, rope, ks, vs, write_slots, attn_mask, ())[0]
+
+
+def run_layers_keeping(
+    layers: nn.ModuleList | list[nn.Module],
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    write_slots: torch.Tensor,
+    attn_mask: torch.Tensor,
+    keep: tuple[int, ...],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`run_layers`, also returning the outputs of the layers `keep` names (indices, ascending): each [B, Q, H]."""
     step = decoder_layer_region if LAYER_REGIONS and torch.compiler.is_compiling() else decoder_layer
-    for layer, k_cache, v_cache in zip(layers, ks, vs):
+    kept = []
+    for i, (layer, k_cache, v_cache) in enumerate(zip(layers, ks, vs)):
         x = step(layer, x, rope, k_cache, v_cache, write_slots, attn_mask)
-    return x
+        if i in keep:
+            kept.append(x)
+    return x, kept
 
 
 def decoder_layer(
@@ -169,6 +189,35 @@ def decoder_forward(
     return inner.norm(run_layers(inner.layers, x, rope, ks, vs, write_slots, attn_mask))
 
 
+_TAPPED: dict[tuple[int, ...], Callable[..., torch.Tensor]] = {}
+
+
+def tapped_decoder_forward(layers: tuple[int, ...]) -> Callable[..., torch.Tensor]:
+    """`decoder_forward` that also returns the outputs of decoder `layers` (indices, ascending), after the
+    final-norm states: [B, Q, H * (1 + len(layers))] (`tlt.models.feature_layers`). One function per tuple,
+    so every runner of the process with the same layers shares its compiled graphs; () is decoder_forward."""
+    if not layers:
+        return decoder_forward
+    if layers not in _TAPPED:
+
+        def forward(
+            inner: nn.Module,
+            token_ids: torch.Tensor,
+            positions: torch.Tensor,
+            write_slots: torch.Tensor,
+            attn_mask: torch.Tensor,
+            ks: list[torch.Tensor],
+            vs: list[torch.Tensor],
+        ) -> torch.Tensor:
+            x = inner.embed_tokens(token_ids)
+            rope = inner.rotary_emb(x, positions)
+            x, kept = run_layers_keeping(inner.layers, x, rope, ks, vs, write_slots, attn_mask, layers)
+            return torch.cat([inner.norm(x), *kept], dim=-1)
+
+        _TAPPED[layers] = forward
+    return _TAPPED[layers]
+
+
 class ModelRunner:
     """Drives a `*ForCausalLM` with a KVCache sized for max_batch_size rows and max_context slots.
 
@@ -184,10 +233,13 @@ class ModelRunner:
         max_context: int,
         capacity: int = 256,
         compile: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         check_supported(model)
         self.model = model
         config = model.config
+        self.feature_layers = check_feature_layers(feature_layers, len(model.model.layers), "feature_layers")
+        self._forward = tapped_decoder_forward(self.feature_layers)
         attn = model.model.layers[0].self_attn
         self.cache = KVCache(
             num_layers=len(model.model.layers),
@@ -200,7 +252,7 @@ class ModelRunner:
             device=model.device,
             static=compile,
         )
-        self.compiled = CompiledStep(decoder_forward, name="target") if compile else None
+        self.compiled = CompiledStep(self._forward, name="target") if compile else None
 
     @property
     def device(self) -> torch.device:
@@ -217,16 +269,17 @@ class ModelRunner:
         """token_ids, positions, write_slots: [B, Q] long; attn_mask: [B, Q, S] bool.
 
         Writes the new tokens' k/v at write_slots of rows [0, B) and returns the final-norm hidden
-        states [B, Q, H]. S may be anything up to the cache capacity (slots past it are not read).
+        states [B, Q, H], followed by the `feature_layers` outputs when there are any: [B, Q, H * (1 + n)].
+        S may be anything up to the cache capacity (slots past it are not read).
         """
         self.cache.ensure_capacity(max(attn_mask.shape[-1], int(write_slots.max()) + 1))
-        step = decoder_forward if self.compiled is None else self.compiled
+        step = self._forward if self.compiled is None else self.compiled
         return step(self.model.model, token_ids, positions, write_slots, attn_mask, self.cache.k, self.cache.v)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> logits [..., V] in the model's dtype."""
-        return self.model.lm_head(hidden)
+        """hidden [..., H] (or `forward`'s wide features: their first H) -> logits [..., V] in the model's dtype."""
+        return self.model.lm_head(hidden[..., : self.model.config.hidden_size])
 
     def compact(self, rows: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
         """Move cache entries of rows [N] from src_slots [N, K] to dst_slots [N, K] (accepted tree path)."""

@@ -59,7 +59,8 @@ class Completion:
     logprobs: [T] float32, log_softmax(logits / T) of each generated token over the full vocabulary,
         before top-p (temperature 0 uses T = 1).
     hidden: [P + T - 1, H] the target's final-norm outputs at every fed position (row t produced
-        token t + 1 of prompt + completion), or None when the engine runs with return_hidden=False.
+        token t + 1 of prompt + completion), or None when the engine runs with return_hidden=False;
+        [P + T - 1, H * (1 + n)] wide features when the engine keeps n feature layers.
     """
 
     request_id: str
