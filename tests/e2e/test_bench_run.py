@@ -135,7 +135,7 @@ def test_deep_v7_is_deep_v6_with_block_arms_and_a_block_drafter_warm_start():
         v6.costs,
     )
     assert block_size(v6) == 0 and block_size(v7) == max(a["depth"] for a in blocks)
-    learned = learned_drafters(variant_run(v7, "static", 0).spec.speculative)
+    learned = learned_drafters(variant_run(v7, "static", 0).spec.speculative, v7.warmstart.policy.num_layers)
     assert learned.eagle and learned.block_size == block_size(v7), "the warm start's block size is the run's"
 
 

@@ -1,6 +1,7 @@
 """A 2-step Ray run with block arms (local cluster, 2 rollout workers, the tiny policy): the workers draft
 with the block drafter the bandit picks, their spot trainers train the run's drafter set (EAGLE + block) in
-idle time and sync it with the hub, and the checkpoint, the snapshots and the served drafter hold both.
+idle time and sync it with the hub, and the checkpoint, the snapshots and the served drafter hold both. The
+block drafter reads the target's wide features: the workers' engines keep its layers, the buffers carry them.
 
 Idle time: a tiny run's shards end within milliseconds of each other, so the trainers run until the next
 step's first rollout token (`stop_trainers_at="rollout"`) and a slow reward plug-in (0.1 s a sample) makes
@@ -15,6 +16,7 @@ from _train_runs import tiny_policy  # tests/e2e is no package: its folder is on
 from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
 from tlt.models.block_drafter import load_block_drafter
 from tlt.models.drafter import load_drafter
+from tlt.models.feature_layers import spread_layers
 from tlt.runtime.checkpoint import load_latest
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.spec.run import TLTTrainingRun
@@ -56,6 +58,11 @@ def test_ray_run_drafts_with_trains_and_checkpoints_the_block_drafter(tmp_path):
     # while they may still sync, can be past the updates the steps counted
     assert ckpt.state["drafter_version"] >= sum(m["drafter_updates"] for m in history) > 0
     served = out / "drafter-served"
-    assert load_block_drafter(served / BLOCK_SNAPSHOTS, trainer.policy.config).block_size == 4
+    block = load_block_drafter(served / BLOCK_SNAPSHOTS, trainer.policy.config)
+    config = trainer.policy.config
+    assert block.block_size == 4 and block.feature_layers == spread_layers(config.num_hidden_layers) != ()
+    # the workers' engines kept those layers: the buffers the trainers learned from hold the wide features
+    hidden = [h for b in ckpt.objects["drafter_buffers"] if b for h in b["buffer"]["hidden"]]
+    assert hidden and {h.shape[-1] for h in hidden} == {block.feature_size}
     assert load_drafter(served, trainer.policy.config) is not None
     assert (out / "drafter" / BLOCK_SNAPSHOTS / "LATEST").is_file(), "the hub's block drafter snapshot"

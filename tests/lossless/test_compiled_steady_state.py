@@ -19,6 +19,7 @@ from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
 from tlt.adaptive.arms import block_graphs, drafter_graphs, new_history_store
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.feature_layers import spread_layers
 from tlt.models.tiny import tiny_model
 from tlt.rollout import warmup
 from tlt.rollout.engine import Engine
@@ -60,11 +61,12 @@ def test_rollouts_after_warm_up_compile_nothing_whatever_the_arm_block_arms_too(
     torch.manual_seed(3)
     drafter = EagleDrafter(drafter_config_from_target(model.config)).eval()
     drafter.bind_policy(model)
-    block = new_block_drafter(model, block_size=3).eval()
+    # as a run's: reading the target's spread layers beside its final-norm state (the engine keeps them)
+    block = new_block_drafter(model, block_size=3, feature_layers=spread_layers(model.config.num_hidden_layers)).eval()
     spec = SpeculativeSpec(
         mode="tlt", threshold=ROWS, buckets=[1, 2, ROWS], arms=ARMS, epsilon=1.0, window=4, ngram_min=1, ngram_max=3
     )
-    engine = Engine(model, max_batch_size=ROWS, max_context=CONTEXT, compile=True)
+    engine = Engine(model, max_batch_size=ROWS, max_context=CONTEXT, compile=True, feature_layers=block.feature_layers)
     history = new_history_store(spec)
     engine.wave_observers.append(history.observe)  # later rollouts draft from earlier ones
     arms_run: set[str] = set()

@@ -40,8 +40,9 @@ BLOCK4 = {"kind": "block", "depth": 4}
     ],
 )
 def test_a_run_learns_one_drafter_per_kind_its_usable_arms_draft_with(spec, eagle, block_size):
-    learned = learned_drafters(SpeculativeSpec.model_validate(spec))
-    assert learned == LearnedDrafters(eagle=eagle, block_size=block_size)
+    learned = learned_drafters(SpeculativeSpec.model_validate(spec), 16)
+    layers = (1, 7, 13) if block_size else ()  # the block drafter reads layers spread over the target's 16
+    assert learned == LearnedDrafters(eagle=eagle, block_size=block_size, feature_layers=layers)
 
 
 def test_a_set_parameter_dict_splits_by_member_and_an_eagle_dict_stays_whole():

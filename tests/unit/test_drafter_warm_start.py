@@ -103,6 +103,18 @@ def test_a_block_part_that_does_not_fit_is_refused_naming_the_field_and_file(tmp
     assert field in str(err.value) and str(folder / BLOCK_SNAPSHOTS / "config.json") in str(err.value)
 
 
+def test_a_block_part_reading_other_target_layers_is_refused_naming_them(tmp_path):
+    model = policy()
+    folder = tmp_path / "drafter"
+    save_drafter(BlockDrafter(block_config_from_target(model.config, 2)), folder / BLOCK_SNAPSHOTS)  # final-norm only
+    wide = LearnedDrafters(eagle=False, block_size=2, feature_layers=(0,))
+    problem = warm_start_problem(folder, wide)
+    assert problem is not None and problem.startswith("speculative.drafterPath: ")
+    assert "feature_layers [], this run's block drafter reads the target's layers [0]" in problem
+    assert warm_start_problem(folder, wide, check_layers=False) is None
+    assert warm_start_problem(folder, LearnedDrafters(eagle=False, block_size=2)) is None
+
+
 def test_the_bench_folder_holds_the_eagle_drafter_and_its_block_part(tmp_path):
     (tmp_path / "run").mkdir()
     eagle_folder, params, model = served(tmp_path / "run", eagle=True, block_size=2)

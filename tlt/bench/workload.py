@@ -15,6 +15,7 @@ import yaml
 from tlt.bench.bench_block_drafter import trained_block_drafter, with_block_part
 from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
 from tlt.drafter.drafter_set import BLOCK_LAYERS
+from tlt.models.feature_layers import spread_layers
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"
@@ -132,9 +133,10 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any], block: i
     """An EAGLE drafter trained for a fixed budget (`cfg`: prompts, steps, batch, learningRate,
     maxNewTokens, seed) on the warm-started policy's own samples at T=1 on task prompts (the step-0
     distribution), cached beside the warm start: (its folder, its training info). static freezes it,
-    tlt keeps training it. With `block` > 0 also a block drafter of that block size on the same budget
-    (`trained_block_drafter`, its cache): the folder is then `with_block_part`'s (the EAGLE drafter's files,
-    the block drafter's in `block/`), and the info has the block drafter's under "block"."""
+    tlt keeps training it. With `block` > 0 also a block drafter of that block size, reading the layers a
+    run's block drafter reads, on the same budget (`trained_block_drafter`, its cache): the folder is then
+    `with_block_part`'s (the EAGLE drafter's files, the block drafter's in `block/`), and the info has the
+    block drafter's under "block"."""
     folder = warm_start(warmstart)
     policy, tokenizer = load_policy(folder)
     budget = DrafterBudget(
@@ -149,6 +151,7 @@ def drafter_warm_start(warmstart: WarmstartConfig, cfg: dict[str, Any], block: i
     eagle = folder / f"bench-drafter-{info['cache_key']}"
     if not block:
         return eagle, info
-    _, block_info = trained_block_drafter(budget, block, BLOCK_LAYERS, folder, policy, tokenizer)
+    layers = spread_layers(policy.config.num_hidden_layers)  # what a run's block drafter reads (`learned_drafters`)
+    _, block_info = trained_block_drafter(budget, block, BLOCK_LAYERS, folder, policy, tokenizer, layers)
     path = with_block_part(eagle, folder / f"bench-block-drafter-{block_info['cache_key']}")
     return path, {**info, "block": block_info}

@@ -71,10 +71,9 @@ def block_loss(drafter: BlockDrafter, batch: BlockBatch) -> DrafterLoss:
     """EAGLE's loss of the drafter's k outputs per anchor against the target's features and head."""
     k = batch.target.shape[1]
     pred = drafter(batch.input_ids, batch.features, k)  # [N, k, H]
-    target = batch.target[..., : drafter.config.hidden_size]  # [N, k, H]
     with torch.no_grad():
-        target_logits = drafter.logits(target)  # [N, k, V]
-    return drafter_loss(pred, drafter.logits(pred), target, target_logits, batch.weight)
+        target_logits = drafter.logits(batch.target)  # [N, k, V]
+    return drafter_loss(pred, drafter.logits(pred), batch.target, target_logits, batch.weight)
 
 
 @torch.no_grad()
@@ -82,8 +81,7 @@ def block_agreement_counts(drafter: BlockDrafter, batch: BlockBatch) -> tuple[to
     """Per block offset i: (counted outputs whose argmax equals the target's (argmax head(f[j+1+i])),
     counted outputs), each [k] long."""
     pred = drafter(batch.input_ids, batch.features, batch.target.shape[1])
-    target = batch.target[..., : drafter.config.hidden_size]
-    agree = (drafter.logits(pred).argmax(-1) == drafter.logits(target).argmax(-1)) & batch.weight  # [N, k]
+    agree = (drafter.logits(pred).argmax(-1) == drafter.logits(batch.target).argmax(-1)) & batch.weight  # [N, k]
     return agree.sum(0), batch.weight.sum(0)
 
 

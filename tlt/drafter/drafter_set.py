@@ -11,7 +11,11 @@ candidate drafters, snapshots and whole-run checkpoints all move that one dict, 
 every path the EAGLE drafter already has (version = optimizer steps on the set). A run without block arms
 keeps the plain `EagleDrafter` and its unprefixed parameters (older checkpoints and exports unchanged).
 
-Both members train from the same online buffer (tokens + the target's final-norm features): one optimizer
+The block drafter reads the target's final-norm state and the outputs of `spread_layers` of its decoder
+layers (DFlash's choice; `tlt.models.feature_layers`): the rollout engines of such a run keep those wide
+features, the buffers carry them, and the EAGLE member reads their final-norm part.
+
+Both members train from the same online buffer (tokens + the target's features): one optimizer
 step on a packed row takes the sum of the members' losses (EAGLE's `packed_loss`, the block drafter's
 `block_loss` over `block_batch` of the row, anchors never crossing a packed sequence's end).
 
@@ -36,6 +40,7 @@ from tlt.drafter.buffer import PackedBatch
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.draft_vocab import DraftVocab
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.models.feature_layers import spread_layers
 from tlt.spec.speculative import SpeculativeSpec
 
 EAGLE_ARM_KINDS = ("chain", "tree", "mixed")
@@ -45,19 +50,34 @@ BLOCK_LAYERS = 1  # the decoder layers of a run's block drafter
 
 @dataclass(frozen=True)
 class LearnedDrafters:
-    """Which drafters a run learns: the EAGLE drafter (`eagle`), the block drafter (`block_size` > 0)."""
+    """Which drafters a run learns: the EAGLE drafter (`eagle`), the block drafter (`block_size` > 0) reading
+    the target's `feature_layers` beside its final-norm state (rollout engines keep them)."""
 
     eagle: bool
     block_size: int
+    feature_layers: tuple[int, ...] = ()
 
 
-def learned_drafters(spec: SpeculativeSpec) -> LearnedDrafters:
-    """The drafters the usable arms of `spec` draft with (modes off / ngram: none)."""
+def learned_block_size(spec: SpeculativeSpec) -> int:
+    """The block size of the block drafter `spec`'s usable arms draft with: the largest block arm's depth
+    (0: none, also in modes off / ngram)."""
+    if spec.mode not in ("static", "tlt"):
+        return 0
+    return max((spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind == "block"), default=0)
+
+
+def learned_drafters(spec: SpeculativeSpec, target_layers: int) -> LearnedDrafters:
+    """The drafters the usable arms of `spec` draft with (modes off / ngram: none), for a target of
+    `target_layers` decoder layers: a block drafter reads `spread_layers` of them."""
     if spec.mode not in ("static", "tlt"):
         return LearnedDrafters(eagle=False, block_size=0)
     arms = [spec.arms[i] for i in arm_indices(spec)]
-    blocks = [a.depth for a in arms if a.kind == "block"]
-    return LearnedDrafters(eagle=any(a.kind in EAGLE_ARM_KINDS for a in arms), block_size=max(blocks, default=0))
+    block_size = learned_block_size(spec)
+    return LearnedDrafters(
+        eagle=any(a.kind in EAGLE_ARM_KINDS for a in arms),
+        block_size=block_size,
+        feature_layers=spread_layers(target_layers) if block_size else (),
+    )
 
 
 class DrafterSet(nn.Module):
@@ -103,6 +123,7 @@ def unbound_drafter_set(config: LlamaConfig, learned: LearnedDrafters) -> Drafte
         raise ValueError("a drafter set holds a block drafter: learned.block_size must be >= 1")
     block = copy.deepcopy(config)
     block.num_hidden_layers, block.block_size = BLOCK_LAYERS, learned.block_size
+    block.feature_layers = list(learned.feature_layers)
     return DrafterSet(EagleDrafter(config) if learned.eagle else None, BlockDrafter(block))
 
 

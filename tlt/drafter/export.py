@@ -54,6 +54,7 @@ from tlt.models.drafter import (
     save_drafter,
 )
 from tlt.models.eagle_layout import EAGLE_ARCHITECTURE, check_eagle_keys
+from tlt.models.feature_layers import spread_layers
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,11 @@ def write_served_drafter(
     if "eagle" in members:
         models["eagle"] = EagleDrafter(drafter_config_from_target(target))
     if "block" in members:
-        models["block"] = BlockDrafter(block_config_from_target(target, members["block"]["mask"].shape[0]))
+        block = members["block"]
+        # a run's block drafter reads `spread_layers` of the target (`learned_drafters`) when it has their norms
+        wide = any(k.startswith("layer_norms.") for k in block)
+        layers = spread_layers(target.num_hidden_layers) if wide else ()
+        models["block"] = BlockDrafter(block_config_from_target(target, block["mask"].shape[0], feature_layers=layers))
     for name, model in models.items():
         model.to(next(iter(params.values())).dtype).load_state_dict(members[name], strict=True)
     out_dir = Path(out_dir)

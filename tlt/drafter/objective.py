@@ -27,8 +27,8 @@ class DrafterBatch(NamedTuple):
     """Aligned drafter training data, one row per sequence, T-1 positions (t = 0 .. T-2)."""
 
     input_ids: torch.Tensor  # [B, T-1]    x[t+1]
-    features: torch.Tensor  # [B, T-1, H] f[t]
-    target: torch.Tensor  # [B, T-1, H] f[t+1]
+    features: torch.Tensor  # [B, T-1, F] f[t] (F = H, or wide features: `tlt.models.feature_layers`)
+    target: torch.Tensor  # [B, T-1, F] f[t+1] (the losses read its final-norm part, the first H)
     position_ids: torch.Tensor  # [B, T-1]    t
     mask: torch.Tensor  # [B, T-1]    bool, x[t+1] is a response token
 
@@ -82,6 +82,7 @@ def drafter_loss(
     """
     weight = mask.to(pred.dtype)
     count = weight.sum().clamp_min(1.0)
+    target_feat = target_feat[..., : pred.shape[-1]]  # wide target features: their final-norm part
     regression = F.smooth_l1_loss(pred, target_feat.to(pred.dtype), reduction="none").mean(-1)  # [B, T]
     target_probs = torch.softmax(target_logits.float(), dim=-1)  # [B, T, V]
     soft_ce = -(target_probs * torch.log_softmax(pred_logits.float(), dim=-1)).sum(-1)  # [B, T]

@@ -35,9 +35,11 @@ def has_block_part(folder: str | Path) -> bool:
     return (Path(folder) / BLOCK_SNAPSHOTS / CONFIG_FILE).is_file()
 
 
-def block_part_problem(folder: str | Path, block_size: int) -> str | None:
-    """Why the block part of `folder` does not fit a run whose block drafter has `block_size` (reads its
-    config.json only); None when it fits."""
+def block_part_problem(
+    folder: str | Path, block_size: int, feature_layers: tuple[int, ...] | None = None
+) -> str | None:
+    """Why the block part of `folder` does not fit a run whose block drafter has `block_size` and reads the
+    target's `feature_layers` (None: not checked; reads its config.json only); None when it fits."""
     config_file = Path(folder) / BLOCK_SNAPSHOTS / CONFIG_FILE
     saved = json.loads(config_file.read_text())
     if saved.get("block_size") != block_size:
@@ -50,15 +52,23 @@ def block_part_problem(folder: str | Path, block_size: int) -> str | None:
             f"{FIELD}: {config_file}: num_hidden_layers {saved.get('num_hidden_layers')!r}, a run's block drafter "
             f"has {BLOCK_LAYERS}"
         )
+    saved_layers = [int(i) for i in saved.get("feature_layers") or ()]
+    if feature_layers is not None and saved_layers != list(feature_layers):
+        return (
+            f"{FIELD}: {config_file}: feature_layers {saved_layers}, this run's block drafter reads the target's "
+            f"layers {list(feature_layers)} (spread over this policy's depth): warm-start from a block part "
+            "trained for this policy, or remove block/ from the folder (the block drafter then starts fresh)"
+        )
     return None
 
 
-def warm_start_problem(folder: str | Path, learned: LearnedDrafters) -> str | None:
+def warm_start_problem(folder: str | Path, learned: LearnedDrafters, check_layers: bool = True) -> str | None:
     """Why `folder` cannot warm-start a run that learns `learned`, one line naming the field and the file;
-    None when it can (reads config files only)."""
+    None when it can (reads config files only). check_layers: compare the block part's feature layers too
+    (off where the policy, and so its layer count, is not known yet)."""
     eagle, block = learned.eagle and has_eagle_part(folder), learned.block_size > 0 and has_block_part(folder)
     if block:
-        return block_part_problem(folder, learned.block_size)
+        return block_part_problem(folder, learned.block_size, learned.feature_layers if check_layers else None)
     if eagle:
         return None
     if not learned.block_size:

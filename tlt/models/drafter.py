@@ -147,9 +147,11 @@ class BoundDrafter(nn.Module):
         return self._bound
 
     def logits(self, pred: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, V] of predicted (or target) features [B, T, H] through the bound LM head."""
+        """Logits [B, T, V] of predicted (or target) features [B, T, H] through the bound LM head; of wide
+        target features (`tlt.models.feature_layers`) their final-norm part, the first H."""
         _, head = self._require_bound()
         bias = head.bias.detach() if head.bias is not None else None
+        pred = pred[..., : self.config.hidden_size]
         return F.linear(pred.to(head.weight.dtype), head.weight.detach(), bias)
 
     def set_draft_vocab(self, size: int) -> DraftVocab | None:
@@ -191,7 +193,8 @@ class EagleDrafter(BoundDrafter):
     ) -> torch.Tensor:
         """Predict the next target features.
 
-        input_ids [B, T] are x[t+1], features [B, T, H] are f[t], position_ids [B, T] are t.
+        input_ids [B, T] are x[t+1], features [B, T, H] are f[t] (of wide features, `tlt.models.feature_layers`,
+        the final-norm part, the first H, is read), position_ids [B, T] are t.
         attention_mask: optional boolean [B or 1, 1, T, T] (True = attend), e.g. block-diagonal for
         packed sequences; causal over the whole row when omitted. segments: instead of a mask, the lengths
         of one packed row's sequences (B = 1, sum T): attention runs causally per sequence, the same result
@@ -201,7 +204,8 @@ class EagleDrafter(BoundDrafter):
         embed, _ = self._require_bound()
         dtype = self.fc.weight.dtype
         tokens = F.embedding(input_ids, embed.weight.detach()).to(dtype)  # [B, T, H]
-        fused = self.fc(torch.cat([tokens, features.to(dtype)], dim=-1))  # [B, T, H]
+        features = features[..., : self.config.hidden_size].to(dtype)
+        fused = self.fc(torch.cat([tokens, features], dim=-1))  # [B, T, H]
         position_embeddings = self._rotary[0](fused, position_ids)  # cos, sin: [B, T, head_dim]
         if segments is not None:
             if self.config._attn_implementation != SEGMENT_ATTENTION:

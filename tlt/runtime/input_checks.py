@@ -30,7 +30,7 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, learned_drafters
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, learned_block_size, learned_drafters
 from tlt.drafter.warm_start import has_block_part, warm_start_problem
 from tlt.models.loading import (
     load_tokenizer,
@@ -149,11 +149,19 @@ def input_problems(spec: RunSpec) -> list[str]:
             f"spec.speculative.drafterPath: drafter folder {drafter!r} does not exist (a folder "
             "save_drafter or tlt export-drafter wrote; unset: the drafter starts untrained)"
         )
-    elif drafter is not None and (problem := warm_start_problem(drafter, learned_drafters(spec.speculative))):
+    elif drafter is not None and (problem := _warm_start_problem(spec, drafter, tokenizer is not None)):
         problems.append(f"spec.{problem}")
     elif drafter is not None and (untrained := untrained_block_problem(spec)) is not None:
         problems.append(untrained)
     return problems
+
+
+def _warm_start_problem(spec: RunSpec, folder: str, model_ok: bool) -> str | None:
+    """`warm_start_problem` of `speculative.drafterPath` for this run; the block part's feature layers are
+    checked against `model.path`'s depth when it is set and sound (the built-in policy's is known at start)."""
+    known = spec.model.path is not None and model_ok
+    layers = int(read_model_config(spec.model.path)["num_hidden_layers"]) if known else 0
+    return warm_start_problem(folder, learned_drafters(spec.speculative, layers), check_layers=known)
 
 
 def untrained_block_problem(spec: RunSpec) -> str | None:
@@ -162,7 +170,7 @@ def untrained_block_problem(spec: RunSpec) -> str | None:
     `drafter.training: false`; None otherwise."""
     sd = spec.speculative
     never_trains = sd.mode == "static" or (sd.mode == "tlt" and not spec.drafter.training)
-    if sd.drafter_path is None or not never_trains or not learned_drafters(sd).block_size:
+    if sd.drafter_path is None or not never_trains or not learned_block_size(sd):
         return None
     if has_block_part(sd.drafter_path):
         return None

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.drafter.drafter_set import EAGLE_ARM_KINDS, learned_drafters
+from tlt.drafter.drafter_set import EAGLE_ARM_KINDS, learned_block_size, learned_drafters
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.monitoring import METRICS_FILE, build_loggers
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
@@ -147,7 +147,7 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
     drafter, which this loop does not run: they are refused (`tlt train --local` maps them: `local_speculative`).
     """
     plain = PlainStepper(runner)
-    if spec.mode == "off" or learned_drafters(spec).block_size:  # block arms: `LocalBlockDrafter.stepper`
+    if spec.mode == "off" or learned_block_size(spec):  # block arms: `LocalBlockDrafter.stepper`
         return plain, None
     if spec.mode != "ngram":
         raise ValueError(
@@ -167,11 +167,13 @@ def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, Specul
     model = copy.deepcopy(policy).to(resolve_dtype(spec.model.dtype)).eval()
     context = min(spec.model.max_context, model.config.max_position_embeddings)
     rows = spec.algorithm.prompts_per_step * spec.algorithm.group_size
+    learned = learned_drafters(spec.speculative, model.config.num_hidden_layers)
     engine = Engine(
         model,
         max_batch_size=rows,
         max_context=context,
-        return_hidden=learned_drafters(spec.speculative).block_size > 0,
+        return_hidden=learned.block_size > 0,
+        feature_layers=learned.feature_layers,
         compile=resolve_compile(spec.rollout.compile, model),
     )
     engine.stepper, speculative = build_stepper(spec.speculative, engine.runner)

@@ -17,6 +17,7 @@ whole-run checkpoint's drafter part, in the Ray run's layout (`tlt.runtime.check
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.adaptive.arms import block_graphs
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.drafter.buffer import OnlineBuffer
-from tlt.drafter.drafter_set import LearnedDrafters, learned_drafters, new_drafter_set
+from tlt.drafter.drafter_set import learned_block_size, learned_drafters, new_drafter_set
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.publish import publish_outcome, step_drafters
@@ -46,12 +47,16 @@ class LocalBlockDrafter:
     """The block drafter of `engine` (built with `return_hidden=True`) for `spec` (block arms usable)."""
 
     def __init__(self, spec: RunSpec, engine: Engine) -> None:
-        block_size = learned_drafters(spec.speculative).block_size
-        if block_size < 1:
-            raise ValueError("LocalBlockDrafter needs a usable speculative.arms entry of kind block")
-        self.spec, self.engine = spec, engine
         model = engine.runner.model
-        learned = LearnedDrafters(eagle=False, block_size=block_size)
+        learned = replace(learned_drafters(spec.speculative, model.config.num_hidden_layers), eagle=False)
+        if learned.block_size < 1:
+            raise ValueError("LocalBlockDrafter needs a usable speculative.arms entry of kind block")
+        if engine.runner.feature_layers != learned.feature_layers:
+            raise ValueError(
+                f"the engine keeps feature layers {list(engine.runner.feature_layers)}; this run's block drafter "
+                f"reads {list(learned.feature_layers)}: build it with Engine(feature_layers=...)"
+            )
+        self.spec, self.engine = spec, engine
         self.drafters = new_drafter_set(model, learned)
         self.hub = DrafterHub(
             drafter_config_from_target(model.config), spec.drafter.learning_rate, seed=spec.algorithm.seed
@@ -151,7 +156,7 @@ def local_block_drafter(spec: RunSpec, engine: Engine, ckpt: Checkpoint | None) 
     """The block drafter of a run with usable block arms (None without), its graphs compiled (a compiled
     engine), resumed from `ckpt`, else started from the block part of `speculative.drafterPath` when it has one
     (`tlt.drafter.warm_start`; this loop runs no EAGLE drafter)."""
-    if not learned_drafters(spec.speculative).block_size:
+    if not learned_block_size(spec.speculative):
         return None
     with torch.random.fork_rng(devices=[]):  # the hub seeds its drafters' init: the run's own RNG stays as it was
         block = LocalBlockDrafter(spec, engine)

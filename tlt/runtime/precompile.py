@@ -70,6 +70,7 @@ class GraphSet:
     draft_vocab: int = 0  # speculative.draftVocab: the drafter's graphs read its reduced head
     block_depths: tuple[int, ...] = ()  # the block arms' depths (`warm_up_blocks`'s depths)
     block_size: int = 0  # the run's block drafter's block size (its largest block arm)
+    feature_layers: tuple[int, ...] = ()  # the target layers the engine keeps for its block drafter
 
     def describe(self) -> str:
         if self.block_depths:
@@ -77,7 +78,11 @@ class GraphSet:
         what = (
             f"drafter (chains {list(self.chain_depths)})"
             if self.drafter
-            else ("target" + (" with hidden states" if self.hidden else ""))
+            else (
+                "target"
+                + (" with hidden states" if self.hidden else "")
+                + (" and layers" if self.feature_layers else "")
+            )
         )
         return what + {0: "", 1: ", one row", 2: ", several rows"}[self.batch]
 
@@ -98,6 +103,7 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
     if not resolve_compile_for(spec.rollout.compile, int(config["num_hidden_layers"]), torch.device("cpu")):
         return []
     hidden = spec.speculative.mode in DRAFTER_MODES
+    learned = learned_drafters(spec.speculative, int(config["num_hidden_layers"]))
     base = dict(
         policy_path=str(policy_path),
         dtype=spec.model.dtype,
@@ -105,6 +111,7 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
         max_context=spec.model.max_context,
         hidden=hidden,
         threads=max(threads, 1),
+        feature_layers=learned.feature_layers,
     )
     sets = [GraphSet(**base, drafter=False, chain_depths=())]
     if hidden:
@@ -130,7 +137,7 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
                     guesses=tuple(blocks["guesses"]),
                     draft_vocab=spec.speculative.draft_vocab,
                     block_depths=tuple(blocks["depths"]),
-                    block_size=learned_drafters(spec.speculative).block_size,
+                    block_size=learned.block_size,
                 )
             )
     return sets
@@ -202,9 +209,17 @@ def compile_set(s: GraphSet) -> float:
     torch.set_num_threads(s.threads)
     model, _ = load_policy(s.policy_path, s.dtype)
     context = min(s.max_context, model.config.max_position_embeddings)
-    engine = Engine(model, max_batch_size=s.rows, max_context=context, return_hidden=s.hidden, compile=True)
+    engine = Engine(
+        model,
+        max_batch_size=s.rows,
+        max_context=context,
+        return_hidden=s.hidden,
+        compile=True,
+        feature_layers=s.feature_layers,
+    )
     if s.block_depths:  # the worker's block drafter: the block member of its drafter set
-        drafters = new_drafter_set(model, LearnedDrafters(eagle=False, block_size=s.block_size))
+        learned = LearnedDrafters(eagle=False, block_size=s.block_size, feature_layers=s.feature_layers)
+        drafters = new_drafter_set(model, learned)
         drafters.set_draft_vocab(s.draft_vocab)
         return warm_up_blocks(engine, drafters.block, depths=s.block_depths, guesses=s.guesses)
     drafter = None

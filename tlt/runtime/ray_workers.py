@@ -72,6 +72,7 @@ class RolloutWorker:
             max_context=self.context,
             return_hidden=self.drafting.drafter is not None,
             compile=resolve_compile(spec.rollout.compile, model),
+            feature_layers=self.drafting.learned.feature_layers,  # what its block drafter reads
         )
         self.engine.draft_vocab = self.drafting.draft_vocab
         self.generator = ShardGenerator(

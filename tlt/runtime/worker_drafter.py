@@ -54,7 +54,7 @@ class WorkerDrafter:
         self.trainer: SpotTrainer | None = None
         self.sidecar: Any | None = None
         self.sidecar_lost: str | None = None  # why the sidecar's process was lost since the last stop's ack
-        self.learned = learned_drafters(spec.speculative)
+        self.learned = learned_drafters(spec.speculative, model.config.num_hidden_layers)
         if spec.speculative.mode in DRAFTER_MODES and self.learned.block_size:
             if spec.drafter.placement == "sidecar":
                 raise ValueError(
