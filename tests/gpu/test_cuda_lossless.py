@@ -86,9 +86,11 @@ def _drafter(name: str, model, compiled: bool):
 
 
 def _generate(model, requests: list[Request], name: str | None, compiled: bool):
-    engine = Engine(model, max_batch_size=4, max_context=MAX_CONTEXT, compile=compiled)
-    if name is not None:
-        engine.stepper = SpeculativeStepper(engine.runner, _drafter(name, model, compiled))
+    drafter = None if name is None else _drafter(name, model, compiled)
+    layers = cases.feature_layers(drafter)  # a block drafter reading target layers: the engine keeps them
+    engine = Engine(model, max_batch_size=4, max_context=MAX_CONTEXT, compile=compiled, feature_layers=layers)
+    if drafter is not None:
+        engine.stepper = SpeculativeStepper(engine.runner, drafter)
     return engine.generate(requests), engine.stepper
 
 
@@ -97,7 +99,7 @@ def _assert_equal(got: list[Completion], want: list[Completion], name, atol: flo
         assert g.token_ids == w.token_ids, f"{name}: {g.request_id} diverged from plain decoding on CUDA"
         torch.testing.assert_close(g.logprobs, w.logprobs, rtol=0, atol=max(atol, 1e-9))
         if w.hidden is not None:
-            torch.testing.assert_close(g.hidden, w.hidden, rtol=0, atol=atol)
+            torch.testing.assert_close(g.hidden[:, : w.hidden.shape[1]], w.hidden, rtol=0, atol=atol)
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +165,11 @@ def test_sampling_matches_exact_joint_on_cuda(name, temperature, top_p, compiled
     cpu_model = sampling_tier._peaked_model()
     exact = sampling_tier._exact_joint(cpu_model, temperature, top_p)
     model = sampling_tier._peaked_model().to(CUDA)
-    engine = Engine(model, max_batch_size=500, max_context=16, compile=compiled)
-    engine.stepper = SpeculativeStepper(engine.runner, sampling_tier.ENGINE_SAMPLERS[name](model, compiled))
+    drafter = sampling_tier.ENGINE_SAMPLERS[name](model, compiled)
+    engine = Engine(
+        model, max_batch_size=500, max_context=16, compile=compiled, feature_layers=cases.feature_layers(drafter)
+    )
+    engine.stepper = SpeculativeStepper(engine.runner, drafter)
     params = [
         SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3, seed=s)
         for s in range(sampling_tier.ENGINE_SAMPLES)
