@@ -15,6 +15,8 @@ from tlt.drafter.hub import DrafterHub
 from tlt.drafter.warm_start import warm_start_params, warm_start_problem
 from tlt.models.block_drafter import BlockDrafter, block_config_from_target
 from tlt.models.drafter import drafter_config_from_target, save_drafter
+from tlt.models.loading import save_policy
+from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.runtime import run_checkpoint
 from tlt.runtime.input_checks import input_problems
@@ -22,6 +24,7 @@ from tlt.runtime.local_drafter import local_block_drafter
 from tlt.runtime.ray_cluster import Actors
 from tlt.runtime.run_checkpoint import ActorStates
 from tlt.spec.run import RunSpec
+from tlt.tasks.tokenizer import build_task_tokenizer
 
 
 def served(tmp_path, eagle: bool, block_size: int, seed: int = 3):
@@ -113,6 +116,28 @@ def test_a_block_part_reading_other_target_layers_is_refused_naming_them(tmp_pat
     assert "feature_layers [], this run's block drafter reads the target's layers [0]" in problem
     assert warm_start_problem(folder, wide, check_layers=False) is None
     assert warm_start_problem(folder, LearnedDrafters(eagle=False, block_size=2)) is None
+
+
+def test_tlt_validate_refuses_a_block_part_of_other_layers_when_the_policy_is_known(tmp_path):
+    """With `model.path` set, the block part's feature layers are checked against those a run's block drafter
+    reads on that policy (4 layers: layer 1); without it (the built-in policy) they are checked at start."""
+    tokenizer = build_task_tokenizer()
+    model = tiny_model("qwen2", vocab_size=len(tokenizer), num_layers=4, seed=2)
+    save_policy(model, tokenizer, tmp_path / "policy")
+    folder = tmp_path / "drafter"
+    save_drafter(BlockDrafter(block_config_from_target(model.config, 2)), folder / BLOCK_SNAPSHOTS)  # final-norm only
+
+    def problems(**model_section) -> list[str]:
+        spec = {
+            "model": model_section,
+            "speculative": {"mode": "tlt", "arms": [{"kind": "block", "depth": 2}], "drafterPath": str(folder)},
+        }
+        return input_problems(RunSpec.model_validate(spec))
+
+    (line,) = problems(path=str(tmp_path / "policy"))
+    assert line.startswith("spec.speculative.drafterPath: ") and str(folder / BLOCK_SNAPSHOTS / "config.json") in line
+    assert "feature_layers [], this run's block drafter reads the target's layers [1]" in line
+    assert problems() == []
 
 
 def test_the_bench_folder_holds_the_eagle_drafter_and_its_block_part(tmp_path):
