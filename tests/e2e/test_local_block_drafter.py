@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _old_drafter import digests, write_final_norm_checkpoint  # tests/e2e is on sys.path
 from safetensors.torch import load_file
 
 from tlt import cli
@@ -82,3 +83,21 @@ def test_block_arms_draft_train_online_and_change_no_token(tmp_path: Path, monke
     assert ckpt.objects["drafter_buffers"][0]["optimizer"]["state"], "and its AdamW moments"
     final, reference = (load_file(str(o / "policy" / "model.safetensors")) for o in (out, plain))
     assert all(torch.equal(final[k], reference[k]) for k in reference), "the same tokens train the same policy"
+
+
+def test_checkpoint_of_a_final_norm_block_drafter_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys):
+    out, _ = _train(tmp_path, "tlt", 0.0, monkeypatch)
+    old = tmp_path / "old"
+    write_final_norm_checkpoint(out / "checkpoints", old / "checkpoints")
+    before = digests(old)
+    capsys.readouterr()
+    run_file = yaml.safe_load(_run_file(tmp_path, "tlt", 0.0).read_text())
+    run_file["spec"]["algorithm"]["steps"] = 3
+    longer = tmp_path / "longer.yaml"
+    longer.write_text(yaml.safe_dump(run_file))
+    assert cli.main(["train", str(longer), "--out", str(old), "--local"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1, err
+    assert f"cannot resume from {old}" in err[0] and "a block drafter of 4 reading target layers 0" in err[0]
+    assert "block.layer_norms.0.weight" in err[0] and "Traceback" not in err[0]
+    assert digests(old) == before, "the refused checkpoint is left as it was"

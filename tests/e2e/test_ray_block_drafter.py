@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import ray
+from _old_drafter import digests, write_final_norm_checkpoint
 from _train_runs import tiny_policy  # tests/e2e is no package: its folder is on sys.path
 
 from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
@@ -19,6 +20,7 @@ from tlt.models.drafter import load_drafter
 from tlt.models.feature_layers import spread_layers
 from tlt.runtime.checkpoint import load_latest
 from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.runtime.resume_guard import ResumeError
 from tlt.spec.run import TLTTrainingRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -66,3 +68,16 @@ def test_ray_run_drafts_with_trains_and_checkpoints_the_block_drafter(tmp_path):
     assert hidden and {h.shape[-1] for h in hidden} == {block.feature_size}
     assert load_drafter(served, trainer.policy.config) is not None
     assert (out / "drafter" / BLOCK_SNAPSHOTS / "LATEST").is_file(), "the hub's block drafter snapshot"
+
+    # the same run resumed from a checkpoint of the old block drafter layout: refused before any actor starts
+    old = tmp_path / "old"
+    write_final_norm_checkpoint(out / "checkpoints", old / "checkpoints")
+    before = digests(old)
+    longer = run.model_copy(deep=True)
+    longer.spec.algorithm.steps = 3
+    with pytest.raises(ResumeError, match=r"drafter does not fit .*block.layer_norms.0.weight"):
+        try:
+            RayTrainer(longer, old, num_cpus=2)
+        finally:
+            ray.shutdown()
+    assert digests(old) == before

@@ -12,7 +12,7 @@ from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.runtime.checkpoint import LATEST, Checkpoint, CheckpointError, load_latest, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
-from tlt.runtime.local import ResumeError
+from tlt.runtime.resume_guard import ResumeError
 from tlt.spec.run import CheckpointSpec, TLTTrainingRun
 from tlt.tasks.tokenizer import build_task_tokenizer
 

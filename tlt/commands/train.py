@@ -116,7 +116,8 @@ def train_local(spec: TLTTrainingRun, out: Path) -> int:
 def _train_local(spec: TLTTrainingRun, out: Path, stop: GracefulStop) -> int:
     from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
     from tlt.runtime.checkpoint_recovery import cannot_resume
-    from tlt.runtime.local import LocalTrainer, ResumeError
+    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.resume_guard import ResumeError
 
     console = Console(stderr=True)
     try:

@@ -20,8 +20,8 @@ the metrics so far and the spec that wrote it. A new trainer on the same output 
 from the newest checkpoint and rewrites metrics.jsonl to the checkpoint's steps, so a step that
 ran after the last checkpoint is redone, bit for bit, and recorded once. A damaged newest checkpoint
 is passed over for the newest intact one, or stops the run (`checkpoint.onCorrupt`,
-`tlt.runtime.checkpoint_recovery`); a checkpoint of a different run raises `ResumeError`. Neither is
-ever replaced by a fresh start.
+`tlt.runtime.checkpoint_recovery`); a checkpoint of a different run (or drafter) raises `ResumeError`
+(`tlt.runtime.resume_guard`). Neither is ever replaced by a fresh start.
 
 Stop: with a `GracefulStop` (`tlt.runtime.graceful_stop`), a SIGTERM / SIGINT ends the loop after the
 step under way, with a checkpoint of it (event `stop` in events.jsonl); no final policy is written.
@@ -58,7 +58,8 @@ from tlt.runtime.devices import CPU, policy_device
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
 from tlt.runtime.heldout import eval_due, evaluate, heldout_problems
-from tlt.runtime.local_drafter import local_block_drafter
+from tlt.runtime.local_drafter import local_block_drafter, local_learned
+from tlt.runtime.resume_guard import check_drafter_fits, check_same_run
 from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
@@ -68,13 +69,8 @@ log = logging.getLogger(__name__)
 POLICY_DIR = "policy"
 # Spec sections a resumed run must share with the run that wrote the checkpoint
 # (algorithm.steps may grow: resuming with more steps extends a finished run).
-RESUME_SECTIONS = ("model", "dataset", "algorithm")
 StepCallback = Callable[[dict[str, Any]], None]
 MSG_NGRAM_ARM = "speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms"
-
-
-class ResumeError(RuntimeError):
-    """The output folder holds a checkpoint written by a run with a different spec."""
 
 
 def master_dtype(model_dtype: str) -> torch.dtype:
@@ -186,28 +182,6 @@ def build_optimizer(policy: PreTrainedModel, spec: RunSpec) -> torch.optim.Optim
     )
 
 
-def resume_conflicts(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted spec fields (in RESUME_SECTIONS, except algorithm.steps) whose values differ."""
-    found = []
-    for section in RESUME_SECTIONS:
-        old, new = saved.get(section, {}), current.get(section, {})
-        for key in sorted(set(old) | set(new)):
-            if (section, key) != ("algorithm", "steps") and old.get(key) != new.get(key):
-                found.append(f"{section}.{key}: checkpoint {old.get(key)!r}, run file {new.get(key)!r}")
-    return found
-
-
-def check_same_run(ckpt: Checkpoint | None, root: Path, spec: dict[str, Any]) -> None:
-    """Raise ResumeError when `ckpt` (under `root`) was written by a run whose spec (JSON, by alias)
-    differs from `spec` in a field a resume must keep (`resume_conflicts`)."""
-    conflicts = [] if ckpt is None else resume_conflicts(ckpt.state.get("spec", {}), spec)
-    if conflicts:
-        raise ResumeError(
-            f"{root} holds a checkpoint of a different run; use another --out or checkpoint.path, "
-            "or restore the run file. Differences:\n  " + "\n  ".join(conflicts)
-        )
-
-
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     """Replace `path` atomically with one JSON line per row."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -247,6 +221,9 @@ class LocalTrainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.compute_dtype = resolve_dtype(self.spec.model.dtype)
         self.optimizer = build_optimizer(self.policy, self.spec)
+        if learned_block_size(self.spec.speculative):  # what the block drafter's hub will hold
+            learned = local_learned(self.spec, self.policy.config.num_hidden_layers)
+            check_drafter_fits(ckpt, self.checkpoint_root, self.policy.config, learned)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.stopped: Path | None = None

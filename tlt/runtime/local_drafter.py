@@ -26,7 +26,7 @@ from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.adaptive.arms import block_graphs
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.drafter.buffer import OnlineBuffer
-from tlt.drafter.drafter_set import learned_block_size, learned_drafters, new_drafter_set
+from tlt.drafter.drafter_set import LearnedDrafters, learned_block_size, learned_drafters, new_drafter_set
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.publish import publish_outcome, step_drafters
@@ -43,12 +43,18 @@ from tlt.spec.run import RunSpec
 TRAINER = "local"
 
 
+def local_learned(spec: RunSpec, target_layers: int) -> LearnedDrafters:
+    """The drafters this loop learns for a target of `target_layers` decoder layers: the block drafter of
+    `learned_drafters`, never the EAGLE one."""
+    return replace(learned_drafters(spec.speculative, target_layers), eagle=False)
+
+
 class LocalBlockDrafter:
     """The block drafter of `engine` (built with `return_hidden=True`) for `spec` (block arms usable)."""
 
     def __init__(self, spec: RunSpec, engine: Engine) -> None:
         model = engine.runner.model
-        learned = replace(learned_drafters(spec.speculative, model.config.num_hidden_layers), eagle=False)
+        learned = local_learned(spec, model.config.num_hidden_layers)
         if learned.block_size < 1:
             raise ValueError("LocalBlockDrafter needs a usable speculative.arms entry of kind block")
         if engine.runner.feature_layers != learned.feature_layers:

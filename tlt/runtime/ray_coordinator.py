@@ -52,6 +52,7 @@ from typing import Any
 import ray
 import torch
 
+from tlt.drafter.drafter_set import learned_drafters
 from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR
 from tlt.models.loading import resolve_dtype, save_policy
 from tlt.monitoring import build_loggers
@@ -69,11 +70,11 @@ from tlt.runtime.local import (
     POLICY_DIR,
     build_optimizer,
     build_policy,
-    check_same_run,
     policy_path,
     write_jsonl,
 )
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
+from tlt.runtime.resume_guard import check_drafter_fits, check_same_run
 from tlt.runtime.rollout_dispatch import StepRollout
 from tlt.runtime.run_checkpoint import (
     STEP_FAILURES,
@@ -151,6 +152,9 @@ class RayTrainer:
         self.stopped: Path | None = None
         self.restarts = 0
         self._load_initial()
+        if self.spec.speculative.mode in ("static", "tlt"):  # what the hub will hold, before it loads anything
+            learned = learned_drafters(self.spec.speculative, self.policy.config.num_hidden_layers)
+            check_drafter_fits(ckpt, self.checkpoint_root, self.policy.config, learned)
         self._resume(ckpt)
         for d in damaged:
             self._emit(
@@ -360,12 +364,9 @@ class RayTrainer:
                 # one after the other: the hub's calls run on several threads, in no fixed order
                 self.hub.call("snapshot", self.step)
                 self.hub.call("wait_snapshots", 60.0)
+            learned = learned_drafters(self.spec.speculative, self.policy.config.num_hidden_layers)
             self.drafters.write_served(
-                self.out_dir,
-                self.hub,
-                self.actor_states.drafter,
-                self.policy.config,
-                self.step,
+                self.out_dir, self.hub, self.actor_states.drafter, self.policy.config, self.step, learned.feature_layers
             )
         finally:
             self.shutdown()

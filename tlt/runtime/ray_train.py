@@ -27,9 +27,9 @@ from tlt.runtime.graceful_stop import (
     stopped_line,
     write_failed,
 )
-from tlt.runtime.local import ResumeError
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.report import PLOTS, write_report
+from tlt.runtime.resume_guard import ResumeError
 from tlt.runtime.run_checkpoint import RunFailed
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.warmstart import WarmstartConfig
@@ -106,6 +106,7 @@ def _train_ray(
         console.print(line, style="red", highlight=False, soft_wrap=True)
         return code
     except (CheckpointError, ResumeError) as exc:
+        ray.shutdown()  # a drafter that does not fit is found once Ray has started
         console.print(f"error: {cannot_resume(out, exc)}", style="red", highlight=False, soft_wrap=True)
         return 1
     except RunFailed as exc:
