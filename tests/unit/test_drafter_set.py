@@ -23,6 +23,7 @@ from tlt.drafter.hub import DrafterHub
 from tlt.drafter.trainer import SpotTrainer, packed_agreement
 from tlt.models.block_drafter import load_block_drafter
 from tlt.models.drafter import drafter_config_from_target, load_drafter
+from tlt.models.tiny import tiny_model
 from tlt.spec.run import SpeculativeSpec
 
 BLOCK4 = {"kind": "block", "depth": 4}
@@ -137,13 +138,17 @@ def test_every_member_of_a_set_drafts_from_one_reduced_vocabulary():
     assert vocab is not None and drafters.eagle.draft_vocab is vocab and drafters.block.draft_vocab is vocab
 
 
+@pytest.mark.parametrize("layers", [(), (0,)], ids=["final-norm", "wide"])
 @pytest.mark.parametrize("eagle", [True, False])
-def test_the_served_set_is_written_as_its_members_folders(tmp_path, eagle):
-    model = policy()
-    drafters = new_drafter_set(model, LearnedDrafters(eagle=eagle, block_size=3))
-    folder = write_served_drafter(tmp_path, (7, drafters.state_dict()), model.config, publish="validated", step=2)
+def test_the_served_set_is_written_as_its_members_folders(tmp_path, eagle, layers):
+    model = tiny_model(vocab_size=32, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=32)
+    drafters = new_drafter_set(model, LearnedDrafters(eagle=eagle, block_size=3, feature_layers=layers))
+    params = drafters.state_dict()
+    folder = write_served_drafter(
+        tmp_path, (7, params), model.config, publish="validated", step=2, feature_layers=layers
+    )
     block = load_block_drafter(folder / BLOCK_SNAPSHOTS, model)
-    assert torch.equal(block.mask, drafters.block.mask)
+    assert torch.equal(block.mask, drafters.block.mask) and block.feature_layers == layers
     assert (folder / "config.json").exists() == eagle
     if eagle:
         assert torch.equal(load_drafter(folder, model).fc.weight, drafters.eagle.fc.weight)

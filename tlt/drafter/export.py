@@ -54,7 +54,6 @@ from tlt.models.drafter import (
     save_drafter,
 )
 from tlt.models.eagle_layout import EAGLE_ARCHITECTURE, check_eagle_keys
-from tlt.models.feature_layers import spread_layers
 
 log = logging.getLogger(__name__)
 
@@ -145,23 +144,22 @@ def write_served_drafter(
     *,
     publish: str,
     step: int,
+    feature_layers: tuple[int, ...] = (),
 ) -> Path:
     """Write `drafter` = (version, parameters) as the `save_drafter` folder `<out_dir>/drafter-served/`
     with `served.json` (version, publish mode, step); built in a temporary folder and renamed into
     place, replacing an older one, so the folder is never half written. Returns the folder. A run with
     block arms serves a `DrafterSet`: its EAGLE member (if any) is the folder's drafter, its block drafter
-    the `save_drafter` folder `drafter-served/block/` (`load_block_drafter` reads it)."""
+    the `save_drafter` folder `drafter-served/block/` (`load_block_drafter` reads it), reading the target's
+    `feature_layers` (the run's `LearnedDrafters.feature_layers`)."""
     version, params = drafter
     members = member_params(params)
     models: dict[str, BoundDrafter] = {}
     if "eagle" in members:
         models["eagle"] = EagleDrafter(drafter_config_from_target(target))
     if "block" in members:
-        block = members["block"]
-        # a run's block drafter reads `spread_layers` of the target (`learned_drafters`) when it has their norms
-        wide = any(k.startswith("layer_norms.") for k in block)
-        layers = spread_layers(target.num_hidden_layers) if wide else ()
-        models["block"] = BlockDrafter(block_config_from_target(target, block["mask"].shape[0], feature_layers=layers))
+        size = members["block"]["mask"].shape[0]
+        models["block"] = BlockDrafter(block_config_from_target(target, size, feature_layers=feature_layers))
     for name, model in models.items():
         model.to(next(iter(params.values())).dtype).load_state_dict(members[name], strict=True)
     out_dir = Path(out_dir)

@@ -79,16 +79,24 @@ class StepDrafters:
         return step_drafters(self.publish, self.served, newest)[0]
 
     def write_served(
-        self, out_dir: Path, hub: HubKeeper | None, checkpointed: dict[str, Any] | None, config: Any, step: int
+        self,
+        out_dir: Path,
+        hub: HubKeeper | None,
+        checkpointed: dict[str, Any] | None,
+        config: Any,
+        step: int,
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         """Write the drafter the next step would draft with (the served one under `drafter.publish: validated`,
         the hub's newest under `latest`) as `<out>/drafter-served/`, what `tlt export-drafter RUN` exports. The
         hub's newest comes from `hub`, or from the `checkpointed` hub state when no actors ran (a finished run
-        started again). Nothing without a drafter. `config`: the policy's model config."""
+        started again). Nothing without a drafter. `config`: the policy's model config; `feature_layers`: the target
+        layers a block drafter reads (`LearnedDrafters.feature_layers`)."""
         if hub is not None:
             newest = hub.pull()
         elif checkpointed is not None:
             newest = (int(checkpointed["version"]), checkpointed["params"])
         else:
             return
-        write_served_drafter(out_dir, self.next_drafter(newest), config, publish=self.publish, step=step)
+        drafter = self.next_drafter(newest)
+        write_served_drafter(out_dir, drafter, config, publish=self.publish, step=step, feature_layers=feature_layers)
