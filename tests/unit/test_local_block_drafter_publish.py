@@ -8,6 +8,8 @@ from test_drafter_hub import policy, sample_completions
 from test_drafter_resume import _assert_same
 
 from tlt.adaptive.adaptive_stepper import AdaptiveStepper
+from tlt.models.feature_layers import spread_layers
+from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
 from tlt.runtime.local_drafter import LocalBlockDrafter, local_block_drafter
@@ -81,3 +83,14 @@ def test_a_resumed_local_block_drafter_continues_exactly(tmp_path, drop):
         assert drop is not None, "a complete checkpoint did not resume the block drafter exactly"
     else:
         assert drop is None, f"dropping the block drafter's {drop} went unnoticed"
+
+
+def test_an_engine_without_the_drafters_layers_is_refused():
+    model = tiny_model(vocab_size=32, hidden_size=16, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=32)
+    spec = RunSpec.model_validate(SPEC)
+    layers = spread_layers(4)
+    refusal = rf"engine keeps feature layers \[\]; this run's block drafter reads \[{', '.join(map(str, layers))}\]"
+    with pytest.raises(ValueError, match=refusal):
+        LocalBlockDrafter(spec, Engine(model, max_batch_size=4, max_context=64, return_hidden=True))
+    kept = Engine(model, max_batch_size=4, max_context=64, return_hidden=True, feature_layers=layers)
+    assert LocalBlockDrafter(spec, kept).drafters.block.feature_layers == layers != ()
