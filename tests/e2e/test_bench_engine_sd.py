@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tlt.bench.engine import EngineBenchConfig
-from tlt.bench.engine_sd import SdBenchConfig
+from tlt.bench.sd_config import PLAIN_VARIANTS, SdBenchConfig
 from tlt.cli import main
 
 # One quick CLI run (a tiny engine-vs-generate bench, a drafter trained a few steps, 20 SD engines):
@@ -57,9 +57,9 @@ def test_accept_lengths_are_reachable_by_each_draft_shape(report):
     most[f"ngram-{cfg.ngram[0]}"] = cfg.ngram[0] + 1
     most[f"history-{cfg.history[0]}"] = most[f"mixed-{cfg.history[0]}"] = cfg.history[0] + 1
     most.update({f"block-{d}{wide}": d + 1 for d in cfg.block_depths for wide in ("", "-wide")})
-    assert set(most) | {"plain"} == set(cfg.variants())
+    assert set(most) | set(PLAIN_VARIANTS) == set(cfg.variants())
     for row in report["sd"]["rows"]:
-        if row["variant"] == "plain":
+        if row["variant"] in PLAIN_VARIANTS:
             assert row["accept_length"] == 1.0
         else:
             assert 1.0 <= row["accept_length"] <= most[row["variant"]], row
@@ -78,6 +78,14 @@ def test_ratios_compare_against_the_matching_plain_row(report):
         assert low <= high
         if ratio["variant"] == "plain":
             assert ratio["over_plain"] == 1.0 and ratio["outputs_equal_plain"]
+        if ratio["variant"] in PLAIN_VARIANTS:  # keeping features changes no token
+            assert ratio["outputs_equal_plain"], ratio
+    t = max(SdBenchConfig.quick().temperatures)
+    for b, kinds in report["feature_keeping"].items():
+        for kind, value in kinds.items():
+            want = rows[f"plain-{kind}", int(b), t]["tokens_per_s"] / rows["plain", int(b), t]["tokens_per_s"]
+            assert value == pytest.approx(want)
+    assert set(report["feature_keeping"]) == {str(b) for b in SdBenchConfig.quick().batches}
 
 
 def test_costs_cover_every_batch_and_verify_width(report):

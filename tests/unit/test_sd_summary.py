@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tlt.bench.engine_sd import SdBenchConfig, SdRow, _sd_runner, sd_engine
-from tlt.bench.sd_summary import block_vs_best_chain, history_summary, wide_vs_final_norm_block
+from tlt.bench.sd_summary import block_vs_best_chain, feature_keeping, history_summary, wide_vs_final_norm_block
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
@@ -63,6 +63,15 @@ def test_history_summary_ratios_per_batch():
     assert out == {"history_vs_ngram_accept": {"1": 1.5}, "mixed_vs_best_single": {"1": 1.25}}
 
 
+def test_feature_keeping_divides_each_kept_kind_by_plain_per_batch():
+    rows = [_row("plain", 1, 100.0), _row("plain-hidden", 1, 95.0), _row("plain-wide", 1, 80.0)]
+    rows += [_row("plain", 4, 200.0), _row("plain-wide", 4, 150.0), _row("plain-wide", 4, 1.0, temperature=0.0)]
+    assert feature_keeping(rows, (1, 4, 16), 1.0) == {
+        "1": {"hidden": pytest.approx(0.95), "wide": pytest.approx(0.8)},
+        "4": {"wide": pytest.approx(0.75)},
+    }
+
+
 def test_bench_block_rows_on_a_tiny_model_feed_block_vs_best_chain():
     """The bench's own engines (plain, an EAGLE chain, block drafts) on a tiny model: the block rows are
     plain decoding's tokens, and the summary has a ratio for the batch."""
@@ -77,7 +86,7 @@ def test_bench_block_rows_on_a_tiny_model_feed_block_vs_best_chain():
     ]
     rows = []
     wide = new_block_drafter(policy, block_size=4, feature_layers=(0,))
-    for variant in ("plain", "chain-2", "block-2", "block-4", "block-4-wide"):
+    for variant in ("plain", "chain-2", "block-2", "block-4", "block-4-wide", "plain-hidden", "plain-wide"):
         row = SdRow(variant, 2, 1.0, len(requests))
         engine = sd_engine(variant, cfg, policy, eagle, 2, 32, block, wide)
         row.seconds.append(_sd_runner(row, engine, requests, cfg, [])())

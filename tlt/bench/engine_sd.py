@@ -24,9 +24,9 @@ from tlt.bench.bench_block_drafter import trained_block_drafter
 from tlt.bench.bench_drafter import countdown_task, sample_context, trained_drafter
 from tlt.bench.cost_timing import measure_costs
 from tlt.bench.engine import DTYPES
-from tlt.bench.sd_config import SdBenchConfig
+from tlt.bench.sd_config import PLAIN_VARIANTS, SdBenchConfig
 from tlt.bench.sd_costs import block_cost_fraction, block_step_costs, drafter_step_costs
-from tlt.bench.sd_summary import block_vs_best_chain, history_summary, wide_vs_final_norm_block
+from tlt.bench.sd_summary import block_vs_best_chain, feature_keeping, history_summary, wide_vs_final_norm_block
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter, load_drafter
@@ -68,16 +68,21 @@ def sd_engine(
     wide: BlockDrafter | None = None,
 ) -> Engine:
     """An engine for one SD variant name from cfg.variants() (`block`: the block variants' drafter, `wide`: the
-    `-wide` block variants', whose engine keeps its feature layers)."""
+    `-wide` block variants', whose engine keeps its feature layers). `plain-hidden` / `plain-wide` decode plainly
+    on an engine that returns the final-norm features (every run with a learned drafter) / keeps the block
+    drafter's layers too (a run with block arms): what keeping them costs a step."""
     depth, _, suffix = variant.removeprefix("block-").partition("-")
     block_drafter = (wide if suffix == "wide" else block) if variant.startswith("block-") else None
+    layers = () if block_drafter is None else block_drafter.feature_layers
+    if variant == "plain-wide":  # plain decoding as a run with block arms does it: the engine keeps their layers
+        layers = spread_layers(policy.config.num_hidden_layers)
     engine = Engine(
         policy,
         max_batch_size=batch,
         max_context=context,
         return_hidden=variant != "plain",
         compile=cfg.compile,
-        feature_layers=() if block_drafter is None else block_drafter.feature_layers,
+        feature_layers=layers,
     )
     embed = policy.get_input_embeddings()
     if variant.startswith("chain-"):
@@ -108,7 +113,7 @@ def sd_engine(
         )
     elif block_drafter is not None:
         stepper_drafter = BlockChainDrafter(block_drafter, int(depth), compile=cfg.compile)
-    elif variant == "plain":
+    elif variant in PLAIN_VARIANTS:
         return engine
     else:
         raise ValueError(f"unknown SD variant {variant!r}; known: {cfg.variants()}")
@@ -324,6 +329,22 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
     }
     if wide is not None:
         costs["block_step_wide"] = block_step_costs(cfg.batches, tuple(cfg.block_depths), cfg.repeats, wide, policy)
+    if wide is not None and cfg.compile:  # what the compiled engine runs: its target step, the compiled draft
+        costs["verify_compiled"] = [
+            p.__dict__
+            for p in measure_costs(
+                policy,
+                batches=list(cfg.batches),
+                widths=[1],
+                context=cfg.cost_context,
+                repeats=max(cfg.repeats, 3),
+                clock="wall",
+                compile=True,
+            )
+        ]
+        costs["block_step_wide_compiled"] = block_step_costs(
+            cfg.batches, tuple(cfg.block_depths), cfg.repeats, wide, policy, compile=True
+        )
     temperature = max(cfg.temperatures)  # GRPO samples
     return {
         "sd": sd,
@@ -331,6 +352,12 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         "block_vs_best_chain": block_vs_best_chain(sd["rows"], cfg.batches, temperature),
         "block_cost_fraction": block_cost_fraction(costs),
         "block_cost_fraction_wide": block_cost_fraction(costs, "block_step_wide") if wide is not None else None,
+        "block_cost_fraction_wide_compiled": (
+            block_cost_fraction(costs, "block_step_wide_compiled", "verify_compiled")
+            if "verify_compiled" in costs
+            else None
+        ),
         "wide_vs_final_norm_block": wide_vs_final_norm_block(sd["rows"], cfg.batches, temperature),
+        "feature_keeping": feature_keeping(sd["rows"], cfg.batches, temperature),
         **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0]),
     }

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from tlt.bench.bench_drafter import DrafterBudget
 
+# plain decoding, on an engine returning the final-norm features, on one keeping the block drafter's layers too
+PLAIN_VARIANTS = ("plain", "plain-hidden", "plain-wide")
+
 
 @dataclass(frozen=True)
 class SdBenchConfig:
@@ -81,7 +84,7 @@ class SdBenchConfig:
         # chain-<k>-argmax: the deepest chain drafting the drafter's argmax instead of its coupled guess
         # (the two differ only at T > 0)
         return [
-            "plain",
+            *(PLAIN_VARIANTS if self.block_wide else PLAIN_VARIANTS[:2]),
             *(f"chain-{d}" for d in self.chain_depths),
             f"chain-{max(self.chain_depths)}-argmax",
             f"tree-k{topk}-d{depth}-b{budget}",

@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
+from tlt.rollout.block import CompiledBlock, block_draft_fn
 from tlt.rollout.drafting import EagleCache
 from tlt.rollout.runner import causal_mask
 
@@ -44,24 +45,33 @@ def drafter_step_costs(
 
 
 def block_step_costs(
-    batches: tuple[int, ...], depths: tuple[int, ...], repeats: int, block: BlockDrafter, policy: PreTrainedModel
+    batches: tuple[int, ...],
+    depths: tuple[int, ...],
+    repeats: int,
+    block: BlockDrafter,
+    policy: PreTrainedModel,
+    compile: bool = False,
 ) -> list[dict]:
-    """Seconds of one block-drafter forward of each block variant's depth, plus the head, per batch: what a
-    block step drafts with (a chain of k pays k drafter steps). [{batch, block, seconds, seconds_median}],
-    batch-major; the depths are timed interleaved within each round."""
+    """Seconds of one block draft of each block variant's depth per batch: the drafter's forward, the head and
+    the argmax drafts (`block_draft_fn`; compiled: `CompiledBlock`, as a compiled engine's block arms run it),
+    what a block step drafts with (a chain of k pays k drafter steps). [{batch, block, seconds,
+    seconds_median}], batch-major; the depths are timed interleaved within each round."""
+    steps = {k: CompiledBlock(k) if compile else block_draft_fn(k) for k in depths}
     fns = {}
     for b in batches:
         tokens = torch.ones(b, dtype=torch.long)
         feats = torch.zeros(b, block.feature_size, dtype=policy.dtype)
         for k in depths:
-            fns[(b, k)] = lambda tokens=tokens, feats=feats, k=k: block.logits(block(tokens, feats, k))
+            fns[(b, k)] = lambda tokens=tokens, feats=feats, k=k: steps[k](block, tokens, feats)
     return [{**point, "batch": point["batch"][0], "block": point["batch"][1]} for point in fastest(fns, repeats)]
 
 
-def block_cost_fraction(costs: dict[str, Any], part: str = "block_step") -> dict[str, dict[str, float]]:
-    """{block depth: {batch: one block forward / one target step}} of the bench's `costs[part]` (fastest
-    repeats; the target step is the one-token verify of that batch)."""
-    step = {p["batch"]: p["seconds"] for p in costs["verify"] if p["width"] == 1}
+def block_cost_fraction(
+    costs: dict[str, Any], part: str = "block_step", target: str = "verify"
+) -> dict[str, dict[str, float]]:
+    """{block depth: {batch: one block draft / one target step}} of the bench's `costs[part]` (fastest
+    repeats; the target step is `costs[target]`'s one-token step of that batch)."""
+    step = {p["batch"]: p["seconds"] for p in costs[target] if p["width"] == 1}
     out: dict[str, dict[str, float]] = {}
     for p in costs[part]:
         out.setdefault(str(p["block"]), {})[str(p["batch"])] = p["seconds"] / step[p["batch"]]

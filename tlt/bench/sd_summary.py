@@ -70,3 +70,25 @@ def wide_vs_final_norm_block(
         return v.startswith("block-") and v.endswith("-wide")
 
     return _best_over_best(rows, batches, temperature, wide, lambda v: v.startswith("block-") and not wide(v))
+
+
+def feature_keeping(
+    rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float
+) -> dict[str, dict[str, float]]:
+    """{batch: {"hidden": tokens/s of plain decoding returning the final-norm features (`plain-hidden`), "wide":
+    keeping the block drafter's target layers too (`plain-wide`), each over plain decoding's}}: what a run's
+    rollout pays on every plain step for the drafters' features. Kinds the rows lack are left out."""
+    at = _at(rows, temperature)
+    out: dict[str, dict[str, float]] = {}
+    for b in batches:
+        if ("plain", b) not in at:
+            continue
+        base = at["plain", b]["tokens_per_s"]
+        kinds = {
+            kind: at[f"plain-{kind}", b]["tokens_per_s"] / base
+            for kind in ("hidden", "wide")
+            if (f"plain-{kind}", b) in at
+        }
+        if kinds:
+            out[str(b)] = kinds
+    return out
