@@ -86,6 +86,13 @@ def test_ratios_compare_against_the_matching_plain_row(report):
             want = rows[f"plain-{kind}", int(b), t]["tokens_per_s"] / rows["plain", int(b), t]["tokens_per_s"]
             assert value == pytest.approx(want)
     assert set(report["feature_keeping"]) == {str(b) for b in SdBenchConfig.quick().batches}
+    for row in report["sd"]["rows"]:  # every timed round's decode steps, split by part
+        assert row["split"]["steps"] > 0 and 0 < row["split"]["target_forward"] < row["split"]["total"]
+    drafting = report["drafting_fraction"]
+    assert {v for v in drafting if v.startswith(("block-", "chain-"))} == {
+        v for v in SdBenchConfig.quick().variants() if v.startswith(("block-", "chain-"))
+    }
+    assert all(value > 0 for by_batch in drafting.values() for value in by_batch.values())
 
 
 def test_costs_cover_every_batch_and_verify_width(report):

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from tlt.bench.engine_sd import SdBenchConfig, SdRow, _sd_runner, sd_engine
-from tlt.bench.sd_summary import block_vs_best_chain, feature_keeping, history_summary, wide_vs_final_norm_block
+from tlt.bench.sd_summary import (
+    block_vs_best_chain,
+    drafting_fraction,
+    feature_keeping,
+    history_summary,
+    wide_vs_final_norm_block,
+)
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
@@ -70,6 +76,20 @@ def test_feature_keeping_divides_each_kept_kind_by_plain_per_batch():
         "1": {"hidden": pytest.approx(0.95), "wide": pytest.approx(0.8)},
         "4": {"wide": pytest.approx(0.75)},
     }
+
+
+def test_drafting_fraction_divides_each_drafter_graph_by_plain_decodings_target_step():
+    def split(row: dict, **parts: float) -> dict:
+        return {**row, "split": {"steps": 10, **parts}}
+
+    rows = [
+        split(_row("plain", 1, 100.0), target_forward=3.0, lm_head=1.0, total=5.0),
+        split(_row("block-4-wide", 1, 150.0), target_forward=4.0, lm_head=1.0, draft_graph=0.5),
+        split(_row("chain-4", 1, 120.0), target_forward=4.0, lm_head=1.0, draft_graph=2.0),
+        split(_row("ngram-4", 1, 110.0), target_forward=4.0, lm_head=1.0),
+        split(_row("block-4-wide", 4, 150.0), draft_graph=0.5),  # no plain row at batch 4
+    ]
+    assert drafting_fraction(rows, (1, 4), 1.0) == {"block-4-wide": {"1": 0.125}, "chain-4": {"1": 0.5}}
 
 
 def test_bench_block_rows_on_a_tiny_model_feed_block_vs_best_chain():

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from tlt.models.block_drafter import new_block_drafter
 from tlt.models.tiny import tiny_model
+from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.drafting import NgramDrafter
 from tlt.rollout.engine import Engine
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import SpeculativeStepper
-from tlt.rollout.step_timing import StepSplit, merge_tables, range_of, seconds_by_range
+from tlt.rollout.step_timing import StepSplit, merge_tables, pool_ranges, range_of, seconds_by_range
 from tlt.rollout.types import Request, SamplingParams
 
 
@@ -81,3 +83,19 @@ def test_merge_tables_weights_each_part_by_its_steps():
         "plain": {"1": {"steps": 4, "host": 0.625, "total": 1.5}, "2-4": {"steps": 2, "total": 4.0}}
     }
     assert merge_tables([]) == {}
+
+
+def test_a_block_step_counts_its_drafter_graph_inside_its_proposal():
+    model = tiny_model(seed=0)
+    engine = Engine(model, max_batch_size=1, max_context=64, return_hidden=True)
+    engine.stepper = SpeculativeStepper(engine.runner, BlockChainDrafter(new_block_drafter(model, block_size=3), 3))
+    with StepSplit() as split:
+        engine.generate(_requests(1, 6))
+    (cell,) = split.table()["sd:BlockChainDrafter3"].values()
+    assert 0 < cell["draft_graph"] <= cell["propose"] < cell["total"]
+    assert cell["host"] == pytest.approx(cell["total"] - cell["target_forward"] - cell["lm_head"] - cell["draft_graph"])
+
+
+def test_pool_ranges_weights_each_range_by_its_steps():
+    ranges = {"1": {"steps": 1, "total": 4.0, "draft_graph": 1.0}, "2-4": {"steps": 3, "total": 8.0}}
+    assert pool_ranges(ranges) == {"steps": 4, "total": pytest.approx(7.0), "draft_graph": pytest.approx(0.25)}

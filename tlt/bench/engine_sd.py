@@ -26,7 +26,13 @@ from tlt.bench.cost_timing import measure_costs
 from tlt.bench.engine import DTYPES
 from tlt.bench.sd_config import PLAIN_VARIANTS, SdBenchConfig
 from tlt.bench.sd_costs import block_cost_fraction, block_step_costs, drafter_step_costs
-from tlt.bench.sd_summary import block_vs_best_chain, feature_keeping, history_summary, wide_vs_final_norm_block
+from tlt.bench.sd_summary import (
+    block_vs_best_chain,
+    drafting_fraction,
+    feature_keeping,
+    history_summary,
+    wide_vs_final_norm_block,
+)
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter, load_drafter
@@ -39,6 +45,7 @@ from tlt.rollout.history import HistoryDrafter, HistoryStore
 from tlt.rollout.mixed import MixedDrafter, RowGate
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
+from tlt.rollout.step_timing import StepSplit, pool_ranges
 from tlt.rollout.types import Request
 from tlt.tasks.countdown import generate
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_metadata, load_policy, reduced_config, warm_start
@@ -133,6 +140,7 @@ class SdRow:
     sources: dict[str, int] = field(default_factory=dict)  # mixed: row-steps by draft source
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     seconds: list[float] = field(default_factory=list)
+    split: dict[str, float] = field(default_factory=dict)  # ms per decode step by part, timed rounds pooled
 
     def as_dict(self) -> dict:
         median = statistics.median(self.seconds)
@@ -148,7 +156,12 @@ class SdRow:
             "seconds": self.seconds,
             "tokens_per_s": self.tokens / median,
             "tokens_per_s_range": [self.tokens / max(self.seconds), self.tokens / min(self.seconds)],
+            "split": self.split,
         }
+
+
+def _split_label(row: SdRow) -> str:
+    return f"{row.variant}@{row.batch}@{row.temperature}/"
 
 
 def _history_store(cfg: SdBenchConfig, earlier: list[Sequence]) -> HistoryStore:
@@ -273,11 +286,17 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
                 variants.append((row, _sd_runner(row, engine, requests, cfg, earlier)))
     for _, go in variants:  # warm-up round, not timed
         go()
-    for round_ in range(cfg.repeats):
-        for row, go in variants:
-            row.seconds.append(go())
-            if on_row is not None:
-                on_row(f"SD round {round_ + 1}/{cfg.repeats}: {row.variant} batch {row.batch} T={row.temperature}")
+    with StepSplit() as split:  # each decode step by part, in the rounds as timed (`step_split` below)
+        for round_ in range(cfg.repeats):
+            for row, go in variants:
+                split.label = _split_label(row)
+                row.seconds.append(go())
+                if on_row is not None:
+                    on_row(f"SD round {round_ + 1}/{cfg.repeats}: {row.variant} batch {row.batch} T={row.temperature}")
+    table = split.table()
+    for row, _ in variants:
+        (stepper,) = [name for name in table if name.startswith(_split_label(row))]
+        row.split = pool_ranges(table[stepper])
     plain = {(r.batch, r.temperature): r for r, _ in variants if r.variant == "plain"}
     ratios = []
     for row, _ in variants:
@@ -359,5 +378,6 @@ def run_sd_bench(cfg: SdBenchConfig, on_row: Callable[[str], None] | None = None
         ),
         "wide_vs_final_norm_block": wide_vs_final_norm_block(sd["rows"], cfg.batches, temperature),
         "feature_keeping": feature_keeping(sd["rows"], cfg.batches, temperature),
+        "drafting_fraction": drafting_fraction(sd["rows"], cfg.batches, temperature),
         **history_summary(sd["rows"], cfg.variants(), cfg.batches, temperature, cfg.ngram[0], cfg.history[0]),
     }

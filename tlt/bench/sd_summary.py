@@ -92,3 +92,21 @@ def feature_keeping(
         if kinds:
             out[str(b)] = kinds
     return out
+
+
+def drafting_fraction(
+    rows: list[dict[str, Any]], batches: tuple[int, ...], temperature: float
+) -> dict[str, dict[str, float]]:
+    """{variant: {batch: its drafter graph's ms per decode step (`split["draft_graph"]`: an EAGLE chain's fused
+    catch-up + chain, a block drafter's one forward) over plain decoding's target step (target forward + LM
+    head, ms per step)}}, timed inside the bench's own decode loops: the drafter cost as the engine pays it.
+    Variants without a drafter graph (plain, n-gram, history) are left out."""
+    at = _at(rows, temperature)
+    out: dict[str, dict[str, float]] = {}
+    for (variant, b), row in sorted(at.items()):
+        plain = at.get(("plain", b))
+        if b not in batches or plain is None or "draft_graph" not in row.get("split", {}):
+            continue
+        step = plain["split"]["target_forward"] + plain["split"]["lm_head"]
+        out.setdefault(variant, {})[str(b)] = row["split"]["draft_graph"] / step
+    return out

@@ -116,7 +116,11 @@ class BlockChainDrafter:
                 "Engine with feature_layers=drafter.feature_layers"
             )
         extra = guess_inputs(batch, self.k) if self.guess == "coupled" and batch.sampled else ()
-        return Draft(chain_tree(batch.last_token, self.step(self.drafter, tokens, features, *extra)), chain=True)
+        return Draft(chain_tree(batch.last_token, self.draft(tokens, features, *extra)), chain=True)
+
+    def draft(self, tokens: Tensor, features: Tensor, *extra: Tensor) -> Tensor:
+        """The drafts [B, k] of one block step (the drafter's graph: forward, head, guesses)."""
+        return self.step(self.drafter, tokens, features, *extra)
 
 
 @torch.no_grad()

@@ -3,11 +3,11 @@
 `StepSplit` is a context manager: while it is open, every `PlainStepper.step` and
 `SpeculativeStepper.step` of the process is timed as a whole, and inside it the calls it makes are
 timed by part: the target's forward (`ModelRunner.forward`), its LM head, the drafter's proposal
-(`propose`; inside it `draft_graph`, the fused EAGLE catch-up + chain call, and `draft_inputs`, the
-catch-up's input gathering), the target's tokens at the nodes (`sample`: sampling or argmax, with
-log-probs), acceptance (`verify`), the attention mask, cache compaction and `commit`. `host` is the
-step's time outside the model calls (target forward and LM head, drafter graph): the bookkeeping a
-faster engine would remove. Counters, not a profiler: perf_counter around each call costs ~0.1 us,
+(`propose`; inside it `draft_graph`, the fused EAGLE catch-up + chain call or the block drafter's one
+forward, and `draft_inputs`, the catch-up's input gathering), the target's tokens at the nodes (`sample`:
+sampling or argmax, with log-probs), acceptance (`verify`), the attention mask, cache compaction and
+`commit`. `host` is the step's time outside the model calls (target forward and LM head, drafter graph):
+the bookkeeping a faster engine would remove. Counters, not a profiler: perf_counter around each call costs ~0.1 us,
 where cProfile's per-call overhead inflated the Python-heavy speculative step.
 
 Steps are keyed by `label` (set it to tell callers apart, e.g. a bench's variants), stepper ("plain",
@@ -65,6 +65,15 @@ def merge_tables(tables: list[dict[str, dict[str, dict[str, float]]]]) -> dict[s
     return out
 
 
+def pool_ranges(ranges: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One stepper's cells of `StepSplit.table()` ({range: {"steps": n, <part>: ms per step}}) pooled over its
+    ranges: {"steps": all steps, <part>: ms per step over all of them} (a part a range lacks counts 0 there)."""
+    steps = sum(cell["steps"] for cell in ranges.values())
+    parts = sorted({p for cell in ranges.values() for p in cell if p != "steps"})
+    pooled = {p: sum(cell.get(p, 0.0) * cell["steps"] for cell in ranges.values()) / steps for p in parts}
+    return {"steps": int(steps), **pooled}
+
+
 class StepSplit:
     """Open it around decoding; `table()` then gives ms per step by stepper, range and part."""
 
@@ -119,7 +128,7 @@ class StepSplit:
         self._undo.append(lambda: setattr(owner, attr, original))
 
     def __enter__(self) -> StepSplit:
-        from tlt.rollout import batch, decode_step, drafting, eagle_tree, history, mixed, runner, speculative
+        from tlt.rollout import batch, block, decode_step, drafting, eagle_tree, history, mixed, runner, speculative
 
         try:
             self._patch(decode_step.PlainStepper, "step", self._step)
@@ -136,7 +145,9 @@ class StepSplit:
             self._patch(decode_step, "causal_mask", functools.partial(self._part, "mask"))
             self._patch(drafting.EagleCache, "_catch_up_inputs", functools.partial(self._part, "draft_inputs"))
             self._patch(drafting.EagleCache, "_chain_step", self._timed_chain_step)
+            self._patch(block.BlockChainDrafter, "draft", functools.partial(self._part, "draft_graph"))
             for cls in (
+                block.BlockChainDrafter,
                 drafting.NgramDrafter,
                 drafting.EagleChainDrafter,
                 eagle_tree.EagleTreeDrafter,
