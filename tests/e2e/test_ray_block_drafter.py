@@ -48,6 +48,7 @@ def test_ray_run_drafts_with_trains_and_checkpoints_the_block_drafter(tmp_path):
     finally:
         ray.shutdown()
     assert [m["step"] for m in history] == [1, 2]
+    assert all(m["pre_update_seconds"] >= 0 and m["bookkeeping_wait_seconds"] >= 0 for m in history)
     chosen = {arm: sum(m["sd_arms"].get(arm, 0) for m in history) for arm in ("block-d4", "block-d2")}
     assert sum(chosen.values()) > 0, f"the bandit never drafted with a block arm: {[m['sd_arms'] for m in history]}"
     acks = [a for m in history for a in m["trainer_acks"]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_drafter_hub import filled_buffer, policy, wait_for
 
-from tlt.drafter.block_objective import block_batch
+from tlt.drafter.block_objective import block_agreement_counts, block_batch, every_kth_anchor
 from tlt.drafter.buffer import pack
 from tlt.drafter.drafter_set import (
     BLOCK_SNAPSHOTS,
@@ -77,8 +77,22 @@ def test_a_sets_agreement_sums_its_eagle_positions_and_its_block_outputs():
     packs = filled_buffer(model, seed=5).batches(0)
     eagle = packed_agreement(drafters.eagle, packs)
     block = packed_block_agreement(drafters.block, packs)
-    assert block[1] > eagle[1], "the block member counts every offset of every anchor"
+    assert 0 < block[1] <= eagle[1], "non-overlapping blocks predict each position at most once"
     assert packed_agreement(drafters, packs) == (eagle[0] + block[0], eagle[1] + block[1])
+    counts = [block_agreement_counts(drafters.block, every_kth_anchor(packed_block_batch(p, 3), 3)) for p in packs]
+    assert block == (sum(int(a.sum()) for a, _ in counts), sum(int(t.sum()) for _, t in counts))
+
+
+def test_every_kth_anchor_predicts_each_position_of_a_sequence_once():
+    model = policy()
+    (packed,) = pack(filled_buffer(model, seed=3).samples[:2], row_tokens=64)
+    for k in (1, 2, 3, 5):
+        blocks = packed_block_batch(packed, k)
+        kept = every_kth_anchor(blocks, k)
+        assert torch.equal(kept.input_ids, blocks.input_ids[::k]) and torch.equal(kept.weight, blocks.weight[::k])
+        anchors = packed.batch.mask[0].nonzero().squeeze(1)[::k]  # [n] positions of the kept anchors
+        predicted = (anchors[:, None] + torch.arange(k)[None, :])[kept.weight]
+        assert predicted.unique().numel() == predicted.numel(), f"k={k}: a position predicted twice"
 
 
 def test_the_hub_takes_the_runs_set_once_and_refuses_a_change_after_training(tmp_path):

@@ -178,6 +178,8 @@ def run_variant(
         "rollout_seconds",
         "step_seconds",
         "update_seconds",
+        "pre_update_seconds",
+        "bookkeeping_wait_seconds",
         "generated_tokens",
         "reward_mean",
         "response_lengths",

@@ -67,6 +67,14 @@ def block_batch(batch: DrafterBatch, k: int, segments: Sequence[int] | None = No
     return BlockBatch(batch.input_ids[s, j], batch.features[s, j], batch.target[s[:, None], idx], weight)
 
 
+def every_kth_anchor(batch: BlockBatch, k: int) -> BlockBatch:
+    """Every k-th anchor of `batch` (the first, the (k+1)-th, ...): with blocks of k, non-overlapping blocks, so
+    each position of a sequence is predicted once, at one offset, where every anchor predicts it k times."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return BlockBatch(*(t[::k] for t in batch))
+
+
 def block_loss(drafter: BlockDrafter, batch: BlockBatch) -> DrafterLoss:
     """EAGLE's loss of the drafter's k outputs per anchor against the target's features and head."""
     k = batch.target.shape[1]

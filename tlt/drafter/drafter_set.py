@@ -20,8 +20,9 @@ step on a packed row takes the sum of the members' losses (EAGLE's `packed_loss`
 `block_loss` over `block_batch` of the row, anchors never crossing a packed sequence's end).
 
 Publish (`drafter.publish: validated`) scores a set by its summed agreement counts on the step's fresh
-rollouts: the EAGLE member's top-1 agreement positions plus, for the block member, every counted block
-output whose argmax equals the target's (`block_agreement_counts`, all offsets summed). The candidate is
+rollouts: the EAGLE member's top-1 agreement positions plus, for the block member, every counted output of
+the non-overlapping blocks (anchored at every k-th position) whose argmax equals the target's
+(`block_agreement_counts`, all offsets summed). The candidate is
 served when that share is at least the served set's (`tlt.drafter.publish.promote`).
 """
 
@@ -35,7 +36,13 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
 from tlt.adaptive.arms import arm_indices
-from tlt.drafter.block_objective import BlockBatch, block_agreement_counts, block_batch, block_loss
+from tlt.drafter.block_objective import (
+    BlockBatch,
+    block_agreement_counts,
+    block_batch,
+    block_loss,
+    every_kth_anchor,
+)
 from tlt.drafter.buffer import PackedBatch
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.draft_vocab import DraftVocab
@@ -151,9 +158,13 @@ def packed_block_loss(block: BlockDrafter, packed: PackedBatch) -> torch.Tensor:
 
 
 def packed_block_agreement(block: BlockDrafter, packs: list[PackedBatch]) -> tuple[int, int]:
-    """(block outputs whose argmax equals the target's, block outputs counted) over `packs`, every offset."""
+    """(block outputs whose argmax equals the target's, block outputs counted) over `packs`, every offset, of
+    the non-overlapping blocks (`every_kth_anchor`: a block drafts from one anchor, then from past the block, as
+    in decoding). Scoring every anchor would cost k times the forwards; on a worker that bookkeeping outlasted
+    the policy update and the step waited for it."""
     agree = total = 0
     for packed in packs:
-        same, counted = block_agreement_counts(block, packed_block_batch(packed.to(block.device), block.block_size))
+        blocks = packed_block_batch(packed.to(block.device), block.block_size)
+        same, counted = block_agreement_counts(block, every_kth_anchor(blocks, block.block_size))
         agree, total = agree + int(same.sum()), total + int(counted.sum())
     return agree, total

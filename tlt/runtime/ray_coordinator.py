@@ -285,8 +285,11 @@ class RayTrainer:
             compute_dtype=self.compute_dtype,
         )
         update_seconds = time.time() - update_started
-        # The workers buffered their samples and scored the drafters while the policy updated.
-        for result, agreement in zip(results, ask_each(collected.workers, "agreement", NO_AGREEMENT)):
+        # The workers buffered their samples and scored the drafters while the policy updated; what of that
+        # outlasts the update, the step waits for here
+        agreements = ask_each(collected.workers, "agreement", NO_AGREEMENT)
+        bookkeeping_wait = time.time() - update_started - update_seconds
+        for result, agreement in zip(results, agreements):
             result.update(agreement)
         metrics = {
             "step": step,
@@ -294,6 +297,10 @@ class RayTrainer:
             **update,
             "update_seconds": update_seconds,
             "update_started_at": update_started,
+            # the step's time between the rollout and the update (rewards, stopping trainers), and after the
+            # update waiting for the workers' bookkeeping (`agreement`)
+            "pre_update_seconds": update_started - rollout_end,
+            "bookkeeping_wait_seconds": bookkeeping_wait,
             "rollout_dispatched_at": dispatched,
             **self._drafter_metrics(results, acks),
             "step_seconds": time.time() - started,
