@@ -30,8 +30,10 @@ LOCAL_STEPS = 24  # ~0.15 s a step here: long enough that the run is still going
 RAY_STEPS = 6
 # Ray-mode metrics that are clocks or wall times (the rest must match an undisturbed run exactly)
 RAY_TIMING = {
+    "bookkeeping_wait_seconds",
     "generate_seconds",
     "idle_seconds",
+    "pre_update_seconds",
     "rollout_dispatched_at",
     "rollout_overhead_parts",
     "rollout_overhead_seconds",
