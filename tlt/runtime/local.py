@@ -67,8 +67,6 @@ from tlt.tasks.warmstart import WarmstartConfig, warm_start
 log = logging.getLogger(__name__)
 
 POLICY_DIR = "policy"
-# Spec sections a resumed run must share with the run that wrote the checkpoint
-# (algorithm.steps may grow: resuming with more steps extends a finished run).
 StepCallback = Callable[[dict[str, Any]], None]
 MSG_NGRAM_ARM = "speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms"
 

@@ -17,6 +17,8 @@ from tlt.drafter.drafter_set import LearnedDrafters
 from tlt.drafter.resume_check import drafter_resume_problem
 from tlt.runtime.checkpoint import Checkpoint, drafter_of
 
+# Spec sections a resumed run must share with the run that wrote the checkpoint
+# (algorithm.steps may grow: resuming with more steps extends a finished run).
 RESUME_SECTIONS = ("model", "dataset", "algorithm")
 
 
