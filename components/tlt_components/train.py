@@ -130,7 +130,8 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
     """Train in `work_dir` with `runtime`; copy the policy and the served drafter (else the newest drafter
     snapshot; none when the run trained no drafter) out."""
     from tlt.runtime.graceful_stop import EXIT_TERMINATED, stop_on_signals, stopped_line
-    from tlt.runtime.local import POLICY_DIR, LocalTrainer
+    from tlt.runtime.local import LocalTrainer
+    from tlt.workers.policy import POLICY_DIR
 
     if runtime == "ray":
         from tlt.runtime.ray_coordinator import RayTrainer

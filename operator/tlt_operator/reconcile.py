@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tlt.spec.plan import trains_online
 from tlt.spec.references import reference_problems
 from tlt.spec.run import API_GROUP, API_VERSION, KIND, RunSpec
 from tlt.spec.status import Condition, DrafterStatus, RunStatus, set_condition
@@ -207,7 +208,7 @@ async def _create_children(
 
 def _training_slots(spec: RunSpec) -> bool:
     """Runs whose rollout pods train the drafter in idle time have trainer slots."""
-    return spec.drafter.training and spec.speculative.mode == "tlt"
+    return trains_online(spec.speculative, spec.drafter)
 
 
 async def _slots(

@@ -15,7 +15,7 @@ import pytest
 from tlt.bench.run import repeat_order, variant_run
 from tlt.bench.run_summary import mean_ci95, summarize
 from tlt.bench.workload import DEFAULT_WORKLOAD, block_size, load_workload
-from tlt.drafter.drafter_set import learned_drafters
+from tlt.spec.plan import learned_drafters
 
 TOP_KEYS = (
     "rollout_speedup",

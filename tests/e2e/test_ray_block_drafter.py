@@ -17,10 +17,10 @@ from _train_runs import tiny_policy  # tests/e2e is no package: its folder is on
 from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
 from tlt.models.block_drafter import load_block_drafter
 from tlt.models.drafter import load_drafter
-from tlt.models.feature_layers import spread_layers
 from tlt.runtime.checkpoint import load_latest
 from tlt.runtime.ray_coordinator import RayTrainer
 from tlt.runtime.resume_guard import ResumeError
+from tlt.spec.plan import spread_layers
 from tlt.spec.run import TLTTrainingRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -19,12 +19,12 @@ from tlt.adaptive.adaptive_stepper import build_adaptive_stepper
 from tlt.adaptive.arms import block_graphs, drafter_graphs, new_history_store
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
-from tlt.models.feature_layers import spread_layers
 from tlt.models.tiny import tiny_model
 from tlt.rollout import warmup
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
 from tlt.rollout.warmup import warm_up, warm_up_blocks
+from tlt.spec.plan import spread_layers
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 CONTEXT = 64

@@ -94,6 +94,19 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.verifier.podTemplate.env[0].name",
     ),
     (
+        "env name '..'",
+        {"verifier": {"podTemplate": {"env": [{"name": ".."}]}}},
+        "spec.verifier.podTemplate.env[0].name",
+    ),
+    ("env name '.'", {"rollout": {"podTemplate": {"env": [{"name": "."}]}}}, "spec.rollout.podTemplate.env[0].name"),
+    (
+        "env name starting with '..'",
+        {"policy": {"podTemplate": {"env": [{"name": "..X"}]}}},
+        "spec.policy.podTemplate.env[0].name",
+    ),
+    ("checkpoint path with a newline", {"checkpoint": {"path": "ck\npt"}}, "spec.checkpoint.path"),
+    ("model path with a tab", {"model": {"path": "/models/\tq"}}, "spec.model.path"),
+    (
         "secret ref without key",
         {"verifier": {"podTemplate": {"env": [{"name": "T", "secretKeyRef": {"name": "s"}}]}}},
         "spec.verifier.podTemplate.env[0].secretKeyRef.key",

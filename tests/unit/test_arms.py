@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tlt.adaptive.adaptive_stepper import AdaptiveStepper, new_bandit
-from tlt.adaptive.arms import arm_indices, arm_label, build_arms, drafter_graphs, tree_budget, verify_width
+from tlt.adaptive.arms import arm_label, build_arms, drafter_graphs, tree_budget, verify_width
 from tlt.models.block_drafter import new_block_drafter
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.tiny import tiny_model
@@ -16,6 +16,7 @@ from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
 from tlt.rollout.runner import ModelRunner
 from tlt.sim.accept import drafter_steps
+from tlt.spec.plan import usable_arms
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 
 ARMS = [
@@ -47,12 +48,12 @@ def test_labels_budgets_and_verify_widths():
     ("mode", "expected"), [("off", []), ("ngram", [2]), ("static", [0, 1, 2, 3]), ("tlt", [0, 1, 2, 3])]
 )
 def test_modes_select_arms(mode, expected):
-    assert arm_indices(SpeculativeSpec(mode=mode, arms=ARMS)) == expected
+    assert usable_arms(SpeculativeSpec(mode=mode, arms=ARMS)) == expected
 
 
 def test_ngram_mode_without_an_ngram_arm_is_refused():
     with pytest.raises(ValueError, match="kind 'ngram' or 'history'"):
-        arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="chain", depth=2)]))
+        usable_arms(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="chain", depth=2)]))
 
 
 def test_factory_builds_each_kind_and_eagle_arms_share_one_cache(model):
@@ -96,14 +97,14 @@ def test_plain_arm_drafts_nothing_and_counts_as_a_plain_step(model):
     arms = [ArmSpec(kind="ngram", depth=2), ArmSpec(kind="plain"), ArmSpec(kind="chain", depth=2)]
     assert arm_label(arms[1]) == "plain" and verify_width(arms[1]) == 1
     spec = SpeculativeSpec(mode="ngram", arms=arms, buckets=[1, 2])
-    assert arm_indices(spec) == [0, 1], "the plain arm is model-free: ngram mode keeps it"
+    assert usable_arms(spec) == [0, 1], "the plain arm is model-free: ngram mode keeps it"
     built = build_arms(spec, embed=model.get_input_embeddings(), drafter=None, max_batch_size=2, max_context=64)
     assert built[1].drafter is None
     runner = ModelRunner(model, max_batch_size=2, max_context=64)
     stepper = AdaptiveStepper(runner, built, new_bandit(spec, 2, seed=0), threshold=2, buckets=[1, 2])
     assert stepper.speculative[1] is stepper.plain
     with pytest.raises(ValueError, match="kind 'ngram' or 'history'"):
-        arm_indices(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="plain")]))
+        usable_arms(SpeculativeSpec(mode="ngram", arms=[ArmSpec(kind="plain")]))
 
 
 def test_arm_rates_sum_steps_seconds_and_tokens_per_bucket_and_arm():
@@ -139,9 +140,9 @@ HISTORY_ARMS = [
 def test_history_and_mixed_arms_labels_widths_and_modes():
     assert [arm_label(a) for a in HISTORY_ARMS] == ["history-d4", "history-d3k2v6", "mixed-d2", "chain-d2", "plain"]
     assert [verify_width(a) for a in HISTORY_ARMS] == [5, 7, 3, 3, 1]
-    assert arm_indices(SpeculativeSpec(mode="ngram", arms=HISTORY_ARMS)) == [0, 1, 4]  # model-free only
+    assert usable_arms(SpeculativeSpec(mode="ngram", arms=HISTORY_ARMS)) == [0, 1, 4]  # model-free only
     off = SpeculativeSpec(mode="tlt", arms=HISTORY_ARMS, history={"enabled": False})
-    assert arm_indices(off) == [3, 4]
+    assert usable_arms(off) == [3, 4]
 
 
 def test_history_arms_share_one_store_and_mixed_shares_the_eagle_cache(model):
@@ -240,7 +241,7 @@ def test_block_arms_label_width_mode_and_one_drafter_for_every_depth(model):
     assert [arm_label(a) for a in arms] == ["block-d2", "ngram-d3", "block-d8"]
     assert [verify_width(a) for a in arms] == [3, 4, 9]
     assert drafter_steps(arms[2]) == (1, 1), "the simulator charges a block arm one drafter forward"
-    assert arm_indices(SpeculativeSpec(mode="ngram", arms=arms)) == [1], "a block drafter is learned"
+    assert usable_arms(SpeculativeSpec(mode="ngram", arms=arms)) == [1], "a block drafter is learned"
     block = new_block_drafter(model)
     built = build_arms(
         SpeculativeSpec(mode="static", arms=arms),

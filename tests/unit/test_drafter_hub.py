@@ -323,9 +323,9 @@ def test_a_restarted_hub_refuses_the_drafters_calls_until_restored():
     and no rollout draft with until the coordinator restores the one it last pulled (`tlt.runtime.hub_keeper`)."""
     from ray.exceptions import ActorDiedError, RayTaskError
 
-    from tlt.drafter.drafter_set import LearnedDrafters
     from tlt.runtime.hub_keeper import hub_lost
     from tlt.runtime.ray_services import HubRestarted, HubWorker
+    from tlt.spec.plan import LearnedDrafters
 
     model = policy()
     trained = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)

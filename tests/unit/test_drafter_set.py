@@ -11,8 +11,6 @@ from tlt.drafter.buffer import pack
 from tlt.drafter.drafter_set import (
     BLOCK_SNAPSHOTS,
     DrafterSet,
-    LearnedDrafters,
-    learned_drafters,
     member_params,
     new_drafter_set,
     packed_block_agreement,
@@ -24,6 +22,7 @@ from tlt.drafter.trainer import SpotTrainer, packed_agreement
 from tlt.models.block_drafter import load_block_drafter
 from tlt.models.drafter import drafter_config_from_target, load_drafter
 from tlt.models.tiny import tiny_model
+from tlt.spec.plan import LearnedDrafters, learned_drafters
 from tlt.spec.run import SpeculativeSpec
 
 BLOCK4 = {"kind": "block", "depth": 4}

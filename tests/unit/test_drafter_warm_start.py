@@ -9,7 +9,7 @@ import torch
 from test_drafter_hub import policy
 
 from tlt.bench.bench_block_drafter import with_block_part
-from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, LearnedDrafters, member_params, new_drafter_set
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, member_params, new_drafter_set
 from tlt.drafter.export import write_served_drafter
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.warm_start import warm_start_params, warm_start_problem
@@ -23,6 +23,7 @@ from tlt.runtime.input_checks import input_problems
 from tlt.runtime.local_drafter import local_block_drafter
 from tlt.runtime.ray_cluster import Actors
 from tlt.runtime.run_checkpoint import ActorStates
+from tlt.spec.plan import LearnedDrafters
 from tlt.spec.run import RunSpec
 from tlt.tasks.tokenizer import build_task_tokenizer
 

@@ -11,13 +11,14 @@ from tlt.drafter.block_objective import block_batch, block_loss
 from tlt.drafter.objective import drafter_inputs
 from tlt.models.block_drafter import load_block_drafter, new_block_drafter
 from tlt.models.drafter import save_drafter
-from tlt.models.feature_layers import check_feature_layers, feature_width, spread_layers, wide_features
+from tlt.models.feature_layers import check_feature_layers, feature_width, wide_features
 from tlt.models.tiny import tiny_model
 from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.decode_step import prefill
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.types import Request, SamplingParams
+from tlt.spec.plan import spread_layers
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [11, 12, 13, 14, 11]]
 

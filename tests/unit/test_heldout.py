@@ -3,18 +3,53 @@ scored."""
 
 from __future__ import annotations
 
+import json
+import logging
+
+import pytest
 import torch
 
 from tlt.rollout.types import Completion
-from tlt.runtime.heldout import eval_due, eval_metrics, eval_requests, heldout_problems
-from tlt.spec.run import AlgorithmSpec, RunSpec
+from tlt.runtime.heldout import eval_due, eval_interval, eval_metrics, eval_requests, heldout_problems
+from tlt.spec.run import RunSpec
+from tlt.tasks.datasets import DatasetError
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 
 def test_evaluation_runs_every_n_steps_and_after_the_last():
-    algo = AlgorithmSpec(steps=7, eval_every=3)
-    assert [s for s in range(1, 8) if eval_due(s, algo)] == [3, 6, 7]
-    assert not any(eval_due(s, AlgorithmSpec(steps=7)) for s in range(1, 8)), "evalEvery 0: never"
+    assert [s for s in range(1, 8) if eval_due(s, 3, 7)] == [3, 6, 7]
+    assert not any(eval_due(s, 0, 7) for s in range(1, 8)), "evalEvery 0: never"
+
+
+@pytest.mark.parametrize(
+    ("dataset", "every", "interval"),
+    [
+        ({"source": "file", "path": "t.jsonl"}, None, 5),  # evalFraction 0.1 by default: after the last step
+        ({"source": "file", "path": "t.jsonl", "evalPath": "e.jsonl"}, None, 5),
+        ({"source": "file", "path": "t.jsonl", "evalFraction": 0}, None, 0),  # nothing held out
+        ({"source": "file", "path": "t.jsonl"}, 0, 0),  # asked for never
+        ({"source": "file", "path": "t.jsonl"}, 2, 2),
+        ({}, None, 0),  # the built-in task evaluates when asked
+    ],
+)
+def test_a_file_with_an_eval_split_is_evaluated_after_the_last_step_by_default(dataset, every, interval):
+    spec = RunSpec.model_validate({"dataset": dataset, "algorithm": {"steps": 5, "evalEvery": every}})
+    assert eval_interval(spec) == interval
+
+
+def test_the_default_evaluation_of_a_file_says_so_and_skips_a_file_too_small_to_hold_out(tmp_path, caplog):
+    rows = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(20)]
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = RunSpec.model_validate({"dataset": {"source": "file", "path": str(data)}, "algorithm": {"steps": 3}})
+    with caplog.at_level(logging.INFO, logger="tlt.runtime.heldout"):
+        assert len(heldout_problems(spec)) == 2
+    assert "held-out evaluation of 2 problems after step 3" in caplog.text
+    data.write_text(json.dumps(rows[0]) + "\n")
+    assert heldout_problems(spec) == [], "one record holds nothing out: no evaluation, no error"
+    asked = spec.model_copy(update={"algorithm": spec.algorithm.model_copy(update={"eval_every": 1})})
+    with pytest.raises(DatasetError):
+        heldout_problems(asked)
 
 
 def test_the_same_first_problems_of_the_eval_split_every_time():

@@ -25,6 +25,7 @@ LAYERS = {
     "tlt.drafter": 3,
     "tlt.adaptive": 3,
     "tlt.runtime": 4,
+    "tlt.workers": 4,
     "tlt.bench": 5,
     "tlt.sim": 6,
     "tlt.commands": 7,

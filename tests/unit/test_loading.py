@@ -110,3 +110,13 @@ def test_folder_without_tokenizer_is_refused(tmp_path):
     (folder / "tokenizer.json").unlink()
     with pytest.raises(FileNotFoundError, match="no tokenizer in .*expected one of tokenizer.json"):
         load_policy(folder)
+
+
+def test_piped_logs_get_no_library_progress_bars(tmp_path, capfd):
+    folder = _saved_policy(tmp_path)  # pytest's captured stderr is no terminal, as a pod's log is not
+    load_policy(folder, dtype="float32")
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Writing model shards" not in err, err
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled(), "the bars come back for the caller's own use"

@@ -8,11 +8,11 @@ from test_drafter_hub import policy, sample_completions
 from test_drafter_resume import _assert_same
 
 from tlt.adaptive.adaptive_stepper import AdaptiveStepper
-from tlt.models.feature_layers import spread_layers
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.runtime.checkpoint import Checkpoint, load_latest, save_checkpoint
 from tlt.runtime.local_drafter import LocalBlockDrafter, local_block_drafter
+from tlt.spec.plan import spread_layers
 from tlt.spec.run import RunSpec
 
 SPEC = {

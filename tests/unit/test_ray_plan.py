@@ -18,7 +18,7 @@ from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import k8s_slots
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.ray_cluster import placement
-from tlt.runtime.rl_step import shards, trains_drafter
+from tlt.runtime.rl_step import shards
 from tlt.runtime.shard_generation import release_kv_cache
 from tlt.runtime.spot_trainers import SlotSource
 from tlt.runtime.worker_state import worker_identity
@@ -27,22 +27,6 @@ from tlt.spec.run import RunSpec
 
 def spec(**sections) -> RunSpec:
     return RunSpec.model_validate(sections)
-
-
-@pytest.mark.parametrize(
-    ("mode", "training", "path", "expected"),
-    [
-        ("off", True, None, [False, False]),
-        ("ngram", True, None, [False, False]),
-        ("static", True, None, [True, False]),  # trained on the first step's rollouts, then frozen
-        ("static", True, "/drafters/d0", [False, False]),  # starts from a given drafter: frozen throughout
-        ("tlt", True, None, [True, True]),
-        ("tlt", False, None, [False, False]),
-    ],
-)
-def test_which_steps_train_the_drafter(mode, training, path, expected):
-    s = spec(speculative={"mode": mode, "drafterPath": path}, drafter={"training": training})
-    assert [trains_drafter(s, step) for step in (1, 2)] == expected
 
 
 def test_shards_keep_prompt_order_and_cover_every_prompt():
@@ -148,6 +132,14 @@ def test_live_display_shows_phase_worker_states_and_restarts():
     shown = console.file.getvalue()
     assert "TRAINING" in shown and "GENERATING" in shown and "rollout-1" in shown
     assert "[demo] step 2/3: rollout (" in shown, "piped, each phase is a line of its own (the view is not redrawn)"
+
+
+def test_piped_display_ends_its_last_view_with_a_newline():
+    console = Console(file=io.StringIO(), force_terminal=False, width=100)
+    with LiveDisplay("demo", total_steps=2, console=console) as display:
+        display.event({"type": "checkpoint", "step": 2, "saved_step": 2})
+    console.print("done: 2 steps")
+    assert "checkpoint at step 2\ndone: 2 steps" in console.file.getvalue()
 
 
 def test_role_pods_get_one_actor_each_with_that_pods_cpus():

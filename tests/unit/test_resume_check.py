@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tlt.drafter.drafter_set import LearnedDrafters
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.resume_check import describe, drafter_resume_problem, hub_param_shapes, params_problem
 from tlt.models.drafter import drafter_config_from_target
 from tlt.models.tiny import tiny_model
 from tlt.runtime.checkpoint import Checkpoint, add_drafter
 from tlt.runtime.resume_guard import ResumeError, check_drafter_fits
+from tlt.spec.plan import LearnedDrafters
 
 EAGLE = LearnedDrafters(eagle=True, block_size=0)
 WIDE = LearnedDrafters(eagle=True, block_size=4, feature_layers=(0, 1, 2))

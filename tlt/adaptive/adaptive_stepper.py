@@ -37,6 +37,7 @@ from tlt.rollout.draft_switch import sd_bucket
 from tlt.rollout.history import HistoryStore
 from tlt.rollout.runner import ModelRunner
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
+from tlt.spec.plan import speculates
 from tlt.spec.run import SpeculativeSpec
 
 Clock = Callable[[], float]
@@ -224,7 +225,7 @@ def rollout_stepper(
     the learned drafter is useful; the learned arms draft with `drafter` (the block arms with `block`), the
     rollout worker's copies its spot trainer trains. A worker keeps its bandit across rollouts, so what it
     learned carries over."""
-    if spec.mode == "off":
+    if not speculates(spec):
         return PlainStepper(runner)
     return build_adaptive_stepper(
         spec, runner, drafter, rows=rows, context=context, bandit=bandit, seed=seed, history=history, block=block

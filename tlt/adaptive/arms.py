@@ -3,12 +3,9 @@
 An arm is one drafting strategy the bandit may pick: an n-gram chain, an EAGLE chain of some depth,
 an EAGLE tree (top-k children per node, `depth` levels, a verify budget), or `plain` (no draft: a
 plain decode step, so the bandit itself learns the batch sizes where speculation does not pay).
-Modes:
-
-- off: no arms (plain decoding only);
-- ngram: only the model-free arms, `ngram`, `history` and `plain` (no learned drafter needed);
-- static / tlt: every arm; `chain`, `tree` and `mixed` arms draft with the learned EAGLE drafter, `block`
-  arms with the block drafter (`tlt.models.block_drafter`: a chain of `depth` drafts from one forward).
+Which arms a mode may use is the speculative plan's (`tlt.spec.plan.usable_arms`); `chain`, `tree` and
+`mixed` arms draft with the learned EAGLE drafter, `block` arms with the block drafter
+(`tlt.models.block_drafter`: a chain of `depth` drafts from one forward).
 
 `history` and `mixed` arms read the rollout-history store (`tlt.rollout.history`); with
 `speculative.history.enabled: false` they are dropped. All of an engine's history arms share one store,
@@ -32,11 +29,9 @@ from tlt.rollout.drafting import Drafter, EagleCache, EagleChainDrafter, NgramDr
 from tlt.rollout.eagle_tree import EagleTreeDrafter
 from tlt.rollout.history import HistoryDrafter, HistoryStore, HistoryTreeDrafter
 from tlt.rollout.mixed import MixedDrafter
+from tlt.spec.plan import EAGLE_ARM_KINDS, HISTORY_KINDS, usable_arms
 from tlt.spec.run import ArmSpec, SpeculativeSpec
 
-LEARNED_KINDS = ("chain", "tree", "mixed")
-HISTORY_KINDS = ("history", "mixed")
-MODEL_FREE_KINDS = ("ngram", "history", "plain")
 BLOCK_KINDS = ("block",)
 
 
@@ -76,26 +71,10 @@ def verify_width(arm: ArmSpec) -> int:
     return 1 + (tree_budget(arm) if _is_tree(arm) else arm.depth)
 
 
-def arm_indices(spec: SpeculativeSpec) -> list[int]:
-    """Indices into `spec.arms` usable in `spec.mode` (see the module docstring)."""
-    if spec.mode == "off":
-        return []
-    usable = [i for i, a in enumerate(spec.arms) if spec.history.enabled or a.kind not in HISTORY_KINDS]
-    if spec.mode == "ngram":
-        chosen = [i for i in usable if spec.arms[i].kind in MODEL_FREE_KINDS]
-        if not any(spec.arms[i].kind != "plain" for i in chosen):
-            raise ValueError(
-                "speculative.mode 'ngram' needs at least one arm of kind 'ngram' or 'history' "
-                "(with speculative.history.enabled) in speculative.arms"
-            )
-        return chosen
-    return usable
-
-
 def chain_depths(spec: SpeculativeSpec) -> list[int]:
     """Draft lengths of the EAGLE chains usable in `spec.mode` (chain and mixed arms), sorted, each once:
     the drafter's fused chain graphs a compiled engine warms up."""
-    return sorted({spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind in ("chain", "mixed")})
+    return sorted({spec.arms[i].depth for i in usable_arms(spec) if spec.arms[i].kind in ("chain", "mixed")})
 
 
 def drafter_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
@@ -106,7 +85,7 @@ def drafter_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
     run: their catch-up pass (padded to width >= 2) and, below the root, one pass per level of topk
     nodes}. Empty lists where no EAGLE arm is usable."""
     depths = chain_depths(spec)
-    trees = [spec.arms[i] for i in arm_indices(spec) if spec.arms[i].kind == "tree"]
+    trees = [spec.arms[i] for i in usable_arms(spec) if spec.arms[i].kind == "tree"]
     widths = {2} if trees else set()
     widths |= {min(t.topk, 2) for t in trees if t.depth > 1}
     return {
@@ -120,13 +99,13 @@ def block_graphs(spec: SpeculativeSpec, *, sampled: bool) -> dict[str, list]:
     """The compiled block-draft graphs the usable block arms of `spec` reach, as `tlt.rollout.warmup.
     warm_up_blocks`'s keywords: {"depths": the block arms' depths, "guesses": "coupled" in a sampling run,
     else "argmax"}; empty lists without a usable block arm."""
-    depths = sorted({spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind in BLOCK_KINDS})
+    depths = sorted({spec.arms[i].depth for i in usable_arms(spec) if spec.arms[i].kind in BLOCK_KINDS})
     return {"depths": depths, "guesses": (["coupled" if sampled else "argmax"] if depths else [])}
 
 
 def uses_history(spec: SpeculativeSpec) -> bool:
     """Whether some arm usable in `spec.mode` reads the rollout-history store."""
-    return any(spec.arms[i].kind in HISTORY_KINDS for i in arm_indices(spec))
+    return any(spec.arms[i].kind in HISTORY_KINDS for i in usable_arms(spec))
 
 
 def new_history_store(spec: SpeculativeSpec) -> HistoryStore:
@@ -156,8 +135,8 @@ def build_arms(
     `speculative.history` when None and such an arm is in use). block: the block drafter, bound like
     `drafter`; required when an arm of kind block is in use (compiled with `compile`, `tlt.rollout.block`).
     """
-    indices = arm_indices(spec)
-    needs_drafter = any(spec.arms[i].kind in LEARNED_KINDS for i in indices)
+    indices = usable_arms(spec)
+    needs_drafter = any(spec.arms[i].kind in EAGLE_ARM_KINDS for i in indices)
     if needs_drafter and drafter is None:
         raise ValueError(
             f"speculative.mode {spec.mode!r} with arms of kind chain/tree needs the learned drafter; none was given"

@@ -6,19 +6,17 @@ an arm yields accepted tokens (per running row, as the adaptive stepper records 
 seconds. An arm's estimate over its last `window` rounds in that bucket is its throughput:
 the window's tokens / the window's seconds. Tokens are bursty (a draft chain is accepted whole
 or not at all), so a median of per-round rates undervalues every drafting arm against plain
-decoding's constant one token a round (in countdown-deep-v3 the median-based bandit chose plain
-decoding in 38% of batch-1 rounds while a chain arm made 163 tokens/s to plain's 119); the
-window's throughput is what a rollout gets, and with rounds of unequal length (the simulator's
-chunks) it stays exact. A single slow round (a GC pause) counts as the seconds it took, diluted
-by the window (64 rounds by default). forgets, since the online drafter keeps changing which arm is best.
+decoding's constant one token a round (measured: docs/measurements-history.md); the window's
+throughput is what a rollout gets, and with rounds of unequal length (the simulator's chunks) it
+stays exact. A single slow round (a GC pause) counts as the seconds it took, diluted by the window
+(64 rounds by default). The window forgets, since the online drafter keeps changing which arm is best.
 
 Unlike the public TLT default, the bandit explores with probability epsilon forever: with a
 drafter that improves every RL step, an arm judged bad early must get a second look. Which arm an
 exploring round tries (`exploration`):
 - "uniform": any arm, equally likely (the paper's BEG-MAB). With many arms most of these rounds go to
-  arms the window already knows are far behind: in a countdown-deep-v3 bench run (8 arms, epsilon 0.1),
-  valued at each arm's measured tokens/s, the rounds on arms slower than the bucket's best cost ~7% of
-  TLT's SD-bucket decode time (plus the EAGLE drafter's catch-up after each non-EAGLE round).
+  arms the window already knows are far behind, a measurable share of the decode time (plus the EAGLE
+  drafter's catch-up after each non-EAGLE round).
 - "weighted" (default): arm a with weight max(FLOOR, exp(-gap_a / SCALE)), gap_a = 1 - estimate_a /
   best estimate (0 for the best arm). The window's throughput estimate carries ~5% of noise at 64
   rounds of bursty drafts, so arms within a few SCALEs of the best are the plausible winners and are

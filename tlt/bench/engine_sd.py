@@ -36,7 +36,6 @@ from tlt.bench.sd_summary import (
 from tlt.drafter.evaluate import make_requests
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter, load_drafter
-from tlt.models.feature_layers import spread_layers
 from tlt.rollout.block import BlockChainDrafter
 from tlt.rollout.drafting import EagleChainDrafter, NgramDrafter
 from tlt.rollout.eagle_tree import EagleTreeDrafter
@@ -47,6 +46,7 @@ from tlt.rollout.sequence import Sequence
 from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.rollout.step_timing import StepSplit, pool_ranges
 from tlt.rollout.types import Request
+from tlt.spec.plan import spread_layers
 from tlt.tasks.countdown import generate
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, load_metadata, load_policy, reduced_config, warm_start
 

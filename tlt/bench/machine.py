@@ -1,10 +1,10 @@
 """What a benchmark ran on and from: the host's CPU and the exact warm-start weights.
 
-Two results are comparable only when both match. The CPU sets every cost term (a 16-layer policy's
-one-row forward took ~2 ms on the machine of the earlier countdown-deep-v3 runs and ~6 ms on an AVX2-only
-AMD EPYC), and a warm start is trained from pinned settings on whatever CPU first builds the cache:
-vector kernels round differently from one instruction set to another and training amplifies it, so the
-same settings can give different weights, and with them a different RL trajectory. Each result names
+Two results are comparable only when both match. The CPU sets every cost term (the same forward can take
+three times as long on one x86 machine as on another: docs/measurements-history.md), and a warm start is
+trained from pinned settings on whatever CPU first builds the cache: vector kernels round differently from
+one instruction set to another and training amplifies it, so the same settings can give different weights,
+and with them a different RL trajectory. Each result names
 the CPU and the sha256 of the weights it started from, so a reader can tell.
 """
 

@@ -43,6 +43,7 @@ from tlt.rollout.speculative import SpeculativeStepper
 from tlt.rollout.types import Request, SamplingParams
 from tlt.runtime import rl_step
 from tlt.runtime.devices import gpu_plan
+from tlt.spec.plan import learns_drafters
 from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import load_policy, warm_start
@@ -59,8 +60,10 @@ def variant_run(workload: Workload, variant: str, repeat: int, drafter: Path | N
     """The TLTTrainingRun of one variant (the common spec with the variant's overrides); a variant with
     a learned drafter (mode static / tlt) starts from `drafter` when given."""
     spec = merge_spec(workload.spec, workload.variants[variant])
-    if drafter is not None and spec.get("speculative", {}).get("mode", "tlt") in ("static", "tlt"):
-        spec = merge_spec(spec, {"speculative": {"drafterPath": str(drafter)}})
+    run = TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
+    if drafter is None or not learns_drafters(run.spec.speculative):
+        return run
+    spec = merge_spec(spec, {"speculative": {"drafterPath": str(drafter)}})
     return TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
 
 

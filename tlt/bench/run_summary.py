@@ -27,13 +27,12 @@ median and the range [min, max]. Speedups are ratios of medians against `vanilla
 - step_parts (per variant): its step time split into the decode loops (generate), the rest of the
   rollout (rollout_overhead), the policy update and the rest of the step (other), each a median over
   repeats of per-run sums (other too: step minus rollout minus update, summed per run; the difference of
-  the three medians would mix repeats, and read +0.071 of the step for tlt-shadow in a countdown-deep-v6
-  run, where no run's rest grew by more than +0.025); interference_by_part: tlt-shadow's part minus
-  vanilla's, over vanilla's step time (where the interference fraction comes from; medians, so the
-  parts need not add up to the paired mean exactly); interference_per_token_by_range: tlt-shadow's time per decoded
-  token over
-  vanilla's, minus 1, per running-batch range (its trainer runs only in the tail, while a worker whose
-  shard is done idles; the rest is what TLT's engine mode costs plain steps).
+  the three medians would mix repeats and can show a rest that no single run had); interference_by_part:
+  tlt-shadow's part minus vanilla's, over vanilla's step time (where the interference fraction comes from;
+  medians, so the parts need not add up to the paired mean exactly); interference_per_token_by_range:
+  tlt-shadow's time per decoded token over vanilla's, minus 1, per running-batch range (its trainer runs
+  only in the tail, while a worker whose shard is done idles; the rest is what TLT's engine mode costs
+  plain steps).
 """
 
 from __future__ import annotations

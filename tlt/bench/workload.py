@@ -15,7 +15,7 @@ import yaml
 from tlt.bench.bench_block_drafter import trained_block_drafter, with_block_part
 from tlt.bench.bench_drafter import DrafterBudget, trained_drafter
 from tlt.drafter.drafter_set import BLOCK_LAYERS
-from tlt.models.feature_layers import spread_layers
+from tlt.spec.plan import spread_layers
 from tlt.tasks.warmstart import WarmstartConfig, deep_config, deep_v3_config, load_policy, reduced_config, warm_start
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workload.yaml"

@@ -43,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from tlt.bench.workload import DRAFTER_WARMSTART, drafter_warm_start
     from tlt.bench.workload import WARMSTARTS as CONFIGS
     from tlt.runtime.demo_report import write_demo_report
-    from tlt.runtime.local import policy_path
     from tlt.runtime.ray_cluster import local_graph_sets, precompile_local
     from tlt.runtime.ray_train import train_ray
     from tlt.spec.manifest_io import SpecError, load_run
+    from tlt.spec.plan import speculates
+    from tlt.workers.policy import policy_path
 
     if not args.file.is_file():
         print(
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.steps is not None:
         spec.spec.algorithm.steps = args.steps
-    if spec.spec.speculative.mode == "off":
+    if not speculates(spec.spec.speculative):
         print(f"{args.file}: speculative.mode is 'off'; the demo compares it with a speculative mode", file=sys.stderr)
         return 2
     warmstart = CONFIGS[args.warmstart]()

@@ -1,6 +1,6 @@
 """The drafters a run learns, and how a run with block arms holds them.
 
-A run learns ONE drafter per kind its usable arms draft with (`learned_drafters`):
+A run learns ONE drafter per kind its usable arms draft with (`tlt.spec.plan.learned_drafters`):
 - the EAGLE drafter when some chain, tree or mixed arm is usable;
 - the block drafter when some block arm is usable, with block size = the largest block arm's depth
   (attention is causal inside the block, so its first k outputs are a block of k: one drafter serves
@@ -29,13 +29,11 @@ served when that share is at least the served set's (`tlt.drafter.publish.promot
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
-from tlt.adaptive.arms import arm_indices
 from tlt.drafter.block_objective import (
     BlockBatch,
     block_agreement_counts,
@@ -47,44 +45,10 @@ from tlt.drafter.buffer import PackedBatch
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.draft_vocab import DraftVocab
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
-from tlt.models.feature_layers import spread_layers
-from tlt.spec.speculative import SpeculativeSpec
+from tlt.spec.plan import LearnedDrafters
 
-EAGLE_ARM_KINDS = ("chain", "tree", "mixed")
 BLOCK_SNAPSHOTS = "block"  # the block drafter's folder beside the EAGLE drafter's (snapshots, the served drafter)
 BLOCK_LAYERS = 1  # the decoder layers of a run's block drafter
-
-
-@dataclass(frozen=True)
-class LearnedDrafters:
-    """Which drafters a run learns: the EAGLE drafter (`eagle`), the block drafter (`block_size` > 0) reading
-    the target's `feature_layers` beside its final-norm state (rollout engines keep them)."""
-
-    eagle: bool
-    block_size: int
-    feature_layers: tuple[int, ...] = ()
-
-
-def learned_block_size(spec: SpeculativeSpec) -> int:
-    """The block size of the block drafter `spec`'s usable arms draft with: the largest block arm's depth
-    (0: none, also in modes off / ngram)."""
-    if spec.mode not in ("static", "tlt"):
-        return 0
-    return max((spec.arms[i].depth for i in arm_indices(spec) if spec.arms[i].kind == "block"), default=0)
-
-
-def learned_drafters(spec: SpeculativeSpec, target_layers: int) -> LearnedDrafters:
-    """The drafters the usable arms of `spec` draft with (modes off / ngram: none), for a target of
-    `target_layers` decoder layers: a block drafter reads `spread_layers` of them."""
-    if spec.mode not in ("static", "tlt"):
-        return LearnedDrafters(eagle=False, block_size=0)
-    arms = [spec.arms[i] for i in arm_indices(spec)]
-    block_size = learned_block_size(spec)
-    return LearnedDrafters(
-        eagle=any(a.kind in EAGLE_ARM_KINDS for a in arms),
-        block_size=block_size,
-        feature_layers=spread_layers(target_layers) if block_size else (),
-    )
 
 
 class DrafterSet(nn.Module):

@@ -39,9 +39,10 @@ import torch
 from transformers import LlamaConfig
 
 from tlt.drafter.async_ckpt import AsyncCheckpointer
-from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, DrafterSet, LearnedDrafters, member_params, unbound_drafter_set
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, DrafterSet, member_params, unbound_drafter_set
 from tlt.drafter.objective import MAX_GRAD_NORM, make_optimizer
 from tlt.models.drafter import EagleDrafter
+from tlt.spec.plan import LearnedDrafters
 
 log = logging.getLogger(__name__)
 

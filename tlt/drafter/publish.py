@@ -1,9 +1,8 @@
 """Which drafter the rollouts draft with: the hub's newest parameters, or the last ones validated.
 
 The online trainer only sees recent rollouts. Where a step holds few prompts (GRPO: a handful of
-prompts x a group of samples) the drafter can fit those prompts and draft worse for the next step's,
-measured: `tlt bench drafter` (held-out top-1 agreement of the warm drafter 0.915 -> 0.80-0.88 over 16
-steps of 4 prompts x 8 samples at lr 1e-3, 0.90-0.94 over steps of 32 distinct prompts). So with
+prompts x a group of samples) the drafter can fit those prompts and draft worse for the next step's
+(`tlt bench drafter` measures it: docs/results.md). So with
 `drafter.publish: validated` a step's rollouts draft with the *served* drafter, and the hub's newer parameters (the
 *candidate*) are scored beside it on the step's fresh rollouts,
 which neither has trained on; the candidate is served from the next step on only if it agrees with

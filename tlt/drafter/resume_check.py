@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 from transformers import PretrainedConfig
 
-from tlt.drafter.drafter_set import LearnedDrafters, unbound_drafter_set
+from tlt.drafter.drafter_set import unbound_drafter_set
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
+from tlt.spec.plan import LearnedDrafters
 
 Shapes = dict[str, tuple[int, ...]]
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from tlt.drafter.drafter_set import BLOCK_LAYERS, BLOCK_SNAPSHOTS, LearnedDrafters, member_params
+from tlt.drafter.drafter_set import BLOCK_LAYERS, BLOCK_SNAPSHOTS, member_params
 from tlt.models.block_drafter import load_block_drafter
 from tlt.models.drafter import CONFIG_FILE, load_drafter
+from tlt.spec.plan import LearnedDrafters
 
 FIELD = "speculative.drafterPath"
 

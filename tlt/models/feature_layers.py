@@ -30,17 +30,6 @@ def check_feature_layers(layers: Sequence[int], num_layers: int, field: str) -> 
     return out
 
 
-def spread_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
-    """`count` layers spread from the second to the third-from-last (DFlash's choice), e.g. 16 layers ->
-    (1, 7, 13); on a target of fewer than 4 layers the first `count` of those allowed (2 layers -> (0,))."""
-    top = num_layers - 3
-    if top < 1:
-        return tuple(range(min(count, num_layers - 1)))
-    if count == 1:
-        return (top,)
-    return tuple(sorted({round(1 + (top - 1) * i / (count - 1)) for i in range(count)}))
-
-
 def feature_width(hidden_size: int, layers: Sequence[int]) -> int:
     """The width of wide features: H * (1 + len(layers))."""
     return hidden_size * (1 + len(layers))

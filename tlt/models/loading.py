@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +164,27 @@ def load_policy(
     too_large = tokenizer_size_problem(tokenizer, config, path)
     if too_large is not None:
         raise ValueError(too_large)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    with library_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     model.eval()
     log.info(
         "loaded %s policy from %s (%s, %d params)", config["model_type"], path, torch_dtype, model.num_parameters()
     )
     return model, tokenizer
+
+
+@contextmanager
+def library_bars() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", "Writing model shards") only on a terminal: piped
+    into a log (a pod's, Ray's worker logs, CI) each redraw is a line of noise. Restored on exit."""
+    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> None:
@@ -175,6 +194,7 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
         raise ValueError(f"model_type {model_type!r} is not supported; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
+    with library_bars():
+        model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
     log.info("saved %s policy to %s", model_type, folder)

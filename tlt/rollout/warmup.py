@@ -7,8 +7,8 @@ Left to the first rollout, that compile time (seconds warm, minutes cold) would 
 time, and more of it in variants that draft. `warm_up` runs each shape class once on scratch cache
 entries (a new wave starts the cache afresh) and returns the seconds it took. A run warms up only the
 drafter graphs its arms and sampling can reach (`tlt.adaptive.arms.drafter_graphs`): a sampling run's
-chains draft coupled guesses only, and only trees run the drafter's step (at width topk), so
-countdown-deep-v3's arms need 6 of the 12 drafter graphs. Block arms' graphs (one per depth, batch 1 or
+chains draft coupled guesses only, and only trees run the drafter's step (at width topk), so a run
+usually needs only some of the 12 drafter graphs. Block arms' graphs (one per depth, batch 1 or
 more, argmax or coupled) are `warm_up_blocks`'s (`tlt.rollout.block.warm_up_block`).
 """
 

@@ -10,10 +10,8 @@ earlier where something needs it first (`indexed`, `result`: the next rollout, a
 a checkpoint). `start` is idempotent and safe from any of the actor's threads.
 
 The thread runs in the lowest CPU class (`tlt.drafter.priority`), as the spot trainer does: the last
-shard's bookkeeping otherwise runs beside the policy update and takes a core from it. Measured (a
-throwaway script, 12 interleaved repeats: a 2-thread update of the deep-v3 policy, 2.39 s, beside a
-1-thread drafter-agreement pass of ~60 ms CPU in another process): at normal priority the update took
-37 ms longer; in SCHED_IDLE it took no longer and the pass finished with it, 18 ms after an update alone.
+shard's bookkeeping otherwise runs beside the policy update and takes a core from it; in SCHED_IDLE
+the update is not slowed (measured: docs/measurements-history.md).
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ class LiveDisplay:
     def __exit__(self, *exc: Any) -> None:
         self._live.update(self.render())
         self._live.__exit__(*exc)
+        if not self.console.is_terminal:  # piped: the last view ends without a newline, so what follows would join it
+            self.console.line()
 
     def event(self, event: dict[str, Any]) -> None:
         kind = event["type"]

@@ -33,10 +33,6 @@ PERMANENT_CAUSES: tuple[type[BaseException], ...] = (
 )
 
 
-class PermanentFailure(RuntimeError):
-    """A step failed in a way no retry changes; its message is one line naming the cause."""
-
-
 def cause_of(exc: BaseException) -> BaseException | None:
     """The exception a Ray task raised (None where Ray could not keep it, or `exc` is not a task's)."""
     return getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else None

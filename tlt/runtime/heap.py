@@ -3,10 +3,8 @@
 A rollout worker builds its policy, engine, drafter and compiled graphs before its first rollout: dynamo
 and inductor keep many thousands of Python objects alive. A full collection (Python's oldest generation)
 scans every tracked object, and the first one after start-up comes on its own some seconds later, in
-the middle of a rollout or while the first rollout's arguments are deserialized. Measured (2026-11-27,
-countdown-deep-v3's 16-layer policy, AMD EPYC, 2 workers): 0.37-0.45 s per worker, with the worker
-stalled; in 11 of 13 TLT runs of the demo's settings the first rollout started 0.44-0.48 s late, and in
-another a later step took 0.66 s longer (docs/measurements-history.md, countdown-deep-v4 on an AVX-512 machine).
+the middle of a rollout or while the first rollout's arguments are deserialized, with the worker stalled
+for a noticeable part of a second (measured: docs/measurements-history.md).
 
 `freeze_heap` pays that collection once, at start-up, then moves every object still alive into the
 permanent generation (`gc.freeze`), which later collections skip. Frozen objects are still freed by

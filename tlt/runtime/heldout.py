@@ -13,6 +13,7 @@ Metrics (added to the step's row; a run can then tell learning from noise):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,24 +26,52 @@ from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion, Request, SamplingParams
 from tlt.runtime.rl_step import derive_seed, score_completions
 from tlt.spec.run import AlgorithmSpec, RunSpec
-from tlt.tasks.datasets import load_problems
+from tlt.tasks.datasets import DatasetError, load_problems
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import encode_prompt
+
+log = logging.getLogger(__name__)
 
 METRICS = ("eval_reward_mean", "eval_accuracy", "eval_samples", "eval_seconds")
 
 
-def eval_due(step: int, algo: AlgorithmSpec) -> bool:
-    """Whether step `step` (1-based, just finished) is followed by a held-out evaluation."""
-    return algo.eval_every > 0 and (step % algo.eval_every == 0 or step == algo.steps)
+def eval_interval(spec: RunSpec) -> int:
+    """Steps between held-out evaluations (0: none): `algorithm.evalEvery` when set; unset, the last step alone
+    when the dataset is a file with an eval split of its own (as verl validates by default), else none."""
+    every = spec.algorithm.eval_every
+    if every is not None:
+        return every
+    data = spec.dataset
+    has_split = data.source == "file" and (data.eval_path is not None or data.eval_fraction > 0)
+    return spec.algorithm.steps if has_split else 0
+
+
+def eval_due(step: int, every: int, steps: int) -> bool:
+    """Whether step `step` (1-based, just finished) of a run of `steps` is followed by a held-out evaluation,
+    every `every` steps (`eval_interval`; 0: never) and after the last."""
+    return every > 0 and (step % every == 0 or step == steps)
 
 
 def heldout_problems(spec: RunSpec) -> list[Problem]:
     """The problems every evaluation of this run answers (the same ones each time); [] when evaluation is off.
-    Raises DatasetError when it is on and the dataset has no eval split."""
-    if spec.algorithm.eval_every == 0:
+    Raises DatasetError when `algorithm.evalEvery` asks for it and the dataset has no eval split; unset, a
+    file too small to hold a record out evaluates nothing (logged)."""
+    if eval_interval(spec) == 0:
         return []
-    return load_problems(spec.dataset, "eval")[: spec.algorithm.eval_samples]
+    try:
+        problems = load_problems(spec.dataset, "eval")[: spec.algorithm.eval_samples]
+    except DatasetError:
+        if spec.algorithm.eval_every is not None:
+            raise
+        log.info("no held-out evaluation: %s holds no record out", spec.dataset.path)
+        return []
+    if spec.algorithm.eval_every is None:
+        log.info(
+            "held-out evaluation of %d problems after step %d (algorithm.evalEvery unset; 0 turns it off)",
+            len(problems),
+            spec.algorithm.steps,
+        )
+    return problems
 
 
 def eval_requests(

@@ -30,7 +30,7 @@ from pathlib import Path
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, learned_block_size, learned_drafters
+from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
 from tlt.drafter.warm_start import has_block_part, warm_start_problem
 from tlt.models.loading import (
     load_tokenizer,
@@ -41,6 +41,7 @@ from tlt.models.loading import (
 from tlt.monitoring.factory import metrics_port_message
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.availability import vllm_model_problem
+from tlt.spec.plan import SpeculativePlan, learned_drafters
 from tlt.spec.run import RunSpec
 from tlt.tasks.datasets import DatasetError, held_out_indices, read_problems
 from tlt.tasks.problem import Problem
@@ -169,12 +170,12 @@ def untrained_block_problem(spec: RunSpec) -> str | None:
     `speculative.drafterPath` without a block part, and mode static starting from it (which freezes it) or
     `drafter.training: false`; None otherwise."""
     sd = spec.speculative
-    never_trains = sd.mode == "static" or (sd.mode == "tlt" and not spec.drafter.training)
-    if sd.drafter_path is None or not never_trains or not learned_block_size(sd):
+    plan = SpeculativePlan.of(sd, spec.drafter)
+    if sd.drafter_path is None or plan.ever_trains or not plan.block_size:
         return None
     if has_block_part(sd.drafter_path):
         return None
-    why = "speculative.mode static starting from it" if sd.mode == "static" else "drafter.training false"
+    why = "drafter.training false" if plan.retrains else "speculative.mode static starting from it"
     return (
         f"spec.speculative.drafterPath: {sd.drafter_path!r} holds no block drafter ({BLOCK_SNAPSHOTS}/), and this "
         f"run never trains one ({why}): its block arms would draft with an untrained drafter. Point it at a "

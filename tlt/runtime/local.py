@@ -10,10 +10,10 @@
 Device: the CPU, or `cuda` when `policy.resources.gpus >= 1` (`tlt.runtime.devices`); the engine's copy of
 the policy runs on the same device.
 
-Numerics: the policy's master weights are float32 (float64 when `model.dtype` is float64); the
-engine runs a copy in `model.dtype`, refreshed in place after every update. With bfloat16 the
-update's forward and backward run under autocast. The old log-probs of the GRPO ratio are the
-policy's own, recomputed before the update; the engine's are kept only to report their gap.
+The policy, its optimizer and update are the policy role's (`tlt.workers.policy.PolicyRole`, as in the Ray
+loop); the engine runs a copy in `model.dtype`, refreshed in place after every update. The old log-probs
+of the GRPO ratio are the policy's own, recomputed before the update; the engine's are kept only to report
+their gap.
 
 Resume: a checkpoint holds the policy weights, the optimizer state, the step, torch's RNG state,
 the metrics so far and the spec that wrote it. A new trainer on the same output folder continues
@@ -30,9 +30,7 @@ step under way, with a checkpoint of it (event `stop` in events.jsonl); no final
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +39,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.drafter.drafter_set import EAGLE_ARM_KINDS, learned_block_size, learned_drafters
-from tlt.models.loading import load_policy, resolve_dtype, save_policy
+from tlt.models.loading import resolve_dtype
 from tlt.monitoring import METRICS_FILE, build_loggers
+from tlt.monitoring.jsonl import rewrite_jsonl
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.decode_step import PlainStepper, Stepper
@@ -54,40 +52,29 @@ from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
 from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
-from tlt.runtime.devices import CPU, policy_device
+from tlt.runtime.devices import policy_device
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
-from tlt.runtime.heldout import eval_due, evaluate, heldout_problems
+from tlt.runtime.heldout import eval_due, eval_interval, evaluate, heldout_problems
 from tlt.runtime.local_drafter import local_block_drafter, local_learned
 from tlt.runtime.resume_guard import check_drafter_fits, check_same_run
+from tlt.spec.plan import (
+    EAGLE_ARM_KINDS,
+    learned_block_size,
+    learned_drafters,
+    learns_drafters,
+    model_free_only,
+    speculates,
+)
 from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
 from tlt.tasks.datasets import load_problems
-from tlt.tasks.warmstart import WarmstartConfig, warm_start
+from tlt.tasks.warmstart import WarmstartConfig
+from tlt.workers.policy import PolicyRole
 
 log = logging.getLogger(__name__)
 
-POLICY_DIR = "policy"
 StepCallback = Callable[[dict[str, Any]], None]
 MSG_NGRAM_ARM = "speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms"
-
-
-def master_dtype(model_dtype: str) -> torch.dtype:
-    """Dtype of the policy's trained weights: float64 for a float64 run, else float32."""
-    return torch.float64 if resolve_dtype(model_dtype) == torch.float64 else torch.float32
-
-
-def build_policy(
-    spec: RunSpec, warmstart: WarmstartConfig | None = None, device: torch.device = CPU
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy (master weights, eval mode, on `device`) and tokenizer: `model.path`, else the built-in
-    warm start."""
-    path = spec.model.path
-    if path is None:
-        if spec.dataset.source != "builtin":
-            raise ValueError("model.path is required unless dataset.source is 'builtin' (the warm start's task)")
-        path = warm_start(warmstart or WarmstartConfig())
-    policy, tokenizer = load_policy(path, master_dtype(spec.model.dtype))
-    return policy.to(device), tokenizer
 
 
 def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | None]:
@@ -100,9 +87,9 @@ def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | Non
     speed differs. ngram without an ngram arm raises ValueError (nothing to map it to that the file asked for).
     """
     has_ngram = any(arm.kind == "ngram" for arm in spec.arms)
-    if spec.mode == "ngram" and not has_ngram:
+    if model_free_only(spec) and not has_ngram:
         raise ValueError(MSG_NGRAM_ARM)
-    if spec.mode in ("off", "ngram"):
+    if not learns_drafters(spec):
         return spec, None
     if any(arm.kind == "block" for arm in spec.arms):
         kept = [arm for arm in spec.arms if arm.kind not in EAGLE_ARM_KINDS]
@@ -124,14 +111,6 @@ def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | Non
     return spec.model_copy(update={"mode": mode}), note
 
 
-def policy_path(run: TLTTrainingRun, warmstart: WarmstartConfig | None) -> str:
-    """The folder the Ray workers load the policy architecture and tokenizer from: `model.path`, else the
-    built-in warm start."""
-    if run.spec.model.path is not None:
-        return run.spec.model.path
-    return str(warm_start(warmstart or WarmstartConfig()))
-
-
 def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, SpeculativeStepper | None]:
     """The engine's stepper for `speculative.mode`, and its speculative part (None when off).
 
@@ -141,9 +120,9 @@ def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, 
     drafter, which this loop does not run: they are refused (`tlt train --local` maps them: `local_speculative`).
     """
     plain = PlainStepper(runner)
-    if spec.mode == "off" or learned_block_size(spec):  # block arms: `LocalBlockDrafter.stepper`
+    if not speculates(spec) or learned_block_size(spec):  # block arms: `LocalBlockDrafter.stepper`
         return plain, None
-    if spec.mode != "ngram":
+    if not model_free_only(spec):
         raise ValueError(
             f"speculative.mode {spec.mode!r} needs the learned drafter, which the single-process loop (--local) "
             "does not run; use speculative.mode off or ngram here, or run without --local"
@@ -174,19 +153,6 @@ def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, Specul
     return engine, speculative
 
 
-def build_optimizer(policy: PreTrainedModel, spec: RunSpec) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        policy.parameters(), lr=spec.algorithm.learning_rate, betas=(0.9, 0.999), weight_decay=0.01
-    )
-
-
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Replace `path` atomically with one JSON line per row."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-    os.replace(tmp, path)
-
-
 class LocalTrainer:
     """One process: policy update, rollout engine, checkpoints. Resumes from `out_dir` on construction."""
 
@@ -211,14 +177,12 @@ class LocalTrainer:
                 resumed_step=ckpt.step,
             )
         self.problems = load_problems(self.spec.dataset, "train")
-        self.heldout = heldout_problems(self.spec)  # [] unless algorithm.evalEvery
+        self.heldout = heldout_problems(self.spec)  # [] when the run evaluates nothing (`eval_interval`)
+        self.eval_every = eval_interval(self.spec)
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
         # one process: the engine's copy of the policy computes where the policy does
         device = policy_device(self.spec.policy.resources.gpus, cuda_available=torch.cuda.is_available())
-        self.policy, self.tokenizer = build_policy(self.spec, warmstart, device)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.compute_dtype = resolve_dtype(self.spec.model.dtype)
-        self.optimizer = build_optimizer(self.policy, self.spec)
+        self.role = PolicyRole(self.spec, warmstart, device)
         if learned_block_size(self.spec.speculative):  # what the block drafter's hub will hold
             learned = local_learned(self.spec, self.policy.config.num_hidden_layers)
             check_drafter_fits(ckpt, self.checkpoint_root, self.policy.config, learned)
@@ -236,31 +200,34 @@ class LocalTrainer:
     def metrics_path(self) -> Path:
         return self.out_dir / METRICS_FILE
 
+    @property
+    def policy(self) -> PreTrainedModel:
+        return self.role.policy
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.role.tokenizer
+
     def _spec_json(self) -> dict[str, Any]:
         return self.spec.model_dump(mode="json", by_alias=True)
 
     def _resume(self, ckpt: Checkpoint | None) -> None:
         if ckpt is not None:
-            self.policy.load_state_dict(ckpt.tensors["policy"])
-            self.optimizer.load_state_dict(ckpt.objects["optimizer"])
-            torch.set_rng_state(ckpt.tensors["rng"]["torch"])
+            self.role.load(ckpt.tensors, ckpt.objects)
             self.step = ckpt.step
             self.history = list(ckpt.state["metrics"])
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
-        write_jsonl(self.metrics_path, self.history)
+        rewrite_jsonl(self.metrics_path, self.history)
 
     def save(self) -> Path:
         """A whole-run checkpoint of the current step."""
         ckpt = Checkpoint(
             step=self.step,
-            tensors={
-                # clones: safetensors refuses tensors that share memory (tied embeddings)
-                "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
-                "rng": {"torch": torch.get_rng_state()},
-            },
-            objects={"optimizer": self.optimizer.state_dict()},
+            tensors={},
+            objects={},
             state={"step": self.step, "metrics": self.history, "spec": self._spec_json()},
         )
+        self.role.add_to(ckpt.tensors, ckpt.objects)
         if self.block is not None:
             self.block.add_to(ckpt)
         return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
@@ -291,15 +258,7 @@ class LocalTrainer:
         )
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.perf_counter()
-        update = rl_step.learn(
-            self.policy,
-            self.optimizer,
-            completions,
-            rewards,
-            self.algo,
-            pad_id=self.pad_id,
-            compute_dtype=self.compute_dtype,
-        )
+        update = self.role.update(completions, rewards)
         rl_step.sync_weights(self.policy, self.engine)
         drafter = self.block.after_update(completions, step) if self.block is not None else {}
         metrics = {
@@ -315,7 +274,9 @@ class LocalTrainer:
         if self.speculative is not None:
             metrics["accept_length"] = self.speculative.stats.accept_length
             metrics["sd_steps"] = self.speculative.stats.steps
-        if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
+        if self.heldout and eval_due(
+            step, self.eval_every, self.algo.steps
+        ):  # after the step's timing: not part of step_seconds
             metrics.update(evaluate(self.engine.generate, self.heldout, self.tokenizer, self.spec, self.reward))
         self.step = step
         self.history.append(metrics)
@@ -345,5 +306,5 @@ class LocalTrainer:
                 self.out_dir, "stop", self.step + 1, signal=stop.name, checkpoint=str(saved) if saved else None
             )
             return self.history
-        save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
+        self.role.save(self.out_dir)
         return self.history

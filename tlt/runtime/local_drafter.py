@@ -9,7 +9,7 @@ EAGLE drafter is not run here (`tlt.runtime.local.local_speculative` drops the E
 
 Per step: `stepper` drafts the rollout with the served drafter on the bandit kept across rollouts; `take`
 buffers the rollout and scores the served drafter and the candidate on it; `train` (when the step trains
-the drafter, `rl_step.trains_drafter`) runs one pass over the buffer on the caller's thread. One process
+the drafter, `SpeculativePlan.trains_drafter`) runs one pass over the buffer on the caller's thread. One process
 has no idle device time to harvest, so the loop spends a fixed amount of work instead (one epoch of the
 buffer), after the policy update: a resumed run repeats it bit for bit. `add_to` / `resume` are the
 whole-run checkpoint's drafter part, in the Ray run's layout (`tlt.runtime.checkpoint.add_drafter`).
@@ -26,7 +26,7 @@ from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
 from tlt.adaptive.arms import block_graphs
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.drafter.buffer import OnlineBuffer
-from tlt.drafter.drafter_set import LearnedDrafters, learned_block_size, learned_drafters, new_drafter_set
+from tlt.drafter.drafter_set import new_drafter_set
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.publish import publish_outcome, step_drafters
@@ -36,8 +36,8 @@ from tlt.models.drafter import drafter_config_from_target
 from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.engine import Engine
 from tlt.rollout.warmup import warm_up_blocks
-from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of
+from tlt.spec.plan import LearnedDrafters, SpeculativePlan, learned_block_size, learned_drafters
 from tlt.spec.run import RunSpec
 
 TRAINER = "local"
@@ -63,6 +63,7 @@ class LocalBlockDrafter:
                 f"reads {list(learned.feature_layers)}: build it with Engine(feature_layers=...)"
             )
         self.spec, self.engine = spec, engine
+        self.plan = SpeculativePlan.of(spec.speculative, spec.drafter)
         self.drafters = new_drafter_set(model, learned)
         self.hub = DrafterHub(
             drafter_config_from_target(model.config), spec.drafter.learning_rate, seed=spec.algorithm.seed
@@ -112,7 +113,7 @@ class LocalBlockDrafter:
 
     def train(self, step: int) -> dict[str, Any]:
         """One pass over the buffer when `step` trains the drafter; its metrics (hub version, loss, steps)."""
-        if not rl_step.trains_drafter(self.spec, step):
+        if not self.plan.trains_drafter(step):
             return {"drafter_version": self.hub.version, "drafter_updates": 0, "drafter_loss": None}
         run = self.trainer.train_epochs(step, epochs=1)
         if run["error"] is not None:

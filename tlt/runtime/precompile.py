@@ -3,10 +3,9 @@
 A rollout worker compiles its engine's graphs when it starts (`tlt.rollout.warmup.warm_up`), and inductor
 keeps what it compiled in an on-disk cache that every process of the machine reads (/tmp/torchinductor_<user>,
 or TORCHINDUCTOR_CACHE_DIR). The workers of a local run start together, so from a cold cache each compiles
-every graph itself, one core each: the target's graphs, then (modes static / tlt) the drafter's and its
-chains'. Measured on a 2-core AMD EPYC (countdown-deep-v3's 16-layer policy, 1 thread): 217 s for the
-target's 4 graphs, 173 s for all 12 of the drafter's; 20 s + 30 s from a warm cache (the demo's arms
-reach 6 of those 12: `tlt.adaptive.arms.drafter_graphs`).
+every graph itself, one core each: the target's graphs, then (with learned drafters) the drafter's and its
+chains' (minutes from a cold cache on a small CPU, seconds from a warm one: docs/measurements-history.md;
+a run's arms reach only some of the drafter's graphs: `tlt.adaptive.arms.drafter_graphs`).
 
 `precompile` compiles each graph once instead, in parallel lanes (one per core). A job is one graph set
 (the target's, the drafter's, or the block drafter's: `kind: block` arms) at one batch class (one row, or
@@ -92,17 +91,16 @@ def graph_sets(spec: RunSpec, policy_path: str, rows: int, threads: int) -> list
     the target's, and with a drafter (modes static / tlt) the drafter graphs its arms and sampling reach
     (`tlt.adaptive.arms.drafter_graphs`) and the block drafter's (`block_graphs`), when there are any."""
     from tlt.adaptive.arms import block_graphs, drafter_graphs
-    from tlt.drafter.drafter_set import learned_drafters
     from tlt.models.loading import read_model_config
     from tlt.rollout.compiled import resolve_compile_for
-    from tlt.runtime.worker_drafter import DRAFTER_MODES  # here, not at the top: job processes need no Ray
+    from tlt.spec.plan import learned_drafters, learns_drafters
 
     if spec.rollout.engine != "tlt":
         return []
     config = read_model_config(policy_path)
     if not resolve_compile_for(spec.rollout.compile, int(config["num_hidden_layers"]), torch.device("cpu")):
         return []
-    hidden = spec.speculative.mode in DRAFTER_MODES
+    hidden = learns_drafters(spec.speculative)
     learned = learned_drafters(spec.speculative, int(config["num_hidden_layers"]))
     base = dict(
         policy_path=str(policy_path),
@@ -200,11 +198,12 @@ def marker_path(s: GraphSet) -> Path:
 def compile_set(s: GraphSet) -> float:
     """Build the engine (and drafter) a worker builds and warm up this set's graphs; the seconds it took.
     Runs in a fresh process: dynamo's graphs depend on what else the process compiled before."""
-    from tlt.drafter.drafter_set import LearnedDrafters, new_drafter_set
+    from tlt.drafter.drafter_set import new_drafter_set
     from tlt.models.drafter import EagleDrafter, drafter_config_from_target
     from tlt.models.loading import load_policy
     from tlt.rollout.engine import Engine
     from tlt.rollout.warmup import warm_up, warm_up_blocks
+    from tlt.spec.plan import LearnedDrafters
 
     torch.set_num_threads(s.threads)
     model, _ = load_policy(s.policy_path, s.dtype)

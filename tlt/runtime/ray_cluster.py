@@ -35,6 +35,7 @@ from tlt.runtime.ray_reaper import start_reaper
 from tlt.runtime.ray_services import VerifierWorker, hub_actor
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
 from tlt.runtime.ray_workers import RolloutWorker
+from tlt.spec.plan import learns_drafters
 from tlt.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,8 @@ def create_actors(
     SidecarPlacementError before starting anything when the sidecars' nodes are missing (on rollout pods
     after waiting up to TRAINER_REJOIN_SECONDS for them)."""
     plan = placement(spec, resources)
-    sidecar = spec.speculative.mode in ("static", "tlt") and spec.drafter.placement == "sidecar"
+    learns = learns_drafters(spec.speculative)
+    sidecar = learns and spec.drafter.placement == "sidecar"
     # on rollout pods a missing sidecar is one the kubelet restarts; anywhere else it never comes
     rejoin = TRAINER_REJOIN_SECONDS if resources.get(ROLE_RESOURCES["rollout"], 0) > 0 else 0.0
     if sidecar:
@@ -255,7 +257,7 @@ def create_actors(
     start_verifier = verifier_starter(spec, resources, plan)
     verifiers = [start_verifier() for _ in range(max(spec.verifier.replicas, 1))]
     hub = None
-    if spec.speculative.mode in ("static", "tlt"):
+    if learns:
         hub = hub_actor(plan.hub_cpus).remote(
             target_config, spec.drafter.learning_rate, spec.algorithm.seed, snapshot_dir
         )

@@ -52,27 +52,17 @@ from typing import Any
 import ray
 import torch
 
-from tlt.drafter.drafter_set import learned_drafters
 from tlt.drafter.export import DRAFTER_SNAPSHOTS_DIR
-from tlt.models.loading import resolve_dtype, save_policy
-from tlt.monitoring import build_loggers
+from tlt.monitoring import METRICS_FILE, build_loggers
+from tlt.monitoring.jsonl import rewrite_jsonl
 from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
 from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
-from tlt.runtime.devices import to_cpu
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop, StoppedWhileStarting, start_ray
-from tlt.runtime.heldout import eval_due, evaluate, heldout_problems, plain_generate
+from tlt.runtime.heldout import eval_due, eval_interval, evaluate, heldout_problems, plain_generate
 from tlt.runtime.hub_keeper import HubKeeper
-from tlt.runtime.local import (
-    METRICS_FILE,
-    POLICY_DIR,
-    build_optimizer,
-    build_policy,
-    policy_path,
-    write_jsonl,
-)
 from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
 from tlt.runtime.resume_guard import check_drafter_fits, check_same_run
 from tlt.runtime.rollout_dispatch import StepRollout
@@ -90,9 +80,11 @@ from tlt.runtime.spot_trainers import SlotSource, SpotTrainers, drafter_step_met
 from tlt.runtime.step_recovery import StepRecovery
 from tlt.runtime.worker_drafter import NO_AGREEMENT
 from tlt.runtime.worker_replacement import ask_each
+from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
+from tlt.workers.policy import PolicyRole, policy_path
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +110,7 @@ class RayTrainer:
         self.run = run
         self.spec = run.spec
         self.algo = run.spec.algorithm
+        self.plan = SpeculativePlan.of(self.spec.speculative, self.spec.drafter)  # ValueError: no usable arm
         self.out_dir = Path(out_dir)
         self.trainers = SpotTrainers(
             SlotSource(self.spec.drafter.enabled_slots, self.out_dir),
@@ -130,7 +123,8 @@ class RayTrainer:
         self.checkpoint_root = self.out_dir / self.spec.checkpoint.path
         self.on_event = on_event
         self.problems = load_problems(self.spec.dataset, "train")
-        self.heldout = heldout_problems(self.spec)  # [] unless algorithm.evalEvery
+        self.heldout = heldout_problems(self.spec)  # [] when the run evaluates nothing (`eval_interval`)
+        self.eval_every = eval_interval(self.spec)
         # a clear error here, before any actor starts; held-out answers are scored here with it
         self.reward = None if self.spec.verifier.reward is None else load_reward(self.spec.verifier.reward)
         self.policy_path = policy_path(run, warmstart)
@@ -152,9 +146,9 @@ class RayTrainer:
         self.stopped: Path | None = None
         self.restarts = 0
         self._load_initial()
-        if self.spec.speculative.mode in ("static", "tlt"):  # what the hub will hold, before it loads anything
-            learned = learned_drafters(self.spec.speculative, self.policy.config.num_hidden_layers)
-            check_drafter_fits(ckpt, self.checkpoint_root, self.policy.config, learned)
+        self.learned = self.plan.learned(self.policy.config.num_hidden_layers)
+        if self.plan.learns:  # what the hub will hold, before it loads anything
+            check_drafter_fits(ckpt, self.checkpoint_root, self.policy.config, self.learned)
         self._resume(ckpt)
         for d in damaged:
             self._emit(
@@ -172,15 +166,20 @@ class RayTrainer:
         return self.out_dir / METRICS_FILE
 
     @property
+    def policy(self) -> torch.nn.Module:
+        return self.role.policy
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.role.tokenizer
+
+    @property
     def served(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version, parameters) of the drafter the rollouts draft with; None: the hub's newest."""
         return self.drafters.served
 
     def _load_initial(self) -> None:
-        self.policy, self.tokenizer = build_policy(self.spec, self.warmstart, self.placement.gpus.policy_device)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.compute_dtype = resolve_dtype(self.spec.model.dtype)
-        self.optimizer = build_optimizer(self.policy, self.spec)
+        self.role = PolicyRole(self.spec, self.warmstart, self.placement.gpus.policy_device)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.actor_states = ActorStates()
@@ -200,10 +199,10 @@ class RayTrainer:
 
     def _resume(self, ckpt: Checkpoint | None) -> None:
         if ckpt is not None:
-            self.step, self.history, self.restarts, self.actor_states = restore_run(ckpt, self.policy, self.optimizer)
+            self.step, self.history, self.restarts, self.actor_states = restore_run(ckpt, self.role)
             self.drafters.served = self.actor_states.served()
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
-        write_jsonl(self.metrics_path, self.history)
+        rewrite_jsonl(self.metrics_path, self.history)
 
     def start_actors(self) -> Actors:
         snapshot_dir = str(self.out_dir / DRAFTER_DIR)
@@ -224,18 +223,17 @@ class RayTrainer:
         """A whole-run checkpoint of the current step (the drafter comes from the hub, synchronously)."""
         if self.actors is not None:
             try:
-                self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
+                self.actor_states.gather(self.actors, self.plan.drafts, self.served)
             except STEP_FAILURES as exc:  # a worker lost since its step: its replacement's (fresh) state is kept
                 recovered = self.hub is not None and self.hub.recover(exc)
                 if not (recovered or self.recovery.replace_lost(self.actors, exc, {}, self.step, redo=False)):
                     raise
-                self.actor_states.gather(self.actors, self.spec.speculative.mode, self.served)
+                self.actor_states.gather(self.actors, self.plan.drafts, self.served)
         return save_run(
             self.checkpoint_root,
             self.spec.checkpoint.keep,
             step=self.step,
-            policy=self.policy,
-            optimizer=self.optimizer,
+            role=self.role,
             history=self.history,
             restarts=self.restarts,
             spec=self.spec.model_dump(mode="json", by_alias=True),
@@ -249,7 +247,7 @@ class RayTrainer:
         step = self.step + 1
         started = time.time()
         ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
-        weights = ray.put(to_cpu(self.policy.state_dict(), self.compute_dtype))
+        weights = ray.put(self.role.rollout_weights())
         stamps = [started, time.time()]  # what the step does before dispatching (`rollout_overhead_parts`)
         carried = self.trainers.stop_running()
         stamps.append(time.time())
@@ -262,7 +260,7 @@ class RayTrainer:
         )
         rollout = StepRollout(actors, step, ids, self.problems, (weights, drafter, candidate))
         self._emit("phase", phase="rollout", workers=rollout.dispatch())
-        trains = rl_step.trains_drafter(self.spec, step) and self.hub is not None
+        trains = self.plan.trains_drafter(step) and self.hub is not None
         collected = rollout.collect(self.trainers if trains else None, self._emit, self._emit_workers)
         results, started_trainers = collected.results, collected.started
         rollout_end = time.time()
@@ -275,15 +273,7 @@ class RayTrainer:
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
         self.recovery.updating = True  # from here a failure cannot run the step again: the policy is changing
-        update = rl_step.learn(
-            self.policy,
-            self.optimizer,
-            completions,
-            rewards,
-            self.algo,
-            pad_id=self.pad_id,
-            compute_dtype=self.compute_dtype,
-        )
+        update = self.role.update(completions, rewards)
         update_seconds = time.time() - update_started
         # The workers buffered their samples and scored the drafters while the policy updated; what of that
         # outlasts the update, the step waits for here
@@ -319,7 +309,9 @@ class RayTrainer:
         metrics["recoveries"] = self.recovery.redone + collected.recoveries + restarted
         if self.hub is not None and not self.trainers.running:  # nothing can push before the next step
             self.drafters.prefetch(self.hub)
-        if self.heldout and eval_due(step, self.algo):  # after the step's timing: not part of step_seconds
+        if self.heldout and eval_due(
+            step, self.eval_every, self.algo.steps
+        ):  # after the step's timing: not part of step_seconds
             self._emit("phase", phase="evaluation")
             metrics.update(evaluate(plain_generate(self.policy), self.heldout, self.tokenizer, self.spec, self.reward))
         self.step = step
@@ -371,13 +363,17 @@ class RayTrainer:
                 # one after the other: the hub's calls run on several threads, in no fixed order
                 self.hub.call("snapshot", self.step)
                 self.hub.call("wait_snapshots", 60.0)
-            learned = learned_drafters(self.spec.speculative, self.policy.config.num_hidden_layers)
             self.drafters.write_served(
-                self.out_dir, self.hub, self.actor_states.drafter, self.policy.config, self.step, learned.feature_layers
+                self.out_dir,
+                self.hub,
+                self.actor_states.drafter,
+                self.policy.config,
+                self.step,
+                self.learned.feature_layers,
             )
         finally:
             self.shutdown()
-        save_policy(self.policy, self.tokenizer, self.out_dir / POLICY_DIR)
+        self.role.save(self.out_dir)
         return self.history
 
     def _restart(self, exc: BaseException) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from tlt.drafter.drafter_set import LearnedDrafters
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.priority import lower_thread_priority
 from tlt.models.drafter import drafter_config_from_target
@@ -23,6 +22,7 @@ from tlt.rl.reward_plugin import RewardError, call_reward, load_reward
 from tlt.rl.rewards import score
 from tlt.runtime.devices import to_cpu
 from tlt.runtime.optional_ray import ray
+from tlt.spec.plan import LearnedDrafters
 
 
 class VerifierWorker:

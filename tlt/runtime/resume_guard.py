@@ -13,9 +13,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from tlt.drafter.drafter_set import LearnedDrafters
 from tlt.drafter.resume_check import drafter_resume_problem
 from tlt.runtime.checkpoint import Checkpoint, drafter_of
+from tlt.spec.plan import LearnedDrafters
 
 # Spec sections a resumed run must share with the run that wrote the checkpoint
 # (algorithm.steps may grow: resuming with more steps extends a finished run).

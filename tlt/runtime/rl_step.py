@@ -33,7 +33,7 @@ from tlt.rollout.decode_step import Stepper
 from tlt.rollout.draft_switch import sd_bucket
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion, Request, SamplingParams, StepMetrics
-from tlt.spec.run import AlgorithmSpec, RunSpec
+from tlt.spec.run import AlgorithmSpec
 from tlt.tasks.evaluate import length_stats
 from tlt.tasks.problem import Problem
 from tlt.tasks.prompt_format import encode_prompt
@@ -358,12 +358,3 @@ def shards(ids: list[int], workers: int) -> list[list[int]]:
     """Split prompt ids into `workers` contiguous, near-equal shards (prompt-major order kept)."""
     size = math.ceil(len(ids) / workers)
     return [ids[i * size : (i + 1) * size] for i in range(workers)]
-
-
-def trains_drafter(spec: RunSpec, step: int) -> bool:
-    """Whether trainers may run in `step`'s idle time: mode tlt with drafter.training on; mode static
-    only in the run's first step and only when it does not start from speculative.drafterPath."""
-    mode = spec.speculative.mode
-    if mode == "tlt":
-        return spec.drafter.training
-    return mode == "static" and step == 1 and spec.speculative.drafter_path is None

@@ -25,6 +25,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerC
 from tlt.drafter.warm_start import warm_start_params
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, save_checkpoint
 from tlt.runtime.ray_cluster import Actors
+from tlt.workers.policy import PolicyRole
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,10 @@ class ActorStates:
     bandits: list[dict[str, Any] | None] | None = None
     trainers: list[dict[str, Any] | None] | None = None
 
-    def gather(self, actors: Actors, mode: str, served: Drafter | None) -> None:
-        """Read the states from the live actors (`mode`: `speculative.mode`; `served`: the served drafter)."""
-        if mode != "off":
+    def gather(self, actors: Actors, drafts: bool, served: Drafter | None) -> None:
+        """Read the states from the live actors (`drafts`: the run drafts, so its workers keep bandits;
+        `served`: the served drafter)."""
+        if drafts:
             self.bandits = ray.get([w.bandit_state.remote() for w in actors.rollout])
         if actors.hub is not None:
             self.drafter = ray.get(actors.hub.state.remote())
@@ -96,8 +98,7 @@ def save_run(
     keep: int,
     *,
     step: int,
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    role: PolicyRole,
     history: list[dict[str, Any]],
     restarts: int,
     spec: dict[str, Any],
@@ -105,26 +106,19 @@ def save_run(
 ) -> Path:
     """Write the whole-run checkpoint of `step` under `root` (keeping the newest `keep`); returns its folder.
     `spec`: the run spec as JSON, checked against the run that resumes from it."""
-    tensors = {
-        "policy": {k: v.detach().clone() for k, v in policy.state_dict().items()},
-        "rng": {"torch": torch.get_rng_state()},
-    }
     state: dict[str, Any] = {"step": step, "metrics": history, "restarts": restarts, "spec": spec}
     if states.bandits is not None:
         state["bandits"] = states.bandits
-    ckpt = Checkpoint(step=step, tensors=tensors, objects={"optimizer": optimizer.state_dict()}, state=state)
+    ckpt = Checkpoint(step=step, tensors={}, objects={}, state=state)
+    role.add_to(ckpt.tensors, ckpt.objects)
     add_drafter(ckpt, states.drafter, states.trainers)
     return save_checkpoint(root, ckpt, keep=keep)
 
 
-def restore_run(
-    ckpt: Checkpoint, policy: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[int, list[dict[str, Any]], int, ActorStates]:
-    """Load `ckpt` into `policy`, `optimizer` and the torch RNG; returns (step, metrics, restarts, actor
+def restore_run(ckpt: Checkpoint, role: PolicyRole) -> tuple[int, list[dict[str, Any]], int, ActorStates]:
+    """Load `ckpt` into the policy role (weights, optimizer, torch RNG); returns (step, metrics, restarts, actor
     states)."""
-    policy.load_state_dict(ckpt.tensors["policy"])
-    optimizer.load_state_dict(ckpt.objects["optimizer"])
-    torch.set_rng_state(ckpt.tensors["rng"]["torch"])
+    role.load(ckpt.tensors, ckpt.objects)
     drafter, trainers = drafter_of(ckpt)
     states = ActorStates(drafter=drafter, bandits=ckpt.state.get("bandits"), trainers=trainers)
     return ckpt.step, list(ckpt.state["metrics"]), int(ckpt.state.get("restarts", 0)), states

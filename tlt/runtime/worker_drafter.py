@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from tlt.drafter.buffer import OnlineBuffer
-from tlt.drafter.drafter_set import DrafterSet, learned_drafters, new_drafter_set
+from tlt.drafter.drafter_set import DrafterSet, new_drafter_set
 from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.block_drafter import BlockDrafter
@@ -34,11 +34,11 @@ from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.runtime.devices import to_cpu, tree_to_cpu
 from tlt.runtime.optional_ray import ray
 from tlt.runtime.ray_services import hub_push, no_hub
+from tlt.spec.plan import learned_drafters, learns_drafters
 from tlt.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
-DRAFTER_MODES = ("static", "tlt")
 Drafter = tuple[int, dict[str, torch.Tensor]]  # (version, parameters)
 NO_AGREEMENT = {"agree": 0, "agree_total": 0}
 
@@ -55,14 +55,14 @@ class WorkerDrafter:
         self.sidecar: Any | None = None
         self.sidecar_lost: str | None = None  # why the sidecar's process was lost since the last stop's ack
         self.learned = learned_drafters(spec.speculative, model.config.num_hidden_layers)
-        if spec.speculative.mode in DRAFTER_MODES and self.learned.block_size:
+        if self.learned.block_size:
             if spec.drafter.placement == "sidecar":
                 raise ValueError(
                     "speculative.arms of kind block train in the rollout container: set drafter.placement "
                     "'in-container', or drop the block arms"
                 )
             self.drafter = new_drafter_set(model, self.learned)
-        elif spec.speculative.mode in DRAFTER_MODES:
+        elif learns_drafters(spec.speculative):
             self.drafter = EagleDrafter(drafter_config_from_target(model.config)).to(model.device, torch.float32).eval()
             self.drafter.bind_policy(model)
         # the reduced draft vocabulary (before the drafter's graphs compile), re-picked every rollout

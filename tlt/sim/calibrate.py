@@ -90,7 +90,8 @@ def compare_run(
             f"the run has {len(steps)} steps with response_lengths; at least 2 are needed (the Ray "
             "runtime records them: `tlt train` without --local)"
         )
-    if spec.speculative.mode not in MODE_VARIANT:
+    variant_name = MODE_VARIANT.get(spec.speculative.mode)
+    if variant_name is None:
         raise ValueError(
             f"speculative.mode {spec.speculative.mode!r} has no simulated variant; allowed: {sorted(MODE_VARIANT)}"
         )
@@ -102,7 +103,6 @@ def compare_run(
     overhead = sum(float(m.get("rollout_overhead_seconds") or 0.0) for m in fit) / len(fit)
     # The fixed update seconds ride in the cost model's per-step sync term (added after the update).
     cost = MeasuredCost.from_bench(bench, per_token * cluster.update_gpus, fixed)
-    variant_name = MODE_VARIANT[spec.speculative.mode]
 
     def run(part: list[dict[str, Any]], model: MeasuredCost) -> list[Any]:
         variants = build_variants(spec.speculative, (variant_name,), spec.drafter.training)

@@ -1,7 +1,7 @@
 """A whole simulation: every step of a trace, for each variant, with each replica's bandit and the
 drafter's training carried from step to step (the drafter trained in step s serves step s + 1).
 
-The variants' arms come from `tlt.adaptive.arms.arm_indices` under mode static / tlt and their bandits
+The variants' arms come from `tlt.spec.plan.usable_arms` under mode static / tlt and their bandits
 from `tlt.adaptive.adaptive_stepper.new_bandit`: the engine's own choice of arms and bandit settings.
 """
 
@@ -13,11 +13,11 @@ from statistics import mean
 from typing import Any
 
 from tlt.adaptive.adaptive_stepper import new_bandit
-from tlt.adaptive.arms import arm_indices
 from tlt.sim.accept import AcceptCurve
 from tlt.sim.cost_model import CostModel
 from tlt.sim.replica import Drafting
 from tlt.sim.step import ClusterConfig, StepResult, Variant, simulate_step
+from tlt.spec.plan import usable_arms
 from tlt.spec.run import SpeculativeSpec
 
 VARIANTS = ("vanilla", "static", "tlt")
@@ -38,7 +38,7 @@ def build_variants(
             moded = spec.model_copy(update={"mode": name})
             out.append(
                 Variant(
-                    name, tuple(spec.arms[i] for i in arm_indices(moded)), trains=name == "tlt" and drafter_training
+                    name, tuple(spec.arms[i] for i in usable_arms(moded)), trains=name == "tlt" and drafter_training
                 )
             )
     return out

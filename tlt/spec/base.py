@@ -8,7 +8,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-PathStr = Annotated[str, Field(min_length=1, max_length=1024)]
+# A path: no control characters (a newline or a NUL in a path is a typo, and breaks logs, mounts and shells).
+PathStr = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 ShortStr = Annotated[str, Field(max_length=253)]

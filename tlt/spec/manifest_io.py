@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tlt.spec.base import Quantity
+from tlt.spec.base import PathStr, Quantity
+from tlt.spec.pod_template import EnvName
 from tlt.spec.run import (
     IMAGE_PATTERN,
     KIND,
@@ -40,6 +41,9 @@ PATTERN_WORDS = {
     _pattern(Quantity): "a quantity: a number with an optional suffix m, k, M, G, T, Ki, Mi, Gi or Ti (e.g. 4Gi, 500m)",
     _pattern(PromMetric): "a Prometheus metric name: letters, digits, '_' and ':', not starting with a digit",
     _pattern(PromLabel): "a Prometheus label name: letters, digits and '_', not starting with a digit",
+    _pattern(PathStr): "a path without control characters (no newline, tab or NUL)",
+    _pattern(EnvName): "an environment variable name: letters, digits, '-', '_' and '.', not starting with a digit, "
+    "and not '.', '..' or starting with '..'",
     IMAGE_PATTERN: "an image reference: [registry[:port]/]lowercase/path[:tag][@sha256:digest], no spaces",
     RUN_NAME_PATTERN: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a "
     "letter or digit",

@@ -44,11 +44,16 @@ class SecretKeyRef(Spec):
     )
 
 
+# Kubernetes' rule for an env var's name (IsEnvVarName): letters, digits, '-', '_' and '.', not starting with a
+# digit, and not '.', '..' or starting with '..' (the API server refuses those when the pod is created).
+EnvName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^([-_a-zA-Z]|\.[-_a-zA-Z0-9])[-._a-zA-Z0-9]*$")]
+
+
 class EnvVar(Spec):
     """An environment variable of the run's containers."""
 
-    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")] = Field(
-        description="Variable name."
+    name: EnvName = Field(
+        description="Variable name: letters, digits, '-', '_' and '.'; not a digit first, not '.' or '..' first."
     )
     value: Annotated[str, Field(max_length=4096)] | None = Field(None, description="Literal value.")
     secret_key_ref: SecretKeyRef | None = Field(None, description="Value taken from a Secret, by reference.")

@@ -160,12 +160,11 @@ class AlgorithmSpec(Spec):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Rollout nucleus sampling mass.")
     max_new_tokens: int = Field(512, ge=1, le=131072, description="Response length cap (truncation).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling, shuffling and initialisation.")
-    eval_every: int = Field(
-        0,
-        ge=0,
-        le=1_000_000,
+    eval_every: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        None,
         description="Held-out evaluation every this many steps and after the last (the dataset's eval split: "
-        "reward and accuracy in the metrics, the report and the status); 0: never.",
+        "reward and accuracy in the metrics, the report and the status); 0: never; unset: after the last step "
+        "when the dataset is a file with an eval split (evalPath, or evalFraction > 0), else never.",
     )
     eval_samples: int = Field(64, ge=1, le=100_000, description="Held-out problems evaluated (the eval split's first).")
     eval_temperature: float = Field(0.0, ge=0, le=10.0, description="Held-out sampling temperature; 0 is greedy.")

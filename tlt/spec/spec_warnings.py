@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from tlt.spec.plan import learns_drafters, speculates
 from tlt.spec.run import ArmSpec, RunSpec
 
 _SUFFIX = {
@@ -42,7 +43,7 @@ def tree_candidates(arm: ArmSpec) -> int:
 def spec_warnings(spec: RunSpec) -> list[str]:
     out: list[str] = []
     sd = spec.speculative
-    if sd.mode != "off" and sd.buckets and sd.threshold > sd.buckets[-1]:
+    if speculates(sd) and sd.buckets and sd.threshold > sd.buckets[-1]:
         out.append(
             f"spec.speculative.threshold: {sd.threshold} is past the last bucket ({sd.buckets[-1]}); running "
             f"batches above {sd.buckets[-1]} have no bucket and decode plainly, so the rest does nothing"
@@ -54,7 +55,7 @@ def spec_warnings(spec: RunSpec) -> list[str]:
                 f"{tree_candidates(arm)} nodes a depth-{arm.depth}, topk-{arm.topk} tree has; the rest of the "
                 "budget does nothing"
             )
-        if arm.kind == "block" and sd.mode in ("static", "tlt") and spec.drafter.placement == "sidecar":
+        if arm.kind == "block" and learns_drafters(sd) and spec.drafter.placement == "sidecar":
             out.append(
                 f"spec.speculative.arms[{i}]: kind block trains its drafter in the rollout container, not in a "
                 "sidecar: with drafter.placement 'sidecar' the rollout workers refuse this arm"
@@ -68,7 +69,7 @@ def spec_warnings(spec: RunSpec) -> list[str]:
                 "rounds between the two copies, so the duplicate only slows its learning"
             )
         seen.setdefault(key, i)
-    if sd.draft_vocab and (sd.mode in ("off", "ngram") or spec.rollout.engine == "vllm"):
+    if sd.draft_vocab and (not learns_drafters(sd) or spec.rollout.engine == "vllm"):
         why = (
             "rollout.engine vllm drafts from the whole vocabulary"
             if spec.rollout.engine == "vllm"

@@ -79,8 +79,3 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[
     if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
         ids = ids["input_ids"]
     return [int(i) for i in ids]
-
-
-def prompt_text(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> str:
-    """The exact text behind `encode_prompt`'s ids, special tokens included (for `tlt validate --show-prompt`)."""
-    return tokenizer.decode(encode_prompt(tokenizer, problem), skip_special_tokens=False)

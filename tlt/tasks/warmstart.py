@@ -33,6 +33,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from tlt.models.loading import library_bars
 from tlt.models.tiny import tiny_config
 from tlt.progress import phase
 from tlt.rl.rewards import number_match
@@ -313,8 +314,9 @@ def warm_start(config: WarmstartConfig, *, root: Path | None = None, on_step: St
     log.info("warm start trained: %s", metrics)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        with library_bars():
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
         meta = {"config": dataclasses.asdict(config), "cache_key": config.cache_key(), "metrics": metrics}
         (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2))
         os.rename(staging, target)
@@ -331,4 +333,5 @@ def load_metadata(folder: Path) -> dict:
 
 def load_policy(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The model (eval mode) and tokenizer of a warm-start folder."""
-    return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    with library_bars():
+        return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)

@@ -22,6 +22,7 @@ sample (temperature > 0) with SD on a CPU build is refused; greedy SD and sampli
 from __future__ import annotations
 
 from tlt.rollout.draft_switch import drafts_at_some_batch
+from tlt.spec.plan import learns_drafters, model_free_only
 from tlt.spec.run import RunSpec, SpeculativeSpec
 
 EAGLE_KINDS = ("chain", "tree", "mixed")
@@ -43,7 +44,7 @@ def eagle_draft_tokens(speculative: SpeculativeSpec) -> int:
 def vllm_drafts(speculative: SpeculativeSpec) -> bool:
     """Whether the vLLM worker runs EAGLE: a learned drafter (static / tlt) that drafts at some running batch
     (`tlt.rollout.draft_switch`; threshold 0: the drafter trains, never drafts)."""
-    return speculative.mode in ("static", "tlt") and drafts_at_some_batch(speculative.threshold, speculative.buckets)
+    return learns_drafters(speculative) and drafts_at_some_batch(speculative.threshold, speculative.buckets)
 
 
 def vllm_spec_problem(spec: RunSpec, *, cuda: bool) -> str | None:
@@ -51,7 +52,7 @@ def vllm_spec_problem(spec: RunSpec, *, cuda: bool) -> str | None:
     if spec.rollout.engine != "vllm":
         return None
     speculative = spec.speculative
-    if speculative.mode == "ngram":
+    if model_free_only(speculative):
         return (
             "speculative.mode 'ngram' is not available with rollout.engine 'vllm' (TLT's n-gram drafter is "
             "not vLLM's); use mode off, static or tlt, or rollout.engine 'tlt'"
