@@ -96,6 +96,47 @@ def _update_run(args: argparse.Namespace) -> int:
     return _write_json(console, args.json, result)
 
 
+def _policy_group_arguments(parser: argparse.ArgumentParser) -> None:
+    from tlt.bench.policy_group_rank import SHAPES
+
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b", help="policy shape (random weights)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--seqs", type=int, default=2, help="sequences in the step's batch (default 2)")
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens a sequence (default 64)")
+    parser.add_argument("--response", type=int, default=512, help="response tokens a sequence (default 512)")
+
+
+def _policy_group_run(args: argparse.Namespace) -> int:
+    import sys
+
+    from rich.console import Console
+
+    from tlt.bench.policy_group import run_policy_group_bench
+
+    console = Console()
+    try:
+        result = run_policy_group_bench(
+            args.shape,
+            rounds=args.rounds,
+            seqs=args.seqs,
+            prompt=args.prompt,
+            response=args.response,
+            on_result=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"error: {exc}")
+        return 2
+    t, m = result["throughput_ratio"], result["state_ratio_per_rank"]
+    console.print(
+        f"{result['shape']} ({result['parameters'] / 1e6:.0f}M parameters), {args.seqs} x "
+        f"({args.prompt} + {args.response}) tokens, {args.rounds} rounds: 2 ranks / 1 rank throughput "
+        f"{t['median']:.3f} [{t['min']:.3f}, {t['max']:.3f}], state per rank {m['median']:.3f} "
+        f"[{m['min']:.3f}, {m['max']:.3f}]; load before {result['load_average']['before']}",
+        highlight=False,
+    )
+    return _write_json(console, args.json, result)
+
+
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", type=Path, default=None, help="workload file (default bench/workload.yaml)")
     parser.add_argument("--shards", type=int, default=8, help="shards (the run's first steps' prompts), default 8")
@@ -226,6 +267,11 @@ BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callabl
         "the policy update with vs without a separate old-log-prob pass, interleaved pairs",
         _update_arguments,
         _update_run,
+    ),
+    "policy-group": (
+        "one GRPO update of a real policy shape on one rank vs two FSDP2 ranks on the same cores, interleaved",
+        _policy_group_arguments,
+        _policy_group_run,
     ),
     "worker": (
         "one rollout worker alone (no Ray): vanilla vs tlt on the same shards, interleaved",

@@ -111,6 +111,7 @@ def policy_update(
     pad_id: int = 0,
     max_grad_norm: float = 1.0,
     old_from_first_pass: bool = False,
+    passes: list[tuple[list[int], float]] | None = None,
 ) -> dict[str, float]:
     """`algo.ppo_epochs` optimizer steps on the whole batch, micro-batched by `algo.micro_batch_size`
     sequences in the layout `algo.update_layout` (`tlt.rl.packing`).
@@ -124,6 +125,12 @@ def policy_update(
     Micro-batch losses are normalised by the whole batch's token / sequence counts, so the
     accumulated gradient equals the gradient of one forward over the whole batch.
     Returns metrics averaged over epochs: loss, policy_loss, kl, clip_fraction, grad_norm.
+
+    passes: the (rows, loss weight) forward-backward passes of each epoch, instead of every micro-batch at
+    weight 1: a rank of a sharded policy runs its share of the rows (`tlt.workers.policy_group`), its
+    gradient scaled to survive the group's averaging, and weight-0 passes that keep its collectives in step
+    with the other ranks (they add nothing to the gradient or the metrics). Its metrics and the old
+    log-probs it fills are then its share: the caller sums them over the ranks.
     """
     if algo.kl_coef > 0 and batch.ref_logprobs is None:
         raise ValueError("algorithm.klCoef > 0 needs ref_logprobs in the batch")
@@ -132,17 +139,19 @@ def policy_update(
     num_tokens = float(full_mask.sum().clamp(min=1.0))
     num_seqs = float(len(batch))
     sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
-    groups = micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout)
+    if passes is None:
+        passes = [(rows, 1.0) for rows in micro_batches(batch.lengths(), algo.micro_batch_size, algo.update_layout)]
+    param_dtype = next(model.parameters()).dtype
     model.train()
     # the old log-probs: the batch's, or filled from epoch 0's forward (in the precision policy_logprobs keeps)
     old_logprobs = (
-        torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if model.dtype == torch.float64 else torch.float32)
+        torch.zeros(batch.old_logprobs.shape, dtype=torch.float64 if param_dtype == torch.float64 else torch.float32)
         if old_from_first_pass
         else batch.old_logprobs
     )
     for epoch in range(algo.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
-        for rows in groups:
+        for rows, weight in passes:
             responses = [batch.response_ids[b] for b in rows]
             logp, mask = response_logprobs(
                 model,
@@ -153,7 +162,7 @@ def policy_update(
                 packed=algo.update_layout == "packed",
             )
             width = logp.shape[1]
-            if old_from_first_pass and epoch == 0:
+            if old_from_first_pass and epoch == 0 and weight:
                 old_logprobs[rows, :width] = logp.detach().to(old_logprobs)
             old = old_logprobs[rows, :width].to(logp)
             ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None
@@ -170,13 +179,16 @@ def policy_update(
                 num_tokens=num_tokens,
                 num_seqs=num_seqs,
             )
-            terms.loss.backward()
+            (terms.loss if weight == 1.0 else terms.loss * weight).backward()
+            if not weight:
+                continue
             share = float(mask.sum()) / num_tokens
             sums["loss"] += float(terms.loss.detach())
             sums["policy_loss"] += float(terms.policy_loss)
             sums["kl"] += float(terms.kl)
             sums["clip_fraction"] += float(terms.clip_fraction) * share
-        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
         optimizer.step()
     model.eval()
     if old_from_first_pass:
