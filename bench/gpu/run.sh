@@ -42,7 +42,7 @@ export TLT_CACHE_DIR="$CARRY/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTH
   TOKENIZERS_PARALLELISM=false
 TLT=("$PY" -m tlt.cli)
 # Modules the phases import: the device must hold them (checked by the dry run against its package list).
-MODULES=(tlt.cli tlt.commands.bench tlt.bench.cost_terms tlt.bench.worker_alone tlt.runtime.ray_workers tlt.runtime.local)
+MODULES=(tlt.cli tlt.commands.bench tlt.bench.cost_terms tlt.bench.worker_alone tlt.workers.rollout tlt.runtime.local)
 
 # The phases after the prerequisites, in order: name, budget (s), signal that ends it at its budget (pytest
 # writes its junit on INT), and its command.

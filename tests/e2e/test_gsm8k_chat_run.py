@@ -111,7 +111,7 @@ def test_validate_refuses_a_reward_that_does_not_import(tmp_path: Path, capsys):
 
 def test_ray_verifiers_score_with_the_plugin_and_return_its_failures(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
-    from tlt.runtime.ray_services import VerifierWorker
+    from tlt.workers.services import VerifierWorker
 
     plugin = VerifierWorker("gsm8k", reward="reward_plugin:graded")
     record = {"question": "q", "answer": "#### 18"}

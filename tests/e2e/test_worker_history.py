@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 
 from tlt.models.loading import load_policy
-from tlt.runtime.ray_workers import RolloutWorker
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import reduced_config, warm_start
+from tlt.workers.rollout import RolloutWorker
 
 SPEC = {
     "model": {"dtype": "float32", "maxContext": 128},

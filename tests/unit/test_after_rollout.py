@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 from tlt.drafter.priority import BACKGROUND_NICE
-from tlt.runtime.after_rollout import AfterRollout
+from tlt.workers.after_rollout import AfterRollout
 
 
 def _recorder():

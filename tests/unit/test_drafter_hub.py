@@ -161,7 +161,7 @@ def test_where_the_idle_class_is_refused_the_thread_still_gets_the_lowest_nice_v
 
 @LINUX_ONLY
 def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
-    from tlt.runtime.ray_services import HubWorker
+    from tlt.workers.services import HubWorker
 
     model = policy()
     hub = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)
@@ -184,7 +184,7 @@ def test_the_hub_actor_serves_pushes_at_the_trainers_priority():
 def test_trainers_push_through_the_hubs_own_push_group(monkeypatch):
     """The threads that served a push stay in the idle class: pushes go to `PUSH_GROUP`, whose threads serve
     nothing else, so the coordinator's pulls and snapshots keep the default group's normal threads."""
-    from tlt.runtime.ray_services import PUSH_GROUP, hub_push
+    from tlt.workers.services import PUSH_GROUP, hub_push
 
     calls: list[tuple[str, tuple]] = []
 
@@ -200,7 +200,7 @@ def test_trainers_push_through_the_hubs_own_push_group(monkeypatch):
     class Handle:
         push_delta = Method()
 
-    monkeypatch.setattr("tlt.runtime.ray_services.ray.get", lambda ref: (7, {}) if ref == "ref" else None)
+    monkeypatch.setattr("tlt.workers.services.ray.get", lambda ref: (7, {}) if ref == "ref" else None)
     assert hub_push(Handle())("w0", {}, 3, 2, 10, 0.5) == (7, {})
     assert calls == [("options", (("concurrency_group", PUSH_GROUP),)), ("remote", ("w0", {}, 3, 2, 10, 0.5))]
 
@@ -324,8 +324,8 @@ def test_a_restarted_hub_refuses_the_drafters_calls_until_restored():
     from ray.exceptions import ActorDiedError, RayTaskError
 
     from tlt.runtime.hub_keeper import hub_lost
-    from tlt.runtime.ray_services import HubRestarted, HubWorker
     from tlt.spec.plan import LearnedDrafters
+    from tlt.workers.services import HubRestarted, HubWorker
 
     model = policy()
     trained = HubWorker(model.config, 1e-3, seed=0, snapshot_dir=None)

@@ -188,7 +188,7 @@ def worker_cache_counters(spec, policy_path: str, rows: int) -> dict[str, int]:
     """Runs in a fresh child: start a rollout worker as a Ray actor would, return inductor's counters."""
     from torch._dynamo.utils import counters
 
-    from tlt.runtime.ray_workers import RolloutWorker
+    from tlt.workers.rollout import RolloutWorker
 
     RolloutWorker(0, spec, policy_path, rows, [], None, threads=1)
     return dict(counters["inductor"])

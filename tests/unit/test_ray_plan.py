@@ -19,10 +19,10 @@ from tlt.runtime import k8s_slots
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.ray_cluster import placement
 from tlt.runtime.rl_step import shards
-from tlt.runtime.shard_generation import release_kv_cache
 from tlt.runtime.spot_trainers import SlotSource
-from tlt.runtime.worker_state import worker_identity
 from tlt.spec.run import RunSpec
+from tlt.workers.rollout_state import worker_identity
+from tlt.workers.shard_generation import release_kv_cache
 
 
 def spec(**sections) -> RunSpec:

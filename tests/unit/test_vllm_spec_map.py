@@ -14,8 +14,8 @@ from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts, vllm_spec_problem
-from tlt.runtime.ray_vllm_worker import with_features
 from tlt.spec.run import RunSpec
+from tlt.workers.vllm_rollout import with_features
 
 
 def vllm_spec(**over) -> RunSpec:

@@ -168,8 +168,8 @@ def _repeat(cfg: WorkerBenchConfig, inputs: _Inputs, repeat: int) -> dict[str, d
     """One repeat: fresh workers (a new bandit and history store each), every shard run by both variants,
     the order flipped every shard and every repeat. Per variant: seconds, steps, tokens per shard, decode
     seconds and steps by running batch, every response's tokens."""
-    from tlt.runtime.ray_workers import RolloutWorker
     from tlt.runtime.rl_step import shards
+    from tlt.workers.rollout import RolloutWorker
 
     algo = inputs.runs["tlt"].spec.algorithm
     replicas = inputs.runs["tlt"].spec.rollout.replicas

@@ -1,5 +1,5 @@
 """The CPU priority of background work: spot trainers, the hub's pushes, snapshot writes, and a rollout
-worker's after-rollout bookkeeping (`tlt.runtime.after_rollout`).
+worker's after-rollout bookkeeping (`tlt.workers.after_rollout`).
 
 They harvest idle capacity, so each such thread moves itself to the lowest priority there is: Linux's
 SCHED_IDLE class, after nice 19 in case the class is refused. SCHED_IDLE, not only a nice value, because

@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError
 
 from tlt.runtime.failure_kinds import LOST, cause_of, classify, failure_line
-from tlt.runtime.ray_services import HubRestarted
+from tlt.workers.services import HubRestarted
 
 log = logging.getLogger(__name__)
 

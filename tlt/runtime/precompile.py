@@ -52,7 +52,7 @@ _CODE_FOLDERS = ("models", "rollout")  # the code that shapes a graph (tlt/model
 @dataclass(frozen=True)
 class GraphSet:
     """A compile job: the target's graphs (`drafter=False`), the drafter's and its chains', or (`block_depths`)
-    the block drafter's blocks, for the engine a rollout worker builds (`tlt.runtime.ray_workers.RolloutWorker`),
+    the block drafter's blocks, for the engine a rollout worker builds (`tlt.workers.rollout.RolloutWorker`),
     at batch class `batch` (1: one row, 2: several rows, 0: both; a block job always compiles both)."""
 
     policy_path: str

@@ -32,11 +32,11 @@ from tlt.rl.reward_plugin import plugin_search_path
 from tlt.runtime.devices import GpuPlan, gpu_plan
 from tlt.runtime.precompile import graph_sets, precompile
 from tlt.runtime.ray_reaper import start_reaper
-from tlt.runtime.ray_services import VerifierWorker, hub_actor
 from tlt.runtime.ray_sidecar import TRAINER_REJOIN_SECONDS, await_trainer_nodes, create_sidecars
-from tlt.runtime.ray_workers import RolloutWorker
 from tlt.spec.plan import learns_drafters
 from tlt.spec.run import RunSpec
+from tlt.workers.rollout import RolloutWorker
+from tlt.workers.services import VerifierWorker, hub_actor
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def precompile_local(sets: list[Any], resources: dict[str, float]) -> dict[str, 
 def rollout_worker_class(spec: RunSpec) -> type:
     """The rollout worker of `rollout.engine`: this project's engine, or vLLM (imported only then)."""
     if spec.rollout.engine == "vllm":
-        from tlt.runtime.ray_vllm_worker import VllmRolloutWorker
+        from tlt.workers.vllm_rollout import VllmRolloutWorker
 
         return VllmRolloutWorker
     return RolloutWorker

@@ -78,13 +78,13 @@ from tlt.runtime.served_drafter import StepDrafters
 from tlt.runtime.shard_metrics import shard_rollout_metrics
 from tlt.runtime.spot_trainers import SlotSource, SpotTrainers, drafter_step_metrics
 from tlt.runtime.step_recovery import StepRecovery
-from tlt.runtime.worker_drafter import NO_AGREEMENT
 from tlt.runtime.worker_replacement import ask_each
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
 from tlt.workers.policy import PolicyRole, policy_path
+from tlt.workers.rollout_drafter import NO_AGREEMENT
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ before giving up.
 
 A sidecar trainer whose process is lost (killed, OOM-killed, its container restarted) restarts alone: Ray
 starts it again on its node (`SIDECAR_RESTARTS`), with an empty buffer, and its worker goes on without a
-trainer until it is back (`tlt.runtime.worker_drafter`: the rollouts of that step are not buffered; the
+trainer until it is back (`tlt.workers.rollout_drafter`: the rollouts of that step are not buffered; the
 next stop's acknowledgement says "trainer_lost", the coordinator's event `trainer_restarted`). The tokens
 never depend on it. A lost rollout worker's replacement is attached to its sidecar as it starts
 (`tlt.runtime.ray_cluster.rollout_starter`), which stops any training it still ran for the lost worker.
@@ -44,9 +44,9 @@ from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
-from tlt.runtime.ray_services import hub_push
-from tlt.runtime.worker_state import node_id
 from tlt.spec.run import RunSpec
+from tlt.workers.rollout_state import node_id
+from tlt.workers.services import hub_push
 
 log = logging.getLogger(__name__)
 

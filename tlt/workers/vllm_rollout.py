@@ -33,11 +33,11 @@ from tlt.rollout.types import Completion
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
 from tlt.runtime import rl_step
 from tlt.runtime.heap import freeze_actor_heap
-from tlt.runtime.ray_workers import RolloutWorker
-from tlt.runtime.worker_drafter import NO_AGREEMENT
-from tlt.runtime.worker_state import GENERATING, IDLE
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
+from tlt.workers.rollout import RolloutWorker
+from tlt.workers.rollout_drafter import NO_AGREEMENT
+from tlt.workers.rollout_state import GENERATING, IDLE
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 

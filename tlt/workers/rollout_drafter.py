@@ -33,9 +33,9 @@ from tlt.models.draft_vocab import DraftVocabTracker
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.runtime.devices import to_cpu, tree_to_cpu
 from tlt.runtime.optional_ray import ray
-from tlt.runtime.ray_services import hub_push, no_hub
 from tlt.spec.plan import learned_drafters, learns_drafters
 from tlt.spec.run import RunSpec
+from tlt.workers.services import hub_push, no_hub
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from tlt.rollout.sequence import Sequence
 from tlt.rollout.step_timing import STEP_SPLIT_ENV, StepSplit
 from tlt.runtime import rl_step
 from tlt.runtime.devices import completion_to_cpu
-from tlt.runtime.worker_state import WorkerStates
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
+from tlt.workers.rollout_state import WorkerStates
 
 
 def release_kv_cache(engine: Engine) -> None:

@@ -2,17 +2,17 @@
 
 `RolloutWorker`: its own engine copy of the policy and its prompt shard each step; responses go to the
 verifiers the moment they finish. It is made of three parts, each in its own module:
-- generation (`tlt.runtime.shard_generation`): requests, the stepper of the run's `speculative.mode`
+- generation (`tlt.workers.shard_generation`): requests, the stepper of the run's `speculative.mode`
   on the bandit it keeps across rollouts, the rollout-history store;
-- its drafter (`tlt.runtime.worker_drafter`): the copy it drafts with, its online buffer and co-located
+- its drafter (`tlt.workers.rollout_drafter`): the copy it drafts with, its online buffer and co-located
   spot trainer (a thread in the same process, sharing the device once the engine has released its KV
   cache), or with `drafter.placement: sidecar` the pod's sidecar trainer;
-- its state (`tlt.runtime.worker_state`): GENERATING / IDLE / TRAINING with timestamps, for the
+- its state (`tlt.workers.rollout_state`): GENERATING / IDLE / TRAINING with timestamps, for the
   coordinator and, in a cluster, on its pod for the operator.
 A rollout's bookkeeping (buffering its samples, scoring the drafters, indexing its responses for history
-drafts) waits until the coordinator holds its results (`settle`, `tlt.runtime.after_rollout`).
-The run's shared services (the verifiers, the drafter hub) are in `tlt.runtime.ray_services`; the worker
-of `rollout.engine: vllm` is `tlt.runtime.ray_vllm_worker`.
+drafts) waits until the coordinator holds its results (`settle`, `tlt.workers.after_rollout`).
+The run's shared services (the verifiers, the drafter hub) are in `tlt.workers.services`; the worker
+of `rollout.engine: vllm` is `tlt.workers.vllm_rollout`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from tlt.models.loading import load_policy
 from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.warmup import warm_up, warm_up_blocks
-from tlt.runtime.after_rollout import AfterRollout
 from tlt.runtime.devices import actor_device
 from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.optional_ray import ray
-from tlt.runtime.shard_generation import ShardGenerator, release_kv_cache
-from tlt.runtime.worker_drafter import NO_AGREEMENT, Drafter, WorkerDrafter
-from tlt.runtime.worker_state import GENERATING, IDLE, TRAINING, WorkerStates, node_id, worker_identity
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
+from tlt.workers.after_rollout import AfterRollout
+from tlt.workers.rollout_drafter import NO_AGREEMENT, Drafter, WorkerDrafter
+from tlt.workers.rollout_state import GENERATING, IDLE, TRAINING, WorkerStates, node_id, worker_identity
+from tlt.workers.shard_generation import ShardGenerator, release_kv_cache
 
 
 class RolloutWorker:
@@ -190,7 +190,7 @@ class RolloutWorker:
     def _leave_settle(
         self, completions: list[Any], step: int, drafter: Drafter | None, candidate: Drafter | None
     ) -> None:
-        """Leave the rollout's bookkeeping and history indexing to `settle` (`tlt.runtime.after_rollout`)."""
+        """Leave the rollout's bookkeeping and history indexing to `settle` (`tlt.workers.after_rollout`)."""
         generator = self.generator
         waves = generator.take_waves() if generator is not None else []
         self.after.leave(
