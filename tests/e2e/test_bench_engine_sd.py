@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from tlt.bench.engine import EngineBenchConfig
+from tlt.bench.engine_vs_generate import EngineBenchConfig
 from tlt.bench.sd_config import PLAIN_VARIANTS, SdBenchConfig
 from tlt.cli import main
 

@@ -23,7 +23,7 @@ from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
-from tlt.rollout.vllm.engine import EagleSetup, VllmEngine, sleep_supported
+from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine, sleep_supported
 from tlt.tasks.tokenizer import build_task_tokenizer
 
 pytestmark = pytest.mark.vllm

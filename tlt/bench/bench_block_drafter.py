@@ -73,7 +73,7 @@ def trained_block_drafter(
 def with_block_part(eagle: Path, block: Path) -> Path:
     """The folder `<policy>/bench-drafter-set-<eagle key>-<block key>` beside the cached drafters `eagle` and
     `block` (`cached_drafter` folders): the EAGLE drafter's files with the block drafter's in `block/`, the
-    layout `speculative.drafterPath` reads (`tlt.drafter.warm_start`). Built once, under a temporary name."""
+    layout `speculative.drafterPath` reads (`tlt.drafter.warmstart`). Built once, under a temporary name."""
     target = eagle.parent / f"bench-drafter-set-{eagle.name.rsplit('-', 1)[-1]}-{block.name.rsplit('-', 1)[-1]}"
     if (target / BLOCK_SNAPSHOTS / CONFIG_FILE).is_file():
         return target

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.bench.bench_block_drafter import trained_block_drafter
 from tlt.bench.bench_drafter import countdown_task, sample_context, trained_drafter
 from tlt.bench.cost_timing import measure_costs
-from tlt.bench.engine import DTYPES
+from tlt.bench.engine_vs_generate import DTYPES
 from tlt.bench.sd_config import PLAIN_VARIANTS, SdBenchConfig
 from tlt.bench.sd_costs import block_cost_fraction, block_step_costs, drafter_step_costs
 from tlt.bench.sd_summary import (

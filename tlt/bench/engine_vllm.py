@@ -195,7 +195,7 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
 
     from tlt.bench.run import _load_average, variant_run
     from tlt.bench.workload import load_workload, warm_drafter
-    from tlt.rollout.vllm.engine import EagleSetup
+    from tlt.rollout.vllm.vllm_engine import EagleSetup
 
     note = on_row or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}
@@ -298,7 +298,7 @@ def _start_vllm(
 ) -> str | None:
     """Start the vLLM variants into `runners` (their start seconds into `start_seconds`); returns why the
     compiled mode did not start, or None. Only the compiled mode may fail without failing the run."""
-    from tlt.rollout.vllm.engine import VllmEngine
+    from tlt.rollout.vllm.vllm_engine import VllmEngine
 
     compiled_error = None if cfg.compiled_vllm else "not tried (compiled_vllm is False)"
     # vllm-eagle last: vLLM's metrics (its accept counts) follow the newest engine of the process

@@ -314,7 +314,7 @@ def run_bench(
     info["warmstart"]["weights_sha256"] = weights_sha256(warm_start(workload.warmstart))
     if drafter_info is not None and drafter is not None:
         drafter_info = {**drafter_info, "weights_sha256": weights_sha256(drafter)}
-        if "block" in drafter_info:  # the block part (`tlt.drafter.warm_start`)
+        if "block" in drafter_info:  # the block part (`tlt.drafter.warmstart`)
             block = {**drafter_info["block"], "weights_sha256": weights_sha256(drafter / BLOCK_SNAPSHOTS)}
             drafter_info = {**drafter_info, "block": block}
     report = summarize({**info, "drafter_warmstart": drafter_info}, runs, costs, load, drafter_costs=drafter_costs)

@@ -25,7 +25,7 @@ WARMSTARTS: dict[str, Callable[[], WarmstartConfig]] = {
     "deep": deep_config,
     "deep-v3": deep_v3_config,
 }
-# The drafter warm start of bench/workload-deep-v2.yaml and -v3.yaml, also what `tlt demo` starts TLT from.
+# The drafter warm start of bench/workload-deep-v3.yaml, also what `tlt demo` starts TLT from.
 DRAFTER_WARMSTART = {"prompts": 256, "steps": 150, "batch": 32, "learningRate": 3.0e-3, "maxNewTokens": 256, "seed": 0}
 DRAFTER_WARMSTART_KEYS = ("prompts", "steps", "batch", "learningRate", "maxNewTokens", "seed")
 

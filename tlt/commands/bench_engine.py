@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from tlt.bench.engine import EngineBenchConfig, run_engine_bench
     from tlt.bench.engine_compiled import CompiledBenchConfig, run_compiled_bench
     from tlt.bench.engine_sd import SdBenchConfig, run_sd_bench
+    from tlt.bench.engine_vs_generate import EngineBenchConfig, run_engine_bench
 
     console = Console()
     if args.repeats is not None and args.repeats < 1:

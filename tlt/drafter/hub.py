@@ -205,7 +205,7 @@ class DrafterHub:
             }
 
     def load_params(self, params: dict[str, torch.Tensor]) -> None:
-        """Start from given drafter parameters (e.g. `speculative.drafterPath`: `tlt.drafter.warm_start`) with a
+        """Start from given drafter parameters (e.g. `speculative.drafterPath`: `tlt.drafter.warmstart`) with a
         fresh optimizer. A hub holding a `DrafterSet` takes each member the parameters hold (a plain EAGLE
         drafter's: its EAGLE member); the others start fresh."""
         with self._lock:

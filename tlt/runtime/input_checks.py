@@ -16,7 +16,7 @@ loading, with one line per problem instead of a traceback:
   template; `tlt.tasks.prompt_format.encode_prompt`): a chat template that does not parse, or raises, is
   one line naming the model folder and the template's error.
 - `verifier.reward` imports; `speculative.drafterPath` is a folder holding the drafters the arms use, a block
-  part of the run's block size (`tlt.drafter.warm_start`).
+  part of the run's block size (`tlt.drafter.warmstart`).
 
 `metrics_port_problem` is apart: a port is free or busy when the run starts, not when its file is checked,
 so `tlt validate` warns of it and `tlt train` refuses.
@@ -31,7 +31,7 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS
-from tlt.drafter.warm_start import has_block_part, warm_start_problem
+from tlt.drafter.warmstart import has_block_part, warm_start_problem
 from tlt.models.loading import (
     load_tokenizer,
     model_folder_problems,

@@ -31,7 +31,7 @@ from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.publish import publish_outcome, step_drafters
 from tlt.drafter.trainer import SpotTrainer
-from tlt.drafter.warm_start import has_block_part, warm_start_params
+from tlt.drafter.warmstart import has_block_part, warm_start_params
 from tlt.models.drafter import drafter_config_from_target
 from tlt.rollout.decode_step import PlainStepper
 from tlt.rollout.engine import Engine
@@ -162,7 +162,7 @@ class LocalBlockDrafter:
 def local_block_drafter(spec: RunSpec, engine: Engine, ckpt: Checkpoint | None) -> LocalBlockDrafter | None:
     """The block drafter of a run with usable block arms (None without), its graphs compiled (a compiled
     engine), resumed from `ckpt`, else started from the block part of `speculative.drafterPath` when it has one
-    (`tlt.drafter.warm_start`; this loop runs no EAGLE drafter)."""
+    (`tlt.drafter.warmstart`; this loop runs no EAGLE drafter)."""
     if not learned_block_size(spec.speculative):
         return None
     with torch.random.fork_rng(devices=[]):  # the hub seeds its drafters' init: the run's own RNG stays as it was

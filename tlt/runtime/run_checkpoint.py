@@ -22,7 +22,7 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-from tlt.drafter.warm_start import warm_start_params
+from tlt.drafter.warmstart import warm_start_params
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, save_checkpoint
 from tlt.runtime.ray_cluster import Actors
 from tlt.workers.policy import PolicyRole

@@ -82,10 +82,7 @@ class RolloutWorker:
         sampled = spec.algorithm.temperature > 0
         self.warmup_seconds = warm_up(self.engine, drafter, **drafter_graphs(spec.speculative, sampled=sampled))
         self.warmup_seconds += warm_up_blocks(self.engine, block, **block_graphs(spec.speculative, sampled=sampled))
-        self.drafting.setup_trainer(hub)
-        if sidecar is not None:  # a replacement's: attached before any call can ask for a rollout
-            self.drafting.attach_sidecar(sidecar)
-        self.heap = freeze_actor_heap(self.name)  # last: a full collection now, not in a rollout (`tlt.runtime.heap`)
+        self._ready(hub, sidecar)
 
     def _setup(self, index: int, spec: RunSpec, model: Any, rows: int, verifiers: list[Any]) -> None:
         """What every rollout worker has, whatever its engine: identity, state reports, the drafter bound
@@ -101,6 +98,15 @@ class RolloutWorker:
         self.after = AfterRollout()
         self.drafting = WorkerDrafter(self.name, spec, model)
         self._kept_bandit: dict[str, Any] | None = None  # a checkpoint's bandit, kept where nothing uses it
+
+    def _ready(self, hub: Any | None, sidecar: Any | None) -> None:
+        """The end of every rollout worker's start, whatever its engine: its trainer set up with the hub, a
+        replacement's sidecar attached before any call can ask for a rollout, and last the heap frozen (a full
+        collection now, not in a rollout: `tlt.runtime.heap`)."""
+        self.drafting.setup_trainer(hub)
+        if sidecar is not None:
+            self.drafting.attach_sidecar(sidecar)
+        self.heap = freeze_actor_heap(self.name)
 
     def attach_sidecar(self, sidecar: Any) -> str:
         """Use `sidecar` (a `SidecarTrainer` actor on this pod's drafter-trainer node) as this worker's

@@ -1,7 +1,7 @@
 """The rollout worker of `rollout.engine: vllm`: the same actor methods as `RolloutWorker` (rollout,
 status, take_states, the trainer's start / stop and state), with vLLM generating.
 
-- vLLM (`tlt.rollout.vllm.engine.VllmEngine`) loads the policy folder once; every step the policy's
+- vLLM (`tlt.rollout.vllm.vllm_engine.VllmEngine`) loads the policy folder once; every step the policy's
   new weights, and in modes static / tlt the hub's drafter, go into it in place (no restart, no disk).
 - Speculative decoding is vLLM's EAGLE with the run's drafter, `eagle_draft_tokens` drafts a step, at
   every batch size: the per-bucket bandit and the threshold do not map onto vLLM (see
@@ -32,7 +32,6 @@ from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
 from tlt.runtime import rl_step
-from tlt.runtime.heap import freeze_actor_heap
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
 from tlt.workers.rollout import RolloutWorker
@@ -58,7 +57,7 @@ class VllmRolloutWorker(RolloutWorker):
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine on this actor's threads
         torch.set_num_threads(threads)  # before vLLM starts: its CPU worker forbids changing it afterwards
-        from tlt.rollout.vllm.engine import EagleSetup, VllmEngine
+        from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine
 
         model, self.tokenizer = load_policy(policy_path, spec.model.dtype)
         self._setup(index, spec, model, rows, verifiers)
@@ -96,10 +95,7 @@ class VllmRolloutWorker(RolloutWorker):
             kv_cache_bytes=2 * kv,
         )
         self.warmup_seconds = time.time() - started
-        self.drafting.setup_trainer(hub)
-        if sidecar is not None:  # a replacement's (`RolloutWorker`)
-            self.drafting.attach_sidecar(sidecar)
-        self.heap = freeze_actor_heap(self.name)  # as `RolloutWorker`'s (`tlt.runtime.heap`)
+        self._ready(hub, sidecar)
 
     def rollout(
         self,

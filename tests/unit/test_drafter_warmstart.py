@@ -12,7 +12,7 @@ from tlt.bench.bench_block_drafter import with_block_part
 from tlt.drafter.drafter_set import BLOCK_SNAPSHOTS, member_params, new_drafter_set
 from tlt.drafter.export import write_served_drafter
 from tlt.drafter.hub import DrafterHub
-from tlt.drafter.warm_start import warm_start_params, warm_start_problem
+from tlt.drafter.warmstart import warm_start_params, warm_start_problem
 from tlt.models.block_drafter import BlockDrafter, block_config_from_target
 from tlt.models.drafter import drafter_config_from_target, save_drafter
 from tlt.models.loading import save_policy
