@@ -1,5 +1,6 @@
-"""`tlt train --local` with block arms: the bandit drafts with the block drafter, which trains online and is
-published and checkpointed; the rollouts are token for token those of `speculative.mode: off`."""
+"""`tlt train --local` in every mode with learned and model-free arms: the bandit drafts with the EAGLE and the
+block drafter, which train online and are published and checkpointed; the rollouts are token for token those
+of `speculative.mode: off`."""
 
 from __future__ import annotations
 
@@ -15,12 +16,20 @@ from safetensors.torch import load_file
 from tlt import cli
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import load_latest
+from tlt.runtime.local_worker import LocalWorker
 from tlt.tasks.tokenizer import build_task_tokenizer
 
-ROLLOUT = rl_step.rollout
-ARMS = [{"kind": "block", "depth": 4}, {"kind": "block", "depth": 2}, {"kind": "chain", "depth": 2}, {"kind": "plain"}]
+ROLLOUT = LocalWorker.rollout
+ARMS = [
+    {"kind": "block", "depth": 4},
+    {"kind": "block", "depth": 2},
+    {"kind": "chain", "depth": 2},
+    {"kind": "tree", "depth": 2, "topk": 2},
+    {"kind": "history", "depth": 4},
+    {"kind": "ngram", "depth": 3},
+    {"kind": "plain"},
+]
 
 
 def _run_file(root: Path, mode: str, temperature: float) -> Path:
@@ -55,34 +64,46 @@ def _train(root: Path, mode: str, temperature: float, monkeypatch) -> tuple[Path
     tokens: list[list[list[int]]] = []
 
     def recorded(*args, **kwargs):
-        completions = ROLLOUT(*args, **kwargs)
+        completions, scored, result = ROLLOUT(*args, **kwargs)
         tokens.append([list(c.token_ids) for c in completions])
-        return completions
+        return completions, scored, result
 
-    monkeypatch.setattr(rl_step, "rollout", recorded)
+    monkeypatch.setattr(LocalWorker, "rollout", recorded)
     out = root / f"out-{mode}"
     assert cli.main(["train", str(_run_file(root, mode, temperature)), "--out", str(out), "--local"]) == 0
     return out, tokens
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_block_arms_draft_train_online_and_change_no_token(tmp_path: Path, monkeypatch, capsys, temperature):
+def test_every_drafter_drafts_trains_online_and_changes_no_token(tmp_path: Path, monkeypatch, capsys, temperature):
     plain, want = _train(tmp_path, "off", temperature, monkeypatch)
     out, got = _train(tmp_path, "tlt", temperature, monkeypatch)
-    assert got == want, "block drafts changed the rollouts' tokens"
-    assert "speculative.arms of kind chain need the EAGLE drafter" in capsys.readouterr().err
+    assert got == want, "drafts changed the rollouts' tokens"
+    assert "--local does not run" not in capsys.readouterr().err, "every arm runs in one process"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert sum(r["sd_arms"].get("block-d4", 0) + r["sd_arms"].get("block-d2", 0) for r in rows) > 0
-    assert "chain-d2" not in {arm for r in rows for arm in r["sd_arms"]}
+    chosen = {arm for r in rows for arm, n in r["sd_arms"].items() if n}
+    assert {"block-d4", "block-d2"} & chosen and {"chain-d2", "tree-d2k2v4"} & chosen, chosen
     assert 0 < rows[0]["drafter_version"] < rows[1]["drafter_version"], "online training advances the version"
     assert rows[1]["drafter_served_version"] == rows[0]["drafter_version"], "publish latest serves the newest"
     assert rows[1]["drafter_agreement"] is not None
     ckpt = load_latest(out / "checkpoints")
     assert ckpt.state["drafter_version"] == rows[1]["drafter_version"]
-    assert any(k.startswith("block.") for k in ckpt.tensors["drafter"]), "the checkpoint keeps the block drafter"
+    kept = {k.partition(".")[0] for k in ckpt.tensors["drafter"]}
+    assert kept == {"block", "eagle"}, "the checkpoint keeps both drafters"
     assert ckpt.objects["drafter_buffers"][0]["optimizer"]["state"], "and its AdamW moments"
     final, reference = (load_file(str(o / "policy" / "model.safetensors")) for o in (out, plain))
     assert all(torch.equal(final[k], reference[k]) for k in reference), "the same tokens train the same policy"
+
+
+@pytest.mark.parametrize("mode", ["ngram", "static"])
+def test_the_other_modes_change_no_token_either(tmp_path: Path, monkeypatch, mode):
+    _, want = _train(tmp_path, "off", 1.0, monkeypatch)
+    out, got = _train(tmp_path, mode, 1.0, monkeypatch)
+    assert got == want, f"mode {mode} changed the rollouts' tokens"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["sd_row_steps"] for r in rows) > 0, f"mode {mode} drafted"
+    if mode == "static":
+        assert rows[0]["drafter_updates"] > 0 and rows[1]["drafter_updates"] == 0, "static: trained in step 1 only"
 
 
 def test_checkpoint_of_a_final_norm_block_drafter_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys):

@@ -17,10 +17,9 @@ from tlt.models.block_drafter import BlockDrafter, block_config_from_target
 from tlt.models.drafter import drafter_config_from_target, save_drafter
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.rollout.engine import Engine
 from tlt.runtime import run_checkpoint
 from tlt.runtime.input_checks import input_problems
-from tlt.runtime.local_drafter import local_block_drafter
+from tlt.runtime.local_worker import LocalWorker
 from tlt.runtime.ray_cluster import Actors
 from tlt.runtime.run_checkpoint import ActorStates
 from tlt.spec.plan import LearnedDrafters
@@ -163,9 +162,8 @@ def test_the_local_loop_starts_its_block_drafter_from_the_block_part(tmp_path):
     spec = RunSpec.model_validate(
         {"speculative": {"mode": "tlt", "arms": [{"kind": "block", "depth": 3}], "drafterPath": str(folder)}}
     )
-    block = local_block_drafter(spec, Engine(policy(), max_batch_size=4, max_context=64, return_hidden=True), None)
-    assert block is not None
-    assert_equal(block.hub.params(), {k: v for k, v in params.items() if k.startswith("block.")})
+    worker = LocalWorker(spec, policy(), None, None)
+    assert_equal(worker.hub.params(), {k: v for k, v in params.items() if k.startswith("block.")})
 
 
 def test_tlt_validate_refuses_a_drafter_path_that_does_not_fit_the_arms(tmp_path):

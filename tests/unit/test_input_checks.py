@@ -17,7 +17,6 @@ from tlt.cli import main
 from tlt.models.loading import model_folder_problems, save_policy, weights_problem
 from tlt.models.tiny import tiny_model
 from tlt.runtime.input_checks import input_problems, metrics_port_problem
-from tlt.runtime.local import local_speculative
 from tlt.spec.run import RunSpec
 from tlt.tasks.tokenizer import build_task_tokenizer
 
@@ -257,22 +256,3 @@ def test_train_refuses_bad_inputs_before_anything_starts(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "spec.model.path: model folder" in err[0] and "does not exist" in err[0]
     assert not (tmp_path / "out").exists()
-
-
-def test_local_runs_learned_drafter_modes_as_ngram_or_off_saying_so():
-    spec = RunSpec().speculative  # mode tlt, with an ngram arm among the default arms
-    mapped, note = local_speculative(spec)
-    assert mapped.mode == "ngram" and spec.mode == "tlt"
-    assert note.startswith(
-        "speculative.mode 'tlt' needs the learned drafter, which --local does not run: running "
-        "speculative.mode 'ngram' instead"
-    )
-    static = spec.model_copy(update={"mode": "static", "arms": [a for a in spec.arms if a.kind != "ngram"]})
-    assert local_speculative(static)[0].mode == "off"
-    for mode in ("off", "ngram"):
-        assert local_speculative(spec.model_copy(update={"mode": mode})) == (
-            spec.model_copy(update={"mode": mode}),
-            None,
-        )
-    with pytest.raises(ValueError, match="speculative.mode 'ngram' needs an arm of kind 'ngram'"):
-        local_speculative(static.model_copy(update={"mode": "ngram"}))

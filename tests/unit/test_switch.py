@@ -52,26 +52,3 @@ def test_one_rule_answers_whether_a_runtime_ever_drafts():
     assert drafts_at_some_batch(4, (1, 2, 4))
     assert not drafts_at_some_batch(0, (1, 2, 4)), "threshold 0: the drafter trains, never drafts"
     assert drafts_at_some_batch(1, (2, 4)), "a batch of one falls in the first bucket"
-
-
-def test_the_local_loop_drafts_by_the_same_rule_as_the_adaptive_stepper():
-    from tlt.runtime.rl_step import ThresholdStepper
-
-    class Counting:
-        def __init__(self):
-            self.rows = []
-
-        def step(self, batch):
-            self.rows.append(batch.num_rows)
-            return 0
-
-    class Batch:
-        def __init__(self, rows):
-            self.num_rows = rows
-
-    plain, speculative = Counting(), Counting()
-    stepper = ThresholdStepper(plain, speculative, threshold=8, buckets=(1, 2, 4))
-    for rows in (1, 4, 5, 8, 9):
-        stepper.step(Batch(rows))
-    assert speculative.rows == [1, 4], "above the last bucket SD is off even within the threshold (sd_bucket)"
-    assert plain.rows == [5, 8, 9]

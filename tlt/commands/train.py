@@ -74,18 +74,6 @@ def run(args: argparse.Namespace) -> int:
     from tlt.runtime.input_checks import input_problems, metrics_port_problem
 
     problems = input_problems(spec.spec) + [p for p in [metrics_port_problem(spec.spec)] if p is not None]
-    if args.local:
-        from tlt.runtime.local import local_speculative
-
-        try:
-            speculative, note = local_speculative(spec.spec.speculative)
-        except ValueError as exc:
-            problems.append(f"spec.{exc}")
-        else:
-            if note is not None:
-                print(f"{args.file}: {note}", file=sys.stderr)
-                spec = spec.model_copy(deep=True)
-                spec.spec.speculative = speculative
     if problems:
         print("\n".join(f"{args.file}: {line}" for line in problems), file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ from tlt.models.loading import (
 from tlt.monitoring.factory import metrics_port_message
 from tlt.rl.reward_plugin import RewardPluginError, load_reward
 from tlt.rollout.vllm.availability import vllm_model_problem
-from tlt.spec.plan import SpeculativePlan, learned_drafters
+from tlt.spec.plan import SpeculativePlan, learned_drafters, usable_arms
 from tlt.spec.run import RunSpec
 from tlt.tasks.datasets import DatasetError, held_out_indices, read_problems
 from tlt.tasks.problem import Problem
@@ -144,6 +144,10 @@ def input_problems(spec: RunSpec) -> list[str]:
             load_reward(spec.verifier.reward)
         except RewardPluginError as exc:
             problems.append(f"spec.{exc}")
+    try:  # the arms the mode may use (`tlt.spec.plan`): ngram needs a model-free one that drafts
+        usable_arms(spec.speculative)
+    except ValueError as exc:
+        return [*problems, f"spec.{exc}"]
     drafter = spec.speculative.drafter_path
     if drafter is not None and not Path(drafter).is_dir():
         problems.append(

@@ -1,7 +1,8 @@
 """The single-process RL loop: one policy, one rollout engine, whole-run checkpoints, automatic resume.
 
-`LocalTrainer(run, out_dir).train()` runs `algorithm.steps` GRPO steps built from
-`tlt.runtime.rl_step`. Output folder layout::
+`LocalTrainer(run, out_dir).train()` runs `algorithm.steps` GRPO steps built from `tlt.runtime.rl_step`; the
+rollout is a rollout worker's in this process (`tlt.runtime.local_worker`: the same generation, arms, bandit,
+history and drafters as a Ray worker's), so every `speculative.mode` runs here. Output folder layout::
 
     <out>/metrics.jsonl     one JSON object per finished step, steps 1..s with no gaps or repeats
     <out>/checkpoints/      whole-run checkpoints (`checkpoint.path`; relative paths are under <out>)
@@ -29,7 +30,6 @@ step under way, with a checkpoint of it (event `stop` in events.jsonl); no final
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -39,16 +39,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.models.loading import resolve_dtype
 from tlt.monitoring import METRICS_FILE, build_loggers
 from tlt.monitoring.jsonl import rewrite_jsonl
-from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, RewardError, load_reward, record_reward_errors
-from tlt.rollout.compiled import resolve_compile
-from tlt.rollout.decode_step import PlainStepper, Stepper
-from tlt.rollout.drafting import NgramDrafter
-from tlt.rollout.engine import Engine
-from tlt.rollout.runner import ModelRunner
-from tlt.rollout.speculative import AcceptanceStats, SpeculativeStepper
+from tlt.rl.reward_plugin import REWARD_ERRORS_FILE, load_reward, record_reward_errors
 from tlt.runtime import rl_step
 from tlt.runtime.checkpoint import Checkpoint, save_checkpoint
 from tlt.runtime.checkpoint_recovery import resume_point
@@ -56,17 +49,11 @@ from tlt.runtime.devices import policy_device
 from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop
 from tlt.runtime.heldout import eval_due, eval_interval, evaluate, heldout_problems
-from tlt.runtime.local_drafter import local_block_drafter, local_learned
+from tlt.runtime.local_worker import LocalWorker
 from tlt.runtime.resume_guard import check_drafter_fits, check_same_run
-from tlt.spec.plan import (
-    EAGLE_ARM_KINDS,
-    learned_block_size,
-    learned_drafters,
-    learns_drafters,
-    model_free_only,
-    speculates,
-)
-from tlt.spec.run import RunSpec, SpeculativeSpec, TLTTrainingRun
+from tlt.runtime.shard_metrics import shard_rollout_metrics
+from tlt.spec.plan import SpeculativePlan
+from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
 from tlt.workers.policy import PolicyRole
@@ -74,83 +61,6 @@ from tlt.workers.policy import PolicyRole
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[dict[str, Any]], None]
-MSG_NGRAM_ARM = "speculative.mode 'ngram' needs an arm of kind 'ngram' in speculative.arms"
-
-
-def local_speculative(spec: SpeculativeSpec) -> tuple[SpeculativeSpec, str | None]:
-    """`speculative` as this loop can run it, and the one line that says what changed (None: nothing did).
-
-    static / tlt with a block arm run here with the block drafter (`tlt.runtime.local_drafter`); their EAGLE
-    arms (chain, tree, mixed) are dropped, since this loop does not run the EAGLE drafter. Without a block
-    arm they run as ngram (model-free drafts) when `speculative.arms` has an ngram arm, else as off. Either
-    way the rollouts are sampled from the same distribution (speculative decoding is lossless); only their
-    speed differs. ngram without an ngram arm raises ValueError (nothing to map it to that the file asked for).
-    """
-    has_ngram = any(arm.kind == "ngram" for arm in spec.arms)
-    if model_free_only(spec) and not has_ngram:
-        raise ValueError(MSG_NGRAM_ARM)
-    if not learns_drafters(spec):
-        return spec, None
-    if any(arm.kind == "block" for arm in spec.arms):
-        kept = [arm for arm in spec.arms if arm.kind not in EAGLE_ARM_KINDS]
-        if len(kept) == len(spec.arms):
-            return spec, None
-        dropped = sorted({arm.kind for arm in spec.arms if arm.kind in EAGLE_ARM_KINDS})
-        note = (
-            f"speculative.arms of kind {', '.join(dropped)} need the EAGLE drafter, which --local does not run: "
-            f"running speculative.mode {spec.mode!r} with the other arms (the block drafter trains here; run "
-            "without --local for every arm)"
-        )
-        return spec.model_copy(update={"arms": kept}), note
-    mode = "ngram" if has_ngram else "off"
-    note = (
-        f"speculative.mode {spec.mode!r} needs the learned drafter, which --local does not run: running "
-        f"speculative.mode {mode!r} instead (same rollout distribution, SD is lossless; run without --local "
-        f"for {spec.mode!r})"
-    )
-    return spec.model_copy(update={"mode": mode}), note
-
-
-def build_stepper(spec: SpeculativeSpec, runner: ModelRunner) -> tuple[Stepper, SpeculativeStepper | None]:
-    """The engine's stepper for `speculative.mode`, and its speculative part (None when off).
-
-    off: plain decoding. ngram: the first `ngram` arm of `speculative.arms` drafts (model-free)
-    whenever at most `speculative.threshold` rows are running. static / tlt with block arms: plain here, each
-    rollout's stepper is the block drafter's (`tlt.runtime.local_drafter`); without, they need the EAGLE
-    drafter, which this loop does not run: they are refused (`tlt train --local` maps them: `local_speculative`).
-    """
-    plain = PlainStepper(runner)
-    if not speculates(spec) or learned_block_size(spec):  # block arms: `LocalBlockDrafter.stepper`
-        return plain, None
-    if not model_free_only(spec):
-        raise ValueError(
-            f"speculative.mode {spec.mode!r} needs the learned drafter, which the single-process loop (--local) "
-            "does not run; use speculative.mode off or ngram here, or run without --local"
-        )
-    arm = next((a for a in spec.arms if a.kind == "ngram"), None)
-    if arm is None:
-        raise ValueError(MSG_NGRAM_ARM)
-    speculative = SpeculativeStepper(runner, NgramDrafter(arm.depth, spec.ngram_min, spec.ngram_max))
-    return rl_step.ThresholdStepper(plain, speculative, spec.threshold, spec.buckets), speculative
-
-
-def build_engine(policy: PreTrainedModel, spec: RunSpec) -> tuple[Engine, SpeculativeStepper | None]:
-    """A rollout engine over a copy of `policy` in `model.dtype`, one wave of P * G rows, with the
-    stepper `build_stepper` picks; also returns that stepper's speculative part (None when off)."""
-    model = copy.deepcopy(policy).to(resolve_dtype(spec.model.dtype)).eval()
-    context = min(spec.model.max_context, model.config.max_position_embeddings)
-    rows = spec.algorithm.prompts_per_step * spec.algorithm.group_size
-    learned = learned_drafters(spec.speculative, model.config.num_hidden_layers)
-    engine = Engine(
-        model,
-        max_batch_size=rows,
-        max_context=context,
-        return_hidden=learned.block_size > 0,
-        feature_layers=learned.feature_layers,
-        compile=resolve_compile(spec.rollout.compile, model),
-    )
-    engine.stepper, speculative = build_stepper(spec.speculative, engine.runner)
-    return engine, speculative
 
 
 class LocalTrainer:
@@ -183,15 +93,15 @@ class LocalTrainer:
         # one process: the engine's copy of the policy computes where the policy does
         device = policy_device(self.spec.policy.resources.gpus, cuda_available=torch.cuda.is_available())
         self.role = PolicyRole(self.spec, warmstart, device)
-        if learned_block_size(self.spec.speculative):  # what the block drafter's hub will hold
-            learned = local_learned(self.spec, self.policy.config.num_hidden_layers)
+        plan = SpeculativePlan.of(self.spec.speculative, self.spec.drafter)
+        if plan.learns:  # what the hub will hold, before it loads anything
+            learned = plan.learned(self.policy.config.num_hidden_layers)
             check_drafter_fits(ckpt, self.checkpoint_root, self.policy.config, learned)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.stopped: Path | None = None
         self._resume(ckpt)
-        self.engine, self.speculative = build_engine(self.policy, self.spec)
-        self.block = local_block_drafter(self.spec, self.engine, ckpt)
+        self.worker = LocalWorker(self.spec, self.policy, self.tokenizer, ckpt)
         self.loggers = build_loggers(
             self.spec.monitoring, self.out_dir, run_name=run.metadata.name, config=self._spec_json()
         )
@@ -228,56 +138,37 @@ class LocalTrainer:
             state={"step": self.step, "metrics": self.history, "spec": self._spec_json()},
         )
         self.role.add_to(ckpt.tensors, ckpt.objects)
-        if self.block is not None:
-            self.block.add_to(ckpt)
+        self.worker.add_to(ckpt)
         return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
 
     def train_step(self) -> dict[str, Any]:
-        """Run step `self.step + 1`: rollout, score, recompute log-probs, update, sync. Returns its metrics."""
+        """Run step `self.step + 1`: rollout (scored as responses finish), update, weights to the engine, the
+        drafters' part. Returns its metrics (the Ray loop's keys for the same parts)."""
         step = self.step + 1
-        started = time.perf_counter()
+        started = time.time()
         ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
         problems = [self.problems[i] for i in ids]
-        trace = rl_step.RolloutTrace()
-        if self.speculative is not None:
-            self.speculative.stats = AcceptanceStats()
-        if self.block is not None:
-            self.engine.stepper = self.block.stepper(self.engine.max_batch_size, self.engine.max_context)
-        completions = rl_step.rollout(
-            self.engine, problems, self.tokenizer, self.algo, step=step, problem_ids=ids, trace=trace
-        )
-        rollout_seconds = time.perf_counter() - started
-        reward_errors: list[RewardError] = []
-        rewards = rl_step.score_completions(
-            completions,
-            problems,
-            self.tokenizer,
-            self.spec.dataset.answer_format,
-            reward=self.reward,
-            errors=reward_errors,
-        )
+        completions, scored, result = self.worker.rollout(step, ids, problems)
+        rollout_end = time.time()
+        rewards = torch.tensor([value for value, _ in scored], dtype=torch.float32).view(len(ids), self.algo.group_size)
+        reward_errors = [error for _, error in scored if error is not None]
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
-        update_started = time.perf_counter()
+        update_started = time.time()
         update = self.role.update(completions, rewards)
-        rl_step.sync_weights(self.policy, self.engine)
-        drafter = self.block.after_update(completions, step) if self.block is not None else {}
+        self.worker.load_weights(self.policy)
+        update_seconds = time.time() - update_started
         metrics = {
             "step": step,
-            **rl_step.rollout_metrics(completions, rewards, trace, rollout_seconds),
+            **shard_rollout_metrics(completions, rewards, [result], started, rollout_end),
             **update,
-            "update_seconds": time.perf_counter() - update_started,
-            "step_seconds": time.perf_counter() - started,
+            "update_seconds": update_seconds,
+            **self.worker.after_update(completions, step),
+            "step_seconds": time.time() - started,
         }
-        metrics.update(drafter)
         if self.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
-        if self.speculative is not None:
-            metrics["accept_length"] = self.speculative.stats.accept_length
-            metrics["sd_steps"] = self.speculative.stats.steps
-        if self.heldout and eval_due(
-            step, self.eval_every, self.algo.steps
-        ):  # after the step's timing: not part of step_seconds
-            metrics.update(evaluate(self.engine.generate, self.heldout, self.tokenizer, self.spec, self.reward))
+        if self.heldout and eval_due(step, self.eval_every, self.algo.steps):  # after the step's timing
+            metrics.update(evaluate(self.worker.engine.generate, self.heldout, self.tokenizer, self.spec, self.reward))
         self.step = step
         self.history.append(metrics)
         self.loggers.log_step(metrics)

@@ -28,9 +28,6 @@ from tlt.rl.packing import micro_batches
 from tlt.rl.reward_plugin import RewardError, RewardFn, call_reward
 from tlt.rl.rewards import score
 from tlt.rl.update import RolloutBatch, policy_update, response_logprobs
-from tlt.rollout.batch import RunningBatch
-from tlt.rollout.decode_step import Stepper
-from tlt.rollout.draft_switch import sd_bucket
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion, Request, SamplingParams, StepMetrics
 from tlt.spec.run import AlgorithmSpec
@@ -139,19 +136,6 @@ class RolloutTrace:
             if m.step > 0:
                 out[m.running] = out.get(m.running, 0) + value(m)
         return dict(sorted(out.items()))
-
-
-class ThresholdStepper:
-    """Plain decoding while the running batch is large, speculative decoding once it has shrunk to
-    at most `threshold` rows and into a bucket (the tail, where decoding is memory-bound and drafts are
-    nearly free): `tlt.rollout.draft_switch.sd_bucket`, the rule the adaptive stepper and vLLM's map use too."""
-
-    def __init__(self, plain: Stepper, speculative: Stepper, threshold: int, buckets: Sequence[int]) -> None:
-        self.plain, self.speculative, self.threshold, self.buckets = plain, speculative, threshold, tuple(buckets)
-
-    def step(self, batch: RunningBatch) -> int:
-        drafts = sd_bucket(batch.num_rows, self.threshold, self.buckets) is not None
-        return (self.speculative if drafts else self.plain).step(batch)
 
 
 def rollout(

@@ -128,6 +128,11 @@ class RolloutWorker:
             "pid": os.getpid(),
         }
 
+    def _submit(self, index: int, request_id: str, text: str, problem: Problem) -> Any:
+        """A verifier's scoring task of one response (round robin over the verifiers by `index`)."""
+        verifier = self.verifiers[index % len(self.verifiers)]
+        return verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record), request_id)
+
     def set_verifiers(self, verifiers: list[Any]) -> None:
         """Stream responses to `verifiers` from now on (the run replaced a lost one)."""
         self.verifiers = verifiers
@@ -163,7 +168,7 @@ class RolloutWorker:
         stamps.append(time.time())
         self.drafting.load(drafter)
         stamps.append(time.time())
-        out = self.generator.generate(step, problem_ids, problems, self.verifiers, self.states)
+        out = self.generator.generate(step, problem_ids, problems, self._submit, self.states)
         completions, generate_started = out.pop("completions"), out.pop("generate_started")
         release_kv_cache(self.engine)
         self._leave_settle(completions, step, drafter, candidate)

@@ -26,6 +26,7 @@ import torch
 
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.drafter_set import DrafterSet, new_drafter_set
+from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement, policy_head
 from tlt.drafter.trainer import SpotTrainer
 from tlt.models.block_drafter import BlockDrafter
@@ -83,14 +84,19 @@ class WorkerDrafter:
 
     def setup_trainer(self, hub: Any | None) -> None:
         """The co-located spot trainer and its buffer (`drafter.placement: in-container`); with block arms the
-        hub is told first to hold the run's drafter set (`DrafterHub.use_drafters`)."""
+        hub is told first to hold the run's drafter set (`DrafterHub.use_drafters`). `hub`: the hub actor, or
+        in one process the `DrafterHub` itself."""
+        local = isinstance(hub, DrafterHub)
         if hub is not None and isinstance(self.drafter, DrafterSet):
-            ray.get(hub.use_drafters.remote(self.learned))
+            if local:
+                hub.use_drafters(self.learned)
+            else:
+                ray.get(hub.use_drafters.remote(self.learned))
         if self.drafter is not None and self.spec.drafter.placement == "in-container":
             self.buffer = OnlineBuffer(
                 self.spec.drafter.buffer_steps, self.spec.drafter.batch_tokens, seed=self.spec.algorithm.seed
             )
-            push = hub_push(hub) if hub is not None else no_hub
+            push = hub.push_delta if local else hub_push(hub) if hub is not None else no_hub
             self.trainer = SpotTrainer(
                 self.name, self.drafter, self.buffer, push, learning_rate=self.spec.drafter.learning_rate
             )

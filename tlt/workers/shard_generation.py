@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
@@ -30,6 +31,9 @@ from tlt.runtime.devices import completion_to_cpu
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
 from tlt.workers.rollout_state import WorkerStates
+
+# submit(index, request_id, text, problem) -> a handle of its score: `index` counts the responses submitted so far
+Submit = Callable[[int, str, str, Problem], Any]
 
 
 def release_kv_cache(engine: Engine) -> None:
@@ -88,28 +92,25 @@ class ShardGenerator:
             self.history.observe(sequences)
 
     def generate(
-        self, step: int, problem_ids: list[int], problems: list[Problem], verifiers: list[Any], states: WorkerStates
+        self, step: int, problem_ids: list[int], problems: list[Problem], submit: Submit, states: WorkerStates
     ) -> dict[str, Any]:
-        """Generate the shard, streaming each finished response to a verifier (round robin over `verifiers`);
-        `states.running` follows the running batch. Returns "completions" (on the CPU, hidden states kept),
-        "rewards" (refs in completion order), "generate_started", and the rollout's result fields: the
-        engine trace, timestamps, speculative counts, arms and rates, draft-vocabulary coverage."""
+        """Generate the shard, handing each finished response to `submit` the moment it finishes (a Ray worker:
+        a verifier's task, round robin; one process: the score itself); `states.running` follows the running
+        batch. Returns "completions" (on the CPU, hidden states kept), "rewards" (what `submit` returned, in
+        completion order), "generate_started", and the rollout's result fields: the engine trace,
+        timestamps, speculative counts, arms and rates, draft-vocabulary coverage."""
         by_request: dict[str, Problem] = {}
         requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
             by_request[request.request_id] = problem
-
-        def verify(verifier: Any, request_id: str, text: str) -> Any:
-            problem = by_request[request_id]
-            return verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record), request_id)
 
         rewards: dict[str, Any] = {}
         first_done: list[float] = []
 
         def send(seq: Sequence) -> None:
             text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
-            verifier = verifiers[len(rewards) % len(verifiers)]
-            rewards[seq.request.request_id] = verify(verifier, seq.request.request_id, text)
+            request_id = seq.request.request_id
+            rewards[request_id] = submit(len(rewards), request_id, text, by_request[request_id])
             first_done.append(time.time())
 
         trace = rl_step.RolloutTrace()
@@ -149,10 +150,9 @@ class ShardGenerator:
         streamed = len(rewards)
         for completion in completions:
             if completion.request_id not in rewards:
-                rewards[completion.request_id] = verify(
-                    verifiers[0],
-                    completion.request_id,
-                    self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                rewards[completion.request_id] = submit(
+                    0, completion.request_id, text, by_request[completion.request_id]
                 )
         finished = time.time()
         return {
