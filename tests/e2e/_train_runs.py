@@ -24,13 +24,24 @@ from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.tasks.tokenizer import build_task_tokenizer
 
+# Metrics that are clocks or wall times, of either loop (the rest must match an undisturbed run exactly)
 TIMING_KEYS = {
+    "bookkeeping_wait_seconds",
+    "generate_seconds",
+    "idle_seconds",
+    "pre_update_seconds",
+    "rollout_dispatched_at",
+    "rollout_overhead_parts",
+    "rollout_overhead_seconds",
     "rollout_seconds",
-    "tail_seconds",
+    "seconds_by_running",
+    "step_seconds",
     "tail_fraction",
+    "tail_seconds",
     "tokens_per_second",
     "update_seconds",
-    "step_seconds",
+    "update_started_at",
+    "worker_states",
 }
 
 

@@ -95,9 +95,13 @@ def test_chat_template_eval_file_and_plugin_reward_end_to_end(tmp_path: Path, ca
     errors = [json.loads(line) for line in (out / "reward_errors.jsonl").read_text().splitlines()]
     assert len(errors) == 2 * GROUP and all("RuntimeError: boom on" in e["error"] for e in errors)
     assert {e["step"] for e in errors} <= {1, 2} and all(e["sample"].startswith("s") for e in errors)
-    assert len(reward_plugin.CALLS) == 4 * GROUP, "every training sample, and no held-out one, was scored"
-    prompts = {prompt for prompt, _, _ in reward_plugin.CALLS}
-    assert prompts == {TEMPLATE.format(question=r["question"]) for r in gsm8k_records(4)}
+    # the eval file is evaluated once, after the last step (evalEvery unset): its 2 problems, greedy
+    assert [("eval_accuracy" in r) for r in rows] == [False, True]
+    train_prompts = {TEMPLATE.format(question=r["question"]) for r in gsm8k_records(4)}
+    trained = [c for c in reward_plugin.CALLS if c[0] in train_prompts]
+    assert len(trained) == 4 * GROUP, "every training sample was scored"
+    held = {TEMPLATE.format(question=r["question"]) for r in gsm8k_records(2, start=100)}
+    assert {c[0] for c in reward_plugin.CALLS} - train_prompts == held, "and the held-out ones only in evaluation"
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
     assert (out / "policy").is_dir()
 

@@ -28,25 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LOCAL_STEPS = 24  # ~0.15 s a step here: long enough that the run is still going when the signal lands
 RAY_STEPS = 6
-# Ray-mode metrics that are clocks or wall times (the rest must match an undisturbed run exactly)
-RAY_TIMING = {
-    "bookkeeping_wait_seconds",
-    "generate_seconds",
-    "idle_seconds",
-    "pre_update_seconds",
-    "rollout_dispatched_at",
-    "rollout_overhead_parts",
-    "rollout_overhead_seconds",
-    "rollout_seconds",
-    "seconds_by_running",
-    "step_seconds",
-    "tail_fraction",
-    "tail_seconds",
-    "tokens_per_second",
-    "update_seconds",
-    "update_started_at",
-    "worker_states",
-}
 
 
 def _stop_with_sigterm(args: list[str], out, log, after_steps: int, timeout: float = 600) -> int:
@@ -131,4 +112,4 @@ def test_sigterm_stops_a_ray_run_with_a_checkpoint_and_resume_matches(tmp_path):
     assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
     assert_same_weights(out, reference)
     assert [m["step"] for m in metrics(out)] == list(range(1, RAY_STEPS + 1))
-    assert deterministic(metrics(out), RAY_TIMING) == deterministic(metrics(reference), RAY_TIMING)
+    assert deterministic(metrics(out)) == deterministic(metrics(reference))

@@ -120,8 +120,8 @@ def _greedy_float64_run(root, mode: str):
     trainer.engine.generate = recording
     accepted = 0
     for _ in range(3):
-        trainer.train_step()
-        accepted += trainer.speculative.stats.accepted if trainer.speculative is not None else 0
+        m = trainer.train_step()
+        accepted += round((m["accept_length"] - 1) * m["sd_row_steps"]) if m["accept_length"] else 0
     return rollouts, trainer.policy.state_dict(), accepted
 
 

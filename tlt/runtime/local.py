@@ -111,6 +111,11 @@ class LocalTrainer:
         return self.out_dir / METRICS_FILE
 
     @property
+    def engine(self) -> Any:
+        """The rollout engine (the worker's; `tlt.rollout.engine.Engine`)."""
+        return self.worker.engine
+
+    @property
     def policy(self) -> PreTrainedModel:
         return self.role.policy
 
