@@ -6,8 +6,8 @@ an end-of-run report (`tlt.runtime.ray_train`); --local: one process, no Ray.
 Rerunning the same command on the same output folder resumes from its newest checkpoint.
 Before Ray starts or a model loads, what the run reads here is checked as `tlt validate` checks it
 (`tlt.runtime.input_checks`: model folder, dataset files, first prompts, reward plug-in, metrics port), one
-line per problem. --local runs speculative.mode static / tlt with block arms on the block drafter (dropping
-the EAGLE arms), else as ngram (or off), saying so (`tlt.runtime.local.local_speculative`).
+line per problem. --local runs every speculative.mode on the rollout worker's own code in this process
+(`tlt.runtime.local_worker`); what needs a second process (a sidecar trainer, the vLLM engine) is refused.
 SIGTERM or SIGINT (Ctrl-C) stops the run after the step under way, with a checkpoint of it
 (`tlt.runtime.graceful_stop`); a second one stops it at once.
 
