@@ -90,3 +90,59 @@ def test_refuses_to_overwrite_the_latest(tmp_path):
     save_checkpoint(tmp_path, _ckpt(1))
     with pytest.raises(CheckpointError, match="refusing to overwrite"):
         save_checkpoint(tmp_path, _ckpt(1))
+
+
+def _with_folder(step: int) -> Checkpoint:
+    """A checkpoint whose folder `shards` a writer fills (as a policy group's ranks do through DCP)."""
+    ckpt = _ckpt(step)
+
+    def write(folder):
+        (folder / "__0_0.distcp").write_bytes(b"rank 0")
+        (folder / "nested").mkdir()
+        (folder / "nested" / ".metadata").write_bytes(b"meta")
+
+    ckpt.folders["shards"] = write
+    return ckpt
+
+
+def test_a_written_folder_is_inside_the_checkpoint_with_its_digests(tmp_path):
+    final = save_checkpoint(tmp_path, _with_folder(2))
+    got = load_latest(tmp_path)
+    assert got.path == final
+    assert (got.folder_path("shards") / "__0_0.distcp").read_bytes() == b"rank 0"
+    assert (got.folder_path("shards") / "nested" / ".metadata").read_bytes() == b"meta"
+    assert "shards" not in got.tensors and "shards" not in got.objects
+    with pytest.raises(CheckpointError, match="no folder other"):
+        got.folder_path("other")
+
+
+def test_a_changed_file_of_a_written_folder_is_reported(tmp_path):
+    final = save_checkpoint(tmp_path, _with_folder(2))
+    (final / "shards" / "nested" / ".metadata").write_bytes(b"METa")
+    with pytest.raises(CheckpointError, match="shards/nested/.metadata is corrupt"):
+        load_latest(tmp_path)
+
+
+def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path):
+    import json
+
+    final = save_checkpoint(tmp_path, _with_folder(2))
+    manifest = json.loads((final / "manifest.json").read_text())
+    manifest["files"]["../outside"] = "0" * 64
+    (final / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="outside the checkpoint"):
+        load_latest(tmp_path)
+
+
+def test_a_writer_that_fails_leaves_the_previous_checkpoint_the_latest(tmp_path):
+    save_checkpoint(tmp_path, _ckpt(1))
+    broken = _ckpt(2)
+
+    def write(folder):
+        raise OSError(28, "No space left on device")
+
+    broken.folders["shards"] = write
+    with pytest.raises(Exception, match="No space left"):
+        save_checkpoint(tmp_path, broken)
+    assert latest_checkpoint(tmp_path).name == "step-00000001"
+    assert not list(tmp_path.glob(".tmp-*"))

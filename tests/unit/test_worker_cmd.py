@@ -80,7 +80,7 @@ def test_rollout_and_verifier_join_the_head_with_their_role_resource(role, resou
     ]
 
 
-def test_policy_ranks_above_zero_join_as_plain_nodes():
+def test_policy_ranks_above_zero_join_advertising_the_policy_resource():
     assert worker.ray_start_args("policy", 1, HEAD, "10.1.2.5") == [
         *RAY,
         "start",
@@ -89,6 +89,8 @@ def test_policy_ranks_above_zero_join_as_plain_nodes():
         "--node-ip-address",
         "10.1.2.5",
         "--disable-usage-stats",
+        "--resources",
+        json.dumps({"tlt_policy": 1}),
         "--block",
     ]
 
@@ -161,6 +163,17 @@ def test_missing_nodes_counts_pods_not_yet_joined():
     )
     assert worker.missing_nodes(spec, {"CPU": 8.0, "tlt_rollout": 1.0}) == {"tlt_rollout": 2, "tlt_verifier": 1}
     assert worker.missing_nodes(spec, {"tlt_rollout": 3.0, "tlt_verifier": 1.0}) == {}
+
+
+def test_the_coordinator_waits_for_the_policy_pods_of_a_policy_group_only():
+    base = load_run(SPEC).spec
+    joined = {"tlt_rollout": float(base.rollout.replicas), "tlt_verifier": float(base.verifier.replicas)}
+    group = base.model_copy(update={"policy": base.policy.model_copy(update={"replicas": 3})})
+    assert group.policy.world == 3
+    assert worker.missing_nodes(group, joined) == {"tlt_policy": 2}
+    assert worker.missing_nodes(group, {**joined, "tlt_policy": 2.0}) == {}
+    alone = base.model_copy(update={"policy": base.policy.model_copy(update={"replicas": 3, "sharding": "none"})})
+    assert worker.missing_nodes(alone, joined) == {}
 
 
 def test_bad_spec_exits_2_listing_the_errors(tmp_path, capsys):
@@ -315,4 +328,4 @@ def test_ray_cli_parses_the_argument_lists_as_meant(role, rank):
     assert params["port"] == (6379 if params["head"] else None)
     assert params["num_cpus"] == (0 if params["head"] else None)
     assert params["address"] == (None if params["head"] else HEAD)
-    assert json.loads(params["resources"]) == ({ROLE_RESOURCES[role]: 1} if role in ROLE_RESOURCES else {})
+    assert json.loads(params["resources"]) == ({} if params["head"] else {ROLE_RESOURCES[role]: 1})

@@ -15,9 +15,10 @@ Implements the worker contract of `tlt_operator.builders.pod` (its docstring is 
 - rollout / verifier pods join the head as Ray nodes that advertise one unit of their role's custom
   resource (`tlt_rollout` / `tlt_verifier`, the names `tlt.runtime.ray_cluster` asks for), so the
   coordinator's actors of that role land on them; `ray start --block` holds the pod.
-- policy ranks > 0 join as plain Ray nodes (no role resource). The coordinator does the whole policy
-  update in its own process, so these ranks only add capacity for actors that ask for no role
-  resource (the drafter hub); they hold their pod like rollout pods.
+- policy ranks > 0 join as Ray nodes advertising `tlt_policy`: above one policy rank
+  (`policy.sharding`), the coordinator waits for them and runs the policy group's ranks there
+  (`tlt.workers.sharded_policy`); at one rank they only add capacity for actors that ask for no role
+  resource (the drafter hub). They hold their pod like rollout pods.
 A node that returns from `ray start --block` has lost its Ray processes (the head is gone, or a
 daemon died): the worker exits non-zero and the operator replaces the pod. After a successful run the
 head stops first; the other nodes notice only after Ray's GCS reconnect timeout, by which time the
@@ -176,6 +177,8 @@ def missing_nodes(spec: RunSpec, resources: Mapping[str, float]) -> dict[str, in
     """Role resource -> pods of that role that have not joined yet (each joined pod adds one unit); with
     `drafter.placement: sidecar` also `tlt_trainer_*` -> drafter-trainer sidecars not joined yet."""
     wanted = {ROLE_RESOURCES["rollout"]: spec.rollout.replicas, ROLE_RESOURCES["verifier"]: spec.verifier.replicas}
+    if spec.policy.world > 1:  # the policy group's ranks beyond the coordinator's pod
+        wanted[ROLE_RESOURCES["policy"]] = spec.policy.replicas - 1
     have = {name: int(resources.get(name, 0)) for name in wanted}
     if spec.drafter.placement == "sidecar":
         trainers = f"{TRAINER_RESOURCE_PREFIX}*"

@@ -7,6 +7,8 @@ Layout under the checkpoint root::
         <name>.safetensors    flat tensor dicts (policy and drafter weights)
         <name>.pt             nested states (optimizers, the drafter's online buffers), loaded
                               with weights_only=True
+        <name>/...            folders written by others (a sharded policy's DCP files), every file
+                              in the manifest with its digest
     LATEST                    name of the newest complete checkpoint, replaced atomically
     .tmp-step-00000006-1234/  an interrupted write: ignored, removed by the next save
 
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,12 +67,22 @@ class Checkpoint:
     tensors: name -> flat {key: tensor} dict, stored as safetensors (weights).
     objects: name -> nested state (optimizer state dicts), stored with torch.save.
     state: JSON-serialisable run state (step counters, RNG seeds, bandit tables, metrics).
+    folders: name -> a writer that fills the folder it is given (writing only); a loaded checkpoint's
+    `path` is its folder, where they are (`folder_path`).
     """
 
     step: int
     tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     objects: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    folders: dict[str, Callable[[Path], None]] = field(default_factory=dict)
+    path: Path | None = None
+
+    def folder_path(self, name: str) -> Path:
+        """The folder `name` of a loaded checkpoint; CheckpointError when it holds none."""
+        if self.path is None or not (self.path / name).is_dir():
+            raise CheckpointError(f"{self.path or 'this checkpoint'}: it holds no folder {name}")
+        return self.path / name
 
 
 def add_drafter(
@@ -230,11 +243,19 @@ def _write_files(tmp: Path, ckpt: Checkpoint) -> None:
         path = tmp / f"{name}.pt"
         torch.save(tree_to_cpu(obj), path)  # readable on a machine without the GPU that trained it
         files[path.name] = file_sha256(path)
+    for name, write in ckpt.folders.items():
+        folder = tmp / name
+        folder.mkdir()
+        write(folder)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            files[path.relative_to(tmp).as_posix()] = file_sha256(path)
     manifest = {"step": ckpt.step, "files": files, "state": ckpt.state}
     _write_file_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     for name in files:
         with (tmp / name).open("rb") as fh:
             os.fsync(fh.fileno())
+    for name in ckpt.folders:
+        _fsync_dir(tmp / name)
     _fsync_dir(tmp)
 
 
@@ -267,13 +288,17 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{folder}: unreadable {MANIFEST}: {exc}") from exc
-    ckpt = Checkpoint(step=int(manifest["step"]), state=manifest.get("state", {}))
+    ckpt = Checkpoint(step=int(manifest["step"]), state=manifest.get("state", {}), path=folder)
     for name, digest in manifest["files"].items():
         path = folder / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise CheckpointError(f"{folder}: {MANIFEST} lists {name!r}, outside the checkpoint")
         if not path.is_file():
             raise CheckpointError(f"{folder}: {name} listed in {MANIFEST} is missing")
         if file_sha256(path) != digest:
             raise CheckpointError(f"{folder}: {name} is corrupt (sha256 differs from {MANIFEST})")
+        if "/" in name:  # a folder's file: read by whoever wrote the folder
+            continue
         stem = name.rsplit(".", 1)[0]
         if name.endswith(".safetensors"):
             ckpt.tensors[stem] = load_file(str(path))

@@ -61,6 +61,10 @@ from tlt.workers.policy import PolicyRole
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[dict[str, Any]], None]
+MSG_POLICY_GROUP = (
+    "policy: {world} policy ranks (policy.replicas x max(1, resources.gpus)) run as processes of their own: run "
+    "without --local, or set policy.sharding: none"
+)
 
 
 class LocalTrainer:
@@ -69,6 +73,8 @@ class LocalTrainer:
     def __init__(self, run: TLTTrainingRun, out_dir: str | Path, *, warmstart: WarmstartConfig | None = None):
         self.run = run
         self.spec = run.spec
+        if self.spec.policy.world > 1:
+            raise ValueError(MSG_POLICY_GROUP.format(world=self.spec.policy.world))
         self.algo = run.spec.algorithm
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +134,7 @@ class LocalTrainer:
 
     def _resume(self, ckpt: Checkpoint | None) -> None:
         if ckpt is not None:
-            self.role.load(ckpt.tensors, ckpt.objects)
+            self.role.load(ckpt)
             self.step = ckpt.step
             self.history = list(ckpt.state["metrics"])
             log.info("resumed from %s at step %d", self.checkpoint_root, self.step)
@@ -142,7 +148,7 @@ class LocalTrainer:
             objects={},
             state={"step": self.step, "metrics": self.history, "spec": self._spec_json()},
         )
-        self.role.add_to(ckpt.tensors, ckpt.objects)
+        self.role.add_to(ckpt)
         self.worker.add_to(ckpt)
         return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
 

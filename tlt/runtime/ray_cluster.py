@@ -9,7 +9,9 @@ A cluster: `ray.init(address=...)` joins it unchanged. Where nodes advertise the
 `tlt_rollout` / `tlt_verifier` (`ray start --resources '{"tlt_rollout": 1}'` on rollout pods),
 each actor asks for one unit of its role's resource, so it lands on a pod of that role and no
 two actors share a pod, and for the CPUs of ONE such pod (the role's `resources.cpu`), not a share
-of the whole cluster's; the coordinator and the policy update stay in the driver (policy rank 0).
+of the whole cluster's; the coordinator stays in the driver (policy rank 0), and so does the policy update at
+one policy rank; above one, the policy group's ranks run on the policy pods (`tlt_policy`,
+`tlt.workers.sharded_policy`).
 
 `drafter.placement: sidecar`: each rollout pod's drafter-trainer container is one more node,
 advertising `tlt_trainer_<worker>`; a `SidecarTrainer` actor lands on it, with the CPUs of one
@@ -40,7 +42,7 @@ from tlt.workers.services import VerifierWorker, hub_actor
 
 log = logging.getLogger(__name__)
 
-ROLE_RESOURCES = {"rollout": "tlt_rollout", "verifier": "tlt_verifier"}
+ROLE_RESOURCES = {"rollout": "tlt_rollout", "verifier": "tlt_verifier", "policy": "tlt_policy"}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ from tlt.runtime.events import append_event
 from tlt.runtime.graceful_stop import GracefulStop, StoppedWhileStarting, start_ray
 from tlt.runtime.heldout import eval_due, eval_interval, evaluate, heldout_problems, plain_generate
 from tlt.runtime.hub_keeper import HubKeeper
-from tlt.runtime.ray_cluster import Actors, connect, create_actors, placement
+from tlt.runtime.ray_cluster import ROLE_RESOURCES, Actors, connect, create_actors, placement
 from tlt.runtime.resume_guard import check_drafter_fits, check_same_run
 from tlt.runtime.rollout_dispatch import StepRollout
 from tlt.runtime.run_checkpoint import (
@@ -85,6 +85,7 @@ from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
 from tlt.workers.policy import PolicyRole, policy_path
 from tlt.workers.rollout_drafter import NO_AGREEMENT
+from tlt.workers.sharded_policy import ShardedPolicyRole
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,17 @@ class RayTrainer:
         return self.drafters.served
 
     def _load_initial(self) -> None:
-        self.role = PolicyRole(self.spec, self.warmstart, self.placement.gpus.policy_device)
         self.step = 0
+        if self.spec.policy.world > 1:  # the update on the policy group's ranks
+            self.role: PolicyRole | ShardedPolicyRole = ShardedPolicyRole(
+                self.spec,
+                self.policy_path,
+                threads=self.placement.driver_threads,
+                on_pods=self.resources.get(ROLE_RESOURCES["rollout"], 0) > 0,
+            )
+            self._emit("policy_group", world=self.role.world, sharding=self.role.sharding, ranks=self.role.places)
+        else:
+            self.role = PolicyRole(self.spec, self.warmstart, self.placement.gpus.policy_device)
         self.history: list[dict[str, Any]] = []
         self.actor_states = ActorStates()
         # (version, parameters) the rollouts draft with (`drafter.publish`); None: the hub's newest
@@ -214,6 +224,8 @@ class RayTrainer:
 
     def shutdown(self) -> None:
         self.drafters.forget()
+        if isinstance(self.role, ShardedPolicyRole):
+            self.role.kill()
         if self.actors is not None:
             self.actors.kill()
             self.actors = None

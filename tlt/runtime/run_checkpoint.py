@@ -26,6 +26,7 @@ from tlt.drafter.warmstart import warm_start_params
 from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, save_checkpoint
 from tlt.runtime.ray_cluster import Actors
 from tlt.workers.policy import PolicyRole
+from tlt.workers.sharded_policy import ShardedPolicyRole
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def save_run(
     keep: int,
     *,
     step: int,
-    role: PolicyRole,
+    role: PolicyRole | ShardedPolicyRole,
     history: list[dict[str, Any]],
     restarts: int,
     spec: dict[str, Any],
@@ -110,15 +111,17 @@ def save_run(
     if states.bandits is not None:
         state["bandits"] = states.bandits
     ckpt = Checkpoint(step=step, tensors={}, objects={}, state=state)
-    role.add_to(ckpt.tensors, ckpt.objects)
+    role.add_to(ckpt)
     add_drafter(ckpt, states.drafter, states.trainers)
     return save_checkpoint(root, ckpt, keep=keep)
 
 
-def restore_run(ckpt: Checkpoint, role: PolicyRole) -> tuple[int, list[dict[str, Any]], int, ActorStates]:
+def restore_run(
+    ckpt: Checkpoint, role: PolicyRole | ShardedPolicyRole
+) -> tuple[int, list[dict[str, Any]], int, ActorStates]:
     """Load `ckpt` into the policy role (weights, optimizer, torch RNG); returns (step, metrics, restarts, actor
     states)."""
-    role.load(ckpt.tensors, ckpt.objects)
+    role.load(ckpt)
     drafter, trainers = drafter_of(ckpt)
     states = ActorStates(drafter=drafter, bandits=ckpt.state.get("bandits"), trainers=trainers)
     return ckpt.step, list(ckpt.state["metrics"]), int(ckpt.state.get("restarts", 0)), states

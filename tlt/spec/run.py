@@ -196,6 +196,22 @@ class PolicySpec(RoleSpec):
     """The policy pods: rank 0 runs the Ray head and the coordinator, so there is at least one."""
 
     replicas: int = Field(1, ge=1, le=1024, description="Pods of this role (rank 0 is the coordinator).")
+    sharding: Literal["none", "ddp", "fsdp"] | None = Field(
+        None,
+        description="How the policy update is shared by the policy ranks (one a GPU, one a pod on the CPU: "
+        "replicas x max(1, resources.gpus)): fsdp (FSDP2, weights, gradients and optimizer state sharded), ddp "
+        "(replicated, gradients averaged) or none (one rank updates alone). Unset: fsdp above one rank.",
+    )
+
+    @property
+    def world(self) -> int:
+        """Ranks of the policy group: one a GPU (one a pod without GPUs); 1 with `sharding: none`."""
+        return 1 if self.sharding == "none" else self.replicas * max(1, self.resources.gpus)
+
+    @property
+    def group_sharding(self) -> str:
+        """The sharding the group runs: `none` at one rank, `fsdp` where unset."""
+        return "none" if self.world == 1 else (self.sharding or "fsdp")
 
 
 class RolloutSpec(RoleSpec):
@@ -304,6 +320,17 @@ class RunSpec(Spec):
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     scheduling_policy: SchedulingPolicy = Field(default_factory=SchedulingPolicy)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+
+    @model_validator(mode="after")
+    def _policy_ranks_fed(self) -> RunSpec:
+        sequences = self.algorithm.prompts_per_step * self.algorithm.group_size
+        if self.policy.world > sequences:
+            raise ValueError(
+                f"policy: {self.policy.world} policy ranks (replicas x max(1, resources.gpus)) but a step has "
+                f"{sequences} sequences (algorithm.promptsPerStep x groupSize); each rank needs one: fewer ranks, "
+                "more sequences, or policy.sharding: none"
+            )
+        return self
 
 
 # KubeRay's rule for a run's name: a DNS-1035 label of at most 53 characters, so every child name

@@ -1,10 +1,10 @@
 """The policy role: the trained weights, their optimizer, the GRPO update, and what leaves the role.
 
-Both loops (one process and Ray) hold ONE `PolicyRole` and call it the same way: `update` learns from a
+Both loops (one process and Ray) hold ONE policy role and call it the same way: `update` learns from a
 step's rollouts, `rollout_weights` is what rollout engines load, `add_to` / `load` are its part of the
 whole-run checkpoint (tensors "policy" and "rng", object "optimizer"), `save` writes the final Hugging
-Face folder. The loops do not know how the update runs; a policy sharded over several ranks is this
-role's business.
+Face folder. The loops do not know how the update runs: above one policy rank the Ray loop holds a
+`tlt.workers.sharded_policy.ShardedPolicyRole`, with this interface, instead (`policy_role`).
 
 Numerics: the master weights are float32 (float64 when `model.dtype` is float64); the update runs under
 autocast in `model.dtype` when that is bfloat16; rollout engines get a copy in `model.dtype`.
@@ -21,9 +21,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.rollout.types import Completion
 from tlt.runtime import rl_step
+from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.devices import CPU, to_cpu
 from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
+from tlt.workers.policy_shards import POLICY_SHARDS, load_shards
 
 POLICY_DIR = "policy"  # the final policy's folder under a run's output folder
 
@@ -91,18 +93,21 @@ class PolicyRole:
         """The weights rollout engines load: on the CPU, in `model.dtype`."""
         return to_cpu(self.policy.state_dict(), self.compute_dtype)
 
-    def add_to(self, tensors: dict[str, Any], objects: dict[str, Any]) -> None:
+    def add_to(self, ckpt: Checkpoint) -> None:
         """This role's part of a whole-run checkpoint: the weights, the torch RNG, the optimizer state."""
         # clones: safetensors refuses tensors that share memory (tied embeddings)
-        tensors["policy"] = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
-        tensors["rng"] = {"torch": torch.get_rng_state()}
-        objects["optimizer"] = self.optimizer.state_dict()
+        ckpt.tensors["policy"] = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        ckpt.tensors["rng"] = {"torch": torch.get_rng_state()}
+        ckpt.objects["optimizer"] = self.optimizer.state_dict()
 
-    def load(self, tensors: dict[str, Any], objects: dict[str, Any]) -> None:
-        """Restore what `add_to` wrote."""
-        self.policy.load_state_dict(tensors["policy"])
-        self.optimizer.load_state_dict(objects["optimizer"])
-        torch.set_rng_state(tensors["rng"]["torch"])
+    def load(self, ckpt: Checkpoint) -> None:
+        """Restore what `add_to` wrote, or the shards a policy group wrote at any world size (DCP)."""
+        if "policy" in ckpt.tensors:
+            self.policy.load_state_dict(ckpt.tensors["policy"])
+            self.optimizer.load_state_dict(ckpt.objects["optimizer"])
+        else:
+            load_shards(self.policy, self.optimizer, ckpt.folder_path(POLICY_SHARDS))
+        torch.set_rng_state(ckpt.tensors["rng"]["torch"])
 
     def save(self, out_dir: Path) -> Path:
         """The final policy as a Hugging Face folder `<out_dir>/policy`."""
