@@ -252,3 +252,38 @@ def test_a_suspended_run_stops_with_its_checkpoint_and_resumes_to_an_undisturbed
     finally:
         view.kubectl("delete", "tltrun/paused", "--ignore-not-found", "--wait=true", "--timeout=60s")
         view.plane.kubectl("delete", "pv", volume, "--ignore-not-found", "--wait=false")
+
+
+def test_a_run_with_two_policy_pods_trains_its_update_on_both_to_succeeded(view):
+    """`policy.replicas: 2`: the policy group's rank 1 runs on the second policy pod (it joins the head with
+    `tlt_policy`), both ranks take their share of every update, and the checkpoints on the run's claim hold
+    both ranks' shards."""
+    if why := why_pods_cannot_run():
+        pytest.skip(f"skipped: {why}")
+    policy = str(warm_start(reduced_config()))
+    logs = _pod_logs(view)
+    volume = _claim(view, "shards")
+    try:
+        sharded = local_run("sharded", policy)
+        sharded["spec"]["policy"]["replicas"] = 2
+        sharded["spec"]["checkpoint"] = {"claimName": "shards", "intervalSteps": 1}
+        view.apply(sharded)
+        _finish(view, "sharded", logs("sharded"))
+        pods = view.pods("sharded")
+        assert {"sharded-policy-0", "sharded-policy-1"} <= set(pods), sorted(pods)
+        work = view.agent.root / "pods" / view.namespace / "sharded-policy-0" / "volumes" / "work"
+        events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+        group = [e for e in events if e["type"] == "policy_group"]
+        assert len(group) == 1 and group[0]["world"] == 2 and group[0]["sharding"] == "fsdp", group
+        ips = [rank["ip"] for rank in group[0]["ranks"]]
+        assert ips == [pods[f"sharded-policy-{i}"]["status"]["podIP"] for i in range(2)], ips
+        rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == STEPS
+        for row in rows:
+            assert len(row["policy_rank_tokens"]) == 2 and min(row["policy_rank_tokens"]) > 0, row
+        claim = view.agent.root / "claims" / view.namespace / "shards"
+        shards = claim / f"step-{STEPS:08d}" / "policy_shards"
+        assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    finally:
+        view.kubectl("delete", "tltrun/sharded", "--ignore-not-found", "--wait=true", "--timeout=60s")
+        view.plane.kubectl("delete", "pv", volume, "--ignore-not-found", "--wait=false")

@@ -88,3 +88,14 @@ def test_a_one_rank_optimizer_state_is_keyed_by_parameter_name():
     assert named["param_groups"][0]["params"] == names
     first = optimizer.state_dict()["state"][0]["exp_avg"]
     assert torch.equal(named["state"][names[0]]["exp_avg"], first)
+
+
+def test_a_rank_that_cannot_join_names_itself_and_the_address():
+    from tlt.workers.policy_group import init_group
+    from tlt.workers.policy_rank import free_port
+
+    port = free_port("127.0.0.1")  # nobody listens there: rank 0 never came
+    with pytest.raises(
+        RuntimeError, match=rf"policy rank 1 of 2 could not join the group at 127.0.0.1:{port} within 2 s"
+    ):
+        init_group(1, 2, "127.0.0.1", port, timeout_s=2)

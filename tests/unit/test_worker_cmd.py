@@ -329,3 +329,16 @@ def test_ray_cli_parses_the_argument_lists_as_meant(role, rank):
     assert params["num_cpus"] == (0 if params["head"] else None)
     assert params["address"] == (None if params["head"] else HEAD)
     assert json.loads(params["resources"]) == ({} if params["head"] else {ROLE_RESOURCES[role]: 1})
+
+
+def test_a_policy_group_over_pods_needs_one_checkpoint_filesystem():
+    base = load_run(SPEC).spec
+    group = base.model_copy(update={"policy": base.policy.model_copy(update={"replicas": 2})})
+    unclaimed = group.model_copy(update={"checkpoint": base.checkpoint.model_copy(update={"claim_name": None})})
+    problem = worker.shared_checkpoint_problem(unclaimed)
+    assert problem is not None and "checkpoint.claimName" in problem and "2 policy ranks on 2 pods" in problem
+    claimed = group.model_copy(update={"checkpoint": base.checkpoint.model_copy(update={"claim_name": "ckpt"})})
+    assert worker.shared_checkpoint_problem(claimed) is None
+    alone = base.model_copy(update={"policy": base.policy.model_copy(update={"replicas": 2, "sharding": "none"})})
+    assert worker.shared_checkpoint_problem(alone) is None
+    assert worker.shared_checkpoint_problem(base) is None

@@ -255,6 +255,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
                 f"is imported: set {AUTH_MODE}=token (with {AUTH_TOKEN}) in the pod's environment, as the "
                 "operator does, so the driver and its head agree"
             )
+        if env.is_head and (problem := shared_checkpoint_problem(spec.spec)):
+            raise EnvError(problem)
     except EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -262,6 +264,18 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         if env.is_head:
             return run_head(env, spec, args.out, args.join_timeout, ray_env)
         return run_node(env, ray_env)
+
+
+def shared_checkpoint_problem(spec: RunSpec) -> str | None:
+    """Why a policy group over several pods cannot checkpoint (each rank writes its shards into the checkpoint
+    root, which must be one filesystem for every policy pod), or None."""
+    if spec.policy.world > 1 and spec.policy.replicas > 1 and not spec.checkpoint.claim_name:
+        return (
+            f"policy: {spec.policy.world} policy ranks on {spec.policy.replicas} pods write their checkpoint "
+            "shards into one checkpoint folder: set checkpoint.claimName to a claim every policy pod mounts "
+            "(ReadWriteMany across nodes), or policy.sharding: none"
+        )
+    return None
 
 
 def checked_ray_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -5,10 +5,10 @@ and the final Hugging Face folder.
 
 Placement (as veRL's worker groups): rank r runs on the r // per_pod-th policy node, per_pod =
 max(1, policy.resources.gpus) ranks a node; node 0 is the coordinator's own, the others the policy pods that
-advertise `tlt_policy` (`tlt worker` on policy ranks > 0), in a fixed order. On one machine every rank runs
-there (`on_pods` false), each with its share of the cores. The group meets at rank 0's node (127.0.0.1 when all ranks share the
-coordinator's machine) on a free port; a rank that cannot join within `join_timeout_s` fails the run in one
-line naming the rank and the address.
+advertise `tlt_policy` (`tlt worker` on policy ranks > 0), in a fixed order. On one machine (`on_pods`
+false) every rank runs there, each with its share of the cores. The group meets at rank 0's node (127.0.0.1
+when all ranks share the coordinator's machine) on a free port; a rank that cannot join within
+`join_timeout_s` fails the run in one line naming the rank and the address.
 
 The group is one failure domain, as a torchrun job is: a lost rank fails the step, and the coordinator's
 restart (`tlt.runtime.run_checkpoint`) starts a fresh group from the newest checkpoint.
@@ -27,6 +27,7 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 POLICY_RESOURCE = ROLE_RESOURCES["policy"]  # advertised by policy pods > 0
 JOIN_TIMEOUT_S = 300.0
 LOOPBACK = "127.0.0.1"
+
+
+class GroupJoinError(RuntimeError):
+    """A policy rank could not join the group (its line names the rank and the address)."""
 
 
 def policy_nodes(nodes: list[dict[str, Any]], here: str) -> list[str]:
@@ -111,6 +116,9 @@ class ShardedPolicyRole:
             address = LOOPBACK if all(p["node"] == here for p in places) else places[0]["ip"]
             port = ray.get(self.ranks[0].rendezvous.remote(address))
             joined = ray.get([r.join.remote(address, port, join_timeout_s) for r in self.ranks])
+        except RayTaskError as exc:  # the rank's own line (`init_group`: the rank and the address it tried)
+            self.kill()
+            raise GroupJoinError(str(exc.cause).splitlines()[0] if exc.cause is not None else str(exc)) from None
         except BaseException:
             self.kill()
             raise
