@@ -99,3 +99,25 @@ def test_a_rank_that_cannot_join_names_itself_and_the_address():
         RuntimeError, match=rf"policy rank 1 of 2 could not join the group at 127.0.0.1:{port} within 2 s"
     ):
         init_group(1, 2, "127.0.0.1", port, timeout_s=2)
+
+
+def test_tlt_train_local_refuses_a_policy_group_before_anything_loads(tmp_path, capsys):
+    import yaml
+
+    from tlt.cli import main
+
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tlt.dev/v1alpha1",
+                "kind": "TLTTrainingRun",
+                "metadata": {"name": "group"},
+                "spec": {"policy": {"replicas": 2}},
+            }
+        )
+    )
+    assert main(["train", str(run), "--local", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "2 policy ranks" in err and "run without --local" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

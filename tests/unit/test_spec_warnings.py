@@ -38,6 +38,8 @@ def test_the_default_spec_has_no_warnings():
         ({"speculative": {"mode": "off", "draftVocab": 1000}}, "spec.speculative.draftVocab"),
         ({"speculative": {"draftVocab": 1000}, "rollout": {"engine": "vllm"}}, "spec.speculative.draftVocab"),
         ({"dataset": {"evalPath": "e.jsonl"}}, "spec.dataset.evalPath"),
+        ({"policy": {"sharding": "fsdp"}}, "spec.policy.sharding"),
+        ({"policy": {"replicas": 1, "sharding": "ddp"}}, "spec.policy.sharding"),
         (
             {"dataset": {"source": "file", "path": "d.jsonl", "prompt": "{q}", "promptKey": "q"}},
             "spec.dataset.promptKey",

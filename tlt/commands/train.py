@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
                 "rollout.engine 'vllm' needs the Ray loop (a vLLM rollout worker beside the policy's "
                 "trainer): drop --local, or set rollout.engine to 'tlt'"
             )
+    if problem is None and args.local and spec.spec.policy.world > 1:
+        from tlt.runtime.local import MSG_POLICY_GROUP
+
+        problem = MSG_POLICY_GROUP.format(world=spec.spec.policy.world)
     if problem is not None:
         print(f"{args.file}: {problem}", file=sys.stderr)
         return 2

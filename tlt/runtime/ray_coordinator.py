@@ -81,6 +81,7 @@ from tlt.runtime.step_recovery import StepRecovery
 from tlt.runtime.worker_replacement import ask_each
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import TLTTrainingRun
+from tlt.spec.spec_warnings import one_rank_sharding
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
 from tlt.workers.policy import PolicyRole, policy_path
@@ -113,6 +114,8 @@ class RayTrainer:
         self.algo = run.spec.algorithm
         self.plan = SpeculativePlan.of(self.spec.speculative, self.spec.drafter)  # ValueError: no usable arm
         self.out_dir = Path(out_dir)
+        if self.spec.policy.sharding in ("ddp", "fsdp") and self.spec.policy.world == 1:
+            log.warning(one_rank_sharding(self.spec))
         self.trainers = SpotTrainers(
             SlotSource(self.spec.drafter.enabled_slots, self.out_dir),
             self.spec.drafter.max_trainers,

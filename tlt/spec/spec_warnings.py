@@ -40,6 +40,13 @@ def tree_candidates(arm: ArmSpec) -> int:
     return arm.topk + (arm.depth - 1) * arm.topk * arm.topk
 
 
+def one_rank_sharding(spec: RunSpec) -> str:
+    return (
+        f"spec.policy.sharding: {spec.policy.sharding} with one policy rank (replicas x max(1, resources.gpus) "
+        "= 1) shares nothing: the update runs unsharded on that rank"
+    )
+
+
 def spec_warnings(spec: RunSpec) -> list[str]:
     out: list[str] = []
     sd = spec.speculative
@@ -81,6 +88,8 @@ def spec_warnings(spec: RunSpec) -> list[str]:
             f"spec.algorithm.maxNewTokens: {spec.algorithm.max_new_tokens} is not below model.maxContext "
             f"({spec.model.max_context}); responses end at the context limit first, so the cap does nothing"
         )
+    if spec.policy.sharding in ("ddp", "fsdp") and spec.policy.world == 1:
+        out.append(one_rank_sharding(spec))
     out.extend(dataset_warnings(spec))
     for role in ("policy", "rollout", "verifier"):
         memory = getattr(spec, role).resources.memory
