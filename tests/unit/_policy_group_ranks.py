@@ -62,7 +62,8 @@ def main(rank: int, world: int, port: int, sharding: str, out: Path) -> None:
     from tlt.workers.policy_group import full_weights, init_group, rank_update, shard_policy, state_bytes
 
     init_group(rank, world, "127.0.0.1", port, timeout_s=60)
-    sharded = shard_policy(policy, sharding)
+    # "fsdp-gathered": fsdp keeping each layer's gathered weights from its forward to its backward
+    sharded = shard_policy(policy, sharding.removesuffix("-gathered"), reshard_after_forward=sharding == "fsdp")
     opt = optimizer(sharded.parameters())
     for step in range(STEPS):
         b = batch(step)

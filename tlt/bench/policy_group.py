@@ -1,5 +1,6 @@
 """`tlt bench policy-group`: one GRPO update of a real policy shape on one rank (all the cores' threads) vs a
-policy group of two FSDP2 ranks (one thread each) on the same cores, interleaved rounds, fresh processes.
+policy group of two FSDP2 ranks (one thread each) on the same cores, with FSDP2's reshard_after_forward on
+(`2-ranks`, the default) and off (`2-ranks-gathered`), interleaved rounds, fresh processes.
 
 Each round starts every variant from the same random weights and batch (`tlt.bench.policy_group_rank`), in
 alternating order. Reported per variant and round: tokens per second (the batch's prompt + response tokens
@@ -21,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-VARIANTS = {"1-rank": (1, 2), "2-ranks": (2, 1)}  # name -> (ranks, threads per rank)
+# name -> (ranks, threads per rank, FSDP2's reshard_after_forward)
+VARIANTS = {"1-rank": (1, 2, True), "2-ranks": (2, 1, True), "2-ranks-gathered": (2, 1, False)}
 
 
 def _free_port() -> int:
@@ -30,15 +32,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_variant(shape: str, ranks: int, threads: int, seqs: int, prompt: int, response: int) -> list[dict[str, Any]]:
-    """One update of `ranks` processes of `threads` threads each; every rank's JSON result."""
+def run_variant(
+    shape: str, ranks: int, threads: int, seqs: int, prompt: int, response: int, reshard: bool = True
+) -> list[dict[str, Any]]:
+    """One update of `ranks` processes of `threads` threads each (`reshard`: FSDP2's reshard_after_forward);
+    every rank's JSON result."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="tlt-policy-group-") as tmp:
         outs = [Path(tmp) / f"rank-{r}.json" for r in range(ranks)]
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tlt.bench.policy_group_rank"]
-                + [str(a) for a in (shape, ranks, rank, port, threads, seqs, prompt, response, out)],
+                + [str(a) for a in (shape, ranks, rank, port, threads, seqs, prompt, response, int(reshard), out)],
                 env={**os.environ, "OMP_NUM_THREADS": str(threads)},
             )
             for rank, out in enumerate(outs)
@@ -47,6 +52,17 @@ def run_variant(shape: str, ranks: int, threads: int, seqs: int, prompt: int, re
         if any(codes):
             raise RuntimeError(f"policy-group bench: {shape} at {ranks} rank(s) exited {codes}")
         return [json.loads(out.read_text()) for out in outs]
+
+
+def _ratios(one: list[dict[str, Any]], two: list[dict[str, Any]]) -> dict[str, Any]:
+    """A group's ratios to one rank, round by round: throughput, state and peak memory per rank."""
+    return {
+        "throughput_ratio": _range([b["tokens_per_second"] / a["tokens_per_second"] for a, b in zip(one, two)]),
+        "state_ratio_per_rank": _range([max(b["state_bytes"]) / a["state_bytes"][0] for a, b in zip(one, two)]),
+        "peak_rss_ratio_per_rank": _range(
+            [max(b["peak_rss_bytes"]) / a["peak_rss_bytes"][0] for a, b in zip(one, two)]
+        ),
+    }
 
 
 def _range(values: list[float]) -> dict[str, float]:
@@ -70,8 +86,8 @@ def run_policy_group_bench(
     for index in range(rounds):
         order = list(VARIANTS) if index % 2 == 0 else list(reversed(VARIANTS))
         for name in order:
-            ranks, threads = VARIANTS[name]
-            results = run_variant(shape, ranks, threads, seqs, prompt, response)
+            ranks, threads, reshard = VARIANTS[name]
+            results = run_variant(shape, ranks, threads, seqs, prompt, response, reshard)
             slowest = max(r["seconds"] for r in results)
             row = {
                 "round": index + 1,
@@ -87,17 +103,16 @@ def run_policy_group_bench(
                     f"round {index + 1}/{rounds} {name}: {row['tokens_per_second']:.1f} tok/s, "
                     f"state {max(row['state_bytes']) / 2**30:.2f} GiB a rank"
                 )
-    one, two = per["1-rank"], per["2-ranks"]
+    one = per["1-rank"]
     return {
         "shape": shape,
         "parameters": one[0]["parameters"],
         "batch": {"sequences": seqs, "prompt_tokens": prompt, "response_tokens": response},
-        "variants": {name: {"ranks": r, "threads": t} for name, (r, t) in VARIANTS.items()},
+        "variants": {
+            name: {"ranks": r, "threads": t, "reshard_after_forward": f} for name, (r, t, f) in VARIANTS.items()
+        },
         "rounds": per,
-        "throughput_ratio": _range([b["tokens_per_second"] / a["tokens_per_second"] for a, b in zip(one, two)]),
-        "state_ratio_per_rank": _range([max(b["state_bytes"]) / a["state_bytes"][0] for a, b in zip(one, two)]),
-        "peak_rss_ratio_per_rank": _range(
-            [max(b["peak_rss_bytes"]) / a["peak_rss_bytes"][0] for a, b in zip(one, two)]
-        ),
+        **_ratios(one, per["2-ranks"]),
+        "gathered": _ratios(one, per["2-ranks-gathered"]),
         "load_average": {"before": before, "after": list(os.getloadavg())},
     }

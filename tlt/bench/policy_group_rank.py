@@ -2,7 +2,7 @@
 step's batch of random tokens, runs one GRPO update alone (world 1) or as its rank of a group (FSDP2 over
 gloo on 127.0.0.1), and writes what it measured as JSON:
 
-    python -m tlt.bench.policy_group_rank SHAPE WORLD RANK PORT THREADS SEQS PROMPT RESPONSE OUT
+    python -m tlt.bench.policy_group_rank SHAPE WORLD RANK PORT THREADS SEQS PROMPT RESPONSE RESHARD OUT
 """
 
 from __future__ import annotations
@@ -60,7 +60,18 @@ def step_batch(vocab: int, seqs: int, prompt: int, response: int) -> RolloutBatc
     )
 
 
-def main(shape: str, world: int, rank: int, port: int, threads: int, seqs: int, prompt: int, response: int, out: Path):
+def main(
+    shape: str,
+    world: int,
+    rank: int,
+    port: int,
+    threads: int,
+    seqs: int,
+    prompt: int,
+    response: int,
+    reshard: int,
+    out: Path,
+):
     from tlt.workers.policy_group import init_group, rank_update, shard_policy, state_bytes
 
     torch.set_num_threads(threads)
@@ -70,7 +81,7 @@ def main(shape: str, world: int, rank: int, port: int, threads: int, seqs: int, 
     parameters = sum(p.numel() for p in policy.parameters())
     if world > 1:
         init_group(rank, world, "127.0.0.1", port)
-        policy = shard_policy(policy, "fsdp")
+        policy = shard_policy(policy, "fsdp", reshard_after_forward=bool(reshard))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     started = time.perf_counter()
     if world > 1:
@@ -93,4 +104,4 @@ def main(shape: str, world: int, rank: int, port: int, threads: int, seqs: int, 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], *(int(x) for x in a[1:8]), Path(a[8]))
+    main(a[0], *(int(x) for x in a[1:9]), Path(a[9]))

@@ -126,12 +126,15 @@ def _policy_group_run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as exc:
         console.print(f"error: {exc}")
         return 2
-    t, m = result["throughput_ratio"], result["state_ratio_per_rank"]
+    t, m, g = result["throughput_ratio"], result["state_ratio_per_rank"], result["gathered"]
+    gt, gp = g["throughput_ratio"], g["peak_rss_ratio_per_rank"]
     console.print(
         f"{result['shape']} ({result['parameters'] / 1e6:.0f}M parameters), {args.seqs} x "
         f"({args.prompt} + {args.response}) tokens, {args.rounds} rounds: 2 ranks / 1 rank throughput "
         f"{t['median']:.3f} [{t['min']:.3f}, {t['max']:.3f}], state per rank {m['median']:.3f} "
-        f"[{m['min']:.3f}, {m['max']:.3f}]; load before {result['load_average']['before']}",
+        f"[{m['min']:.3f}, {m['max']:.3f}]; without resharding after the forward: throughput "
+        f"{gt['median']:.3f} [{gt['min']:.3f}, {gt['max']:.3f}], peak memory per rank {gp['median']:.3f}; "
+        f"load before {result['load_average']['before']}",
         highlight=False,
     )
     return _write_json(console, args.json, result)

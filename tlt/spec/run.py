@@ -203,6 +203,13 @@ class PolicySpec(RoleSpec):
         "(replicated, gradients averaged) or none (one rank updates alone). Unset: fsdp above one rank.",
     )
 
+    reshard_after_forward: bool = Field(
+        True,
+        description="fsdp: free each layer's gathered weights after its forward and gather them again for its "
+        "backward (the least memory); false keeps them from the forward through the backward of each pass "
+        "(one all-gather a pass fewer: faster, the full weights held during a pass).",
+    )
+
     @property
     def world(self) -> int:
         """Ranks of the policy group: one a GPU (one a pod without GPUs); 1 with `sharding: none`."""

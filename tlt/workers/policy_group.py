@@ -82,10 +82,13 @@ def init_group(rank: int, world: int, address: str, port: int, *, backend: str =
         ) from exc
 
 
-def shard_policy(policy: nn.Module, sharding: str, compute_dtype: torch.dtype | None = None) -> nn.Module:
+def shard_policy(
+    policy: nn.Module, sharding: str, compute_dtype: torch.dtype | None = None, *, reshard_after_forward: bool = True
+) -> nn.Module:
     """`policy` prepared for the group: `fsdp` shards it in place (per decoder layer, then the root; with a
     bfloat16 `compute_dtype` over float32 master weights, parameters are cast for the forward and gradients
-    reduced in float32), `ddp` wraps it, `none` returns it unchanged."""
+    reduced in float32; `reshard_after_forward` false keeps a layer's gathered weights until its backward),
+    `ddp` wraps it, `none` returns it unchanged."""
     if sharding not in SHARDINGS:
         raise ValueError(f"policy.sharding must be one of {list(SHARDINGS)}, got {sharding!r}")
     if sharding == "none":
@@ -98,8 +101,8 @@ def shard_policy(policy: nn.Module, sharding: str, compute_dtype: torch.dtype | 
         MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if lower else MixedPrecisionPolicy()
     )
     for layer in policy.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(policy, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(policy, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return policy
 
 

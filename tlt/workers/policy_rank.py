@@ -81,7 +81,9 @@ class PolicyRank:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         init_group(self.rank, self.world, address, port, backend=backend, timeout_s=timeout_s)
         sharding = self.spec.policy.group_sharding
-        self.policy = shard_policy(self.policy, sharding, self.compute_dtype)
+        self.policy = shard_policy(
+            self.policy, sharding, self.compute_dtype, reshard_after_forward=self.spec.policy.reshard_after_forward
+        )
         self.optimizer = build_optimizer(self.policy, self.spec)
         log.info(
             "policy rank %d of %d joined at %s:%d (%s, %s)", self.rank, self.world, address, port, sharding, backend
