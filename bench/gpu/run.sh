@@ -42,7 +42,8 @@ export TLT_CACHE_DIR="$CARRY/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTH
   TOKENIZERS_PARALLELISM=false
 TLT=("$PY" -m tlt.cli)
 # Modules the phases import: the device must hold them (checked by the dry run against its package list).
-MODULES=(tlt.cli tlt.commands.bench tlt.bench.cost_terms tlt.bench.worker_alone tlt.workers.rollout tlt.runtime.local)
+MODULES=(tlt.cli tlt.commands.bench tlt.bench.cost_terms tlt.bench.worker_alone tlt.bench.policy_group_rank tlt.workers.rollout
+  tlt.runtime.local)
 
 # The phases after the prerequisites, in order: name, budget (s), signal that ends it at its budget (pytest
 # writes its junit on INT), and its command.
@@ -50,8 +51,11 @@ MODULES=(tlt.cli tlt.commands.bench tlt.bench.cost_terms tlt.bench.worker_alone 
 # compiled target graphs 41.5 + 56.7 s cold, an eager cost step 20-30 ms. The workload's GPU time is not known:
 # on this CPU one shard of it (both variants) takes ~6 s. Its JSON is rewritten after every repeat: as many of
 # the 3 repeats as fit are kept (`repeats_done`), the phase then reported as a timeout.
-PHASES=(gpu-tests costs-0.5b costs-7b workload costs-7b-compiled)
-declare -A BUDGET=([prereq]=40 [gpu-tests]=120 [costs-0.5b]=35 [costs-7b]=45 [workload]=120 [costs-7b-compiled]=120)
+# The policy's update at Qwen2.5-0.5B's shape on one GPU (one rank: a group needs a GPU a rank): ~35 s on this
+# CPU's two cores, seconds of a GPU's after a ~10 s start; its budget is taken from the workload's.
+PHASES=(gpu-tests costs-0.5b costs-7b update-0.5b workload costs-7b-compiled)
+declare -A BUDGET=([prereq]=40 [gpu-tests]=120 [costs-0.5b]=35 [costs-7b]=45 [update-0.5b]=30 [workload]=90
+  [costs-7b-compiled]=120)
 declare -A SIGNAL=([gpu-tests]=INT)
 COSTS=(bench costs --device cuda --dtype bfloat16 --context 1024 --repeats 5 --draft-vocab 0,32768)
 GRID=(--batches 1,4,16,64 --depths 1,2,3,4)
@@ -60,6 +64,8 @@ phase_argv() {  # the command of phase $1 (workload: $2 is "ray" when Ray is imp
     gpu-tests) echo "$PY -m pytest -m gpu tests/gpu -q -p no:cacheprovider ${XDIST:-} --junitxml $W/gpu-tests.xml" ;;
     costs-0.5b) echo "${TLT[*]} ${COSTS[*]} --shape qwen2.5-0.5b ${GRID[*]} --json $W/costs-qwen2.5-0.5b.json" ;;
     costs-7b) echo "${TLT[*]} ${COSTS[*]} --shape qwen2.5-7b ${GRID[*]} --json $W/costs-qwen2.5-7b.json" ;;
+    update-0.5b)
+      echo "${TLT[*]} bench policy-group --device cuda --shape qwen2.5-0.5b --rounds 2 --json $W/update-qwen2.5-0.5b.json" ;;
     costs-7b-compiled)
       echo "${TLT[*]} ${COSTS[*]} --shape qwen2.5-7b --compile --batches 1 --depths 3 --json $W/costs-qwen2.5-7b-compiled.json" ;;
     workload)

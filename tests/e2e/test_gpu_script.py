@@ -17,7 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "run.sh"
 CARRY = ROOT / "bench" / "gpu" / "carry"
-PHASES = ["prereq", "gpu-tests", "costs-0.5b", "costs-7b", "workload", "costs-7b-compiled"]
+PHASES = ["prereq", "gpu-tests", "costs-0.5b", "costs-7b", "update-0.5b", "workload", "costs-7b-compiled"]
 LIMIT = 64 * 2**20
 
 pytestmark = pytest.mark.slow  # the dry run starts a few Pythons that import torch: ~40 s on 2 cores
@@ -46,8 +46,9 @@ def test_dry_run_plans_eight_minutes_parses_every_command_and_names_a_missing_ca
     assert list(budgets) == PHASES
     total = int(re.search(r"total budget: (\d+) s", out).group(1))
     assert total == sum(budgets.values()) <= 8 * 60
-    assert "5 tlt commands parse" in out, "every bench command the phases run (both workload forms) parses"
+    assert "6 tlt commands parse" in out, "every bench command the phases run (both workload forms) parses"
     assert "tlt.cli bench costs --device cuda" in out and "--shape qwen2.5-7b --compile" in out
+    assert "tlt.cli bench policy-group --device cuda" in out
     assert "bench worker --workload bench/workload-gpu-v1.yaml" in out
     assert "bench run --workload bench/workload-gpu-v1.yaml" in out
     problems = [line for line in out.splitlines() if line.startswith("problem: ")]

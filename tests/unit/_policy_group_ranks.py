@@ -59,11 +59,22 @@ def main(rank: int, world: int, port: int, sharding: str, out: Path) -> None:
             out / "single-0.pt",
         )
         return
-    from tlt.workers.policy_group import full_weights, init_group, rank_update, shard_policy, state_bytes
+    from tlt.workers.policy_group import (
+        checkpoint_activations,
+        full_weights,
+        init_group,
+        rank_update,
+        shard_policy,
+        state_bytes,
+    )
 
     init_group(rank, world, "127.0.0.1", port, timeout_s=60)
-    # "fsdp-gathered": fsdp keeping each layer's gathered weights from its forward to its backward
-    sharded = shard_policy(policy, sharding.removesuffix("-gathered"), reshard_after_forward=sharding == "fsdp")
+    # "fsdp-gathered": fsdp keeping each layer's gathered weights from its forward to its backward;
+    # "fsdp-recomputed": fsdp with every layer's activations recomputed in the backward
+    if sharding == "fsdp-recomputed":
+        checkpoint_activations(policy)
+    base = sharding.split("-")[0]
+    sharded = shard_policy(policy, base, reshard_after_forward=sharding != "fsdp-gathered")
     opt = optimizer(sharded.parameters())
     for step in range(STEPS):
         b = batch(step)

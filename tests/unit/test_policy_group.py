@@ -16,6 +16,8 @@ from tlt.spec.run import AlgorithmSpec
 from tlt.workers.policy_group import rank_passes, shard_policy, token_balanced_shards
 
 RANKS = Path(__file__).with_name("_policy_group_ranks.py")
+# fsdp-gathered: no reshard after the forward; fsdp-recomputed: activations recomputed in the backward
+GROUPS = ("ddp", "fsdp", "fsdp-gathered", "fsdp-recomputed")
 TOLERANCE = 1e-10  # float64; the ranks sum the batch in another order
 
 
@@ -30,7 +32,7 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
     """One single-process update and a two-rank group per sharding, all started at once."""
     out = tmp_path_factory.mktemp("policy-group")
     procs = [subprocess.Popen([sys.executable, str(RANKS), "0", "1", "0", "single", str(out)])]
-    for sharding in ("ddp", "fsdp", "fsdp-gathered"):
+    for sharding in GROUPS:
         port = _free_port()
         procs += [
             subprocess.Popen([sys.executable, str(RANKS), str(rank), "2", str(port), sharding, str(out)])
@@ -40,12 +42,18 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
         assert proc.wait(timeout=300) == 0, proc.args
     return {
         name: [torch.load(out / f"{name}-{rank}.pt", weights_only=False) for rank in ranks]
-        for name, ranks in (("single", [0]), ("ddp", [0, 1]), ("fsdp", [0, 1]), ("fsdp-gathered", [0, 1]))
+        for name, ranks in (
+            ("single", [0]),
+            ("ddp", [0, 1]),
+            ("fsdp", [0, 1]),
+            ("fsdp-gathered", [0, 1]),
+            ("fsdp-recomputed", [0, 1]),
+        )
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp", "fsdp-gathered"])
+@pytest.mark.parametrize("sharding", GROUPS)
 def test_two_ranks_update_as_one_rank(runs, sharding):
     (single,) = runs["single"]
     for rank in runs[sharding]:

@@ -121,3 +121,38 @@ def test_tlt_train_local_refuses_a_policy_group_before_anything_loads(tmp_path, 
     err = capsys.readouterr().err
     assert "2 policy ranks" in err and "run without --local" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_recomputed_activations_give_the_same_update_and_keep_the_parameter_names():
+    import copy
+
+    from tlt.rl.update import RolloutBatch, policy_update
+    from tlt.spec.run import AlgorithmSpec
+    from tlt.workers.policy_group import checkpoint_activations
+
+    algo = AlgorithmSpec(micro_batch_size=2, ppo_epochs=2)
+    plain = tiny_model("qwen2", seed=4, dtype=torch.float64, num_layers=2)
+    recomputed = checkpoint_activations(copy.deepcopy(plain))
+    assert [n for n, _ in recomputed.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    results, calls = [], []
+    for model in (plain, recomputed):
+        count = [0]
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        calls.append(count)
+        g = torch.Generator().manual_seed(5)
+        batch = RolloutBatch(
+            [torch.randint(1, 64, (4,), generator=g).tolist() for _ in range(3)],
+            [torch.randint(1, 64, (n,), generator=g).tolist() for n in (3, 7, 5)],
+            torch.zeros(3, 7, dtype=torch.float64),
+            torch.randn(3, generator=g),
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        results.append((policy_update(model, optimizer, batch, algo, old_from_first_pass=True), model.state_dict()))
+    (m1, w1), (m2, w2) = results
+    assert calls[1][0] == 2 * calls[0][0], "each layer's forward runs again in the backward"
+    assert m1 == pytest.approx(m2, rel=1e-12, abs=1e-12)
+    assert all(torch.allclose(w1[k], w2[k], rtol=0, atol=1e-12) for k in w1)
+    assert any(
+        not torch.equal(w1[k], tiny_model("qwen2", seed=4, dtype=torch.float64, num_layers=2).state_dict()[k])
+        for k in w1
+    )

@@ -7,7 +7,7 @@ alternating order. Reported per variant and round: tokens per second (the batch'
 over the slowest rank's update seconds), each rank's parameter + gradient + optimizer bytes and its peak
 resident memory; and the group's ratios to one rank (throughput, state per rank) with their range. The
 question it answers: does sharding the policy cost speed where one device would do, and how much memory does
-each rank save?"""
+each rank save? `--device cuda` runs the one-rank update on one GPU (tokens per second, peak GPU memory)."""
 
 from __future__ import annotations
 
@@ -33,17 +33,27 @@ def _free_port() -> int:
 
 
 def run_variant(
-    shape: str, ranks: int, threads: int, seqs: int, prompt: int, response: int, reshard: bool = True
+    shape: str,
+    ranks: int,
+    threads: int,
+    seqs: int,
+    prompt: int,
+    response: int,
+    reshard: bool = True,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
-    """One update of `ranks` processes of `threads` threads each (`reshard`: FSDP2's reshard_after_forward);
-    every rank's JSON result."""
+    """One update of `ranks` processes of `threads` threads each (`reshard`: FSDP2's reshard_after_forward) on
+    `device`; every rank's JSON result."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="tlt-policy-group-") as tmp:
         outs = [Path(tmp) / f"rank-{r}.json" for r in range(ranks)]
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tlt.bench.policy_group_rank"]
-                + [str(a) for a in (shape, ranks, rank, port, threads, seqs, prompt, response, int(reshard), out)],
+                + [
+                    str(a)
+                    for a in (shape, ranks, rank, port, threads, seqs, prompt, response, int(reshard), out, device)
+                ],
                 env={**os.environ, "OMP_NUM_THREADS": str(threads)},
             )
             for rank, out in enumerate(outs)
@@ -77,17 +87,20 @@ def run_policy_group_bench(
     prompt: int = 64,
     response: int = 512,
     on_result: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """`rounds` interleaved rounds of every variant (see the module docstring); the results as a dict."""
+    """`rounds` interleaved rounds of every variant (see the module docstring) on `device` (`cuda`: the one-rank
+    update on one GPU, the group needing a GPU a rank); the results as a dict."""
     if rounds < 1 or seqs < 2:
         raise ValueError(f"rounds must be >= 1 and seqs >= 2 (one a rank), got {rounds} and {seqs}")
+    variants = VARIANTS if device == "cpu" else {"1-rank": (1, 1, True)}
     before = list(os.getloadavg())
-    per: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    per: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for index in range(rounds):
-        order = list(VARIANTS) if index % 2 == 0 else list(reversed(VARIANTS))
+        order = list(variants) if index % 2 == 0 else list(reversed(variants))
         for name in order:
-            ranks, threads, reshard = VARIANTS[name]
-            results = run_variant(shape, ranks, threads, seqs, prompt, response, reshard)
+            ranks, threads, reshard = variants[name]
+            results = run_variant(shape, ranks, threads, seqs, prompt, response, reshard, device)
             slowest = max(r["seconds"] for r in results)
             row = {
                 "round": index + 1,
@@ -96,6 +109,7 @@ def run_policy_group_bench(
                 "state_bytes": [r["state_bytes"] for r in results],
                 "peak_rss_bytes": [r["peak_rss_bytes"] for r in results],
                 "parameters": results[0]["parameters"],
+                **({"peak_gpu_bytes": [r["peak_gpu_bytes"] for r in results]} if device == "cuda" else {}),
             }
             per[name].append(row)
             if on_result is not None:
@@ -104,15 +118,18 @@ def run_policy_group_bench(
                     f"state {max(row['state_bytes']) / 2**30:.2f} GiB a rank"
                 )
     one = per["1-rank"]
+    group = (
+        {} if device != "cpu" else {**_ratios(one, per["2-ranks"]), "gathered": _ratios(one, per["2-ranks-gathered"])}
+    )
     return {
         "shape": shape,
+        "device": device,
         "parameters": one[0]["parameters"],
         "batch": {"sequences": seqs, "prompt_tokens": prompt, "response_tokens": response},
         "variants": {
-            name: {"ranks": r, "threads": t, "reshard_after_forward": f} for name, (r, t, f) in VARIANTS.items()
+            name: {"ranks": r, "threads": t, "reshard_after_forward": f} for name, (r, t, f) in variants.items()
         },
         "rounds": per,
-        **_ratios(one, per["2-ranks"]),
-        "gathered": _ratios(one, per["2-ranks-gathered"]),
+        **group,
         "load_average": {"before": before, "after": list(os.getloadavg())},
     }

@@ -1,12 +1,14 @@
 """One process of `tlt bench policy-group`: builds the shape's policy (random weights, float32, seeded) and one
 step's batch of random tokens, runs one GRPO update alone (world 1) or as its rank of a group (FSDP2 over
-gloo on 127.0.0.1), and writes what it measured as JSON:
+gloo on 127.0.0.1), and writes what it measured as JSON. On `cuda` (world 1) the update runs in bfloat16 over
+float32 master weights, after one untimed update (CUDA's start), and its peak GPU memory is reported too:
 
-    python -m tlt.bench.policy_group_rank SHAPE WORLD RANK PORT THREADS SEQS PROMPT RESPONSE RESHARD OUT
+    python -m tlt.bench.policy_group_rank SHAPE WORLD RANK PORT THREADS SEQS PROMPT RESPONSE RESHARD OUT [DEVICE]
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import sys
@@ -71,32 +73,48 @@ def main(
     response: int,
     reshard: int,
     out: Path,
+    device: str = "cpu",
 ):
     from tlt.workers.policy_group import init_group, rank_update, shard_policy, state_bytes
 
     torch.set_num_threads(threads)
     algo = AlgorithmSpec(micro_batch_size=1)
-    policy = build(shape)
-    batch = step_batch(SHAPES[shape]["vocab_size"], seqs, prompt, response)
+    cuda = device == "cuda"
+    policy = build(shape).to(device)
     parameters = sum(p.numel() for p in policy.parameters())
     if world > 1:
         init_group(rank, world, "127.0.0.1", port)
         policy = shard_policy(policy, "fsdp", reshard_after_forward=bool(reshard))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    started = time.perf_counter()
-    if world > 1:
-        rank_update(policy, optimizer, batch, algo, pad_id=0)
-    else:
-        policy_update(policy, optimizer, batch, algo, old_from_first_pass=True)
-    seconds = time.perf_counter() - started
+
+    def update() -> float:
+        batch = step_batch(SHAPES[shape]["vocab_size"], seqs, prompt, response)
+        # on a GPU as a run trains there: float32 master weights, the forward and backward in bfloat16
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+        started = time.perf_counter()
+        with autocast:
+            if world > 1:
+                rank_update(policy, optimizer, batch, algo, pad_id=0)
+            else:
+                policy_update(policy, optimizer, batch, algo, old_from_first_pass=True)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    if cuda:  # CUDA's first update pays its kernels' and libraries' start
+        update()
+    seconds = update()
     result = {
         "rank": rank,
+        "device": device,
         "seconds": seconds,
-        "tokens": sum(batch.lengths()),
+        "tokens": seqs * (prompt + response),
         "state_bytes": state_bytes(policy, optimizer),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "parameters": parameters,
     }
+    if cuda:
+        result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     if world > 1:
         torch.distributed.destroy_process_group()
     out.write_text(json.dumps(result))
@@ -104,4 +122,4 @@ def main(
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], *(int(x) for x in a[1:9]), Path(a[9]))
+    main(a[0], *(int(x) for x in a[1:9]), Path(a[9]), *a[10:11])

@@ -104,6 +104,9 @@ def _policy_group_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seqs", type=int, default=2, help="sequences in the step's batch (default 2)")
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens a sequence (default 64)")
     parser.add_argument("--response", type=int, default=512, help="response tokens a sequence (default 512)")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="cpu: 1 rank vs 2; cuda: 1 rank on one GPU"
+    )
 
 
 def _policy_group_run(args: argparse.Namespace) -> int:
@@ -122,10 +125,22 @@ def _policy_group_run(args: argparse.Namespace) -> int:
             prompt=args.prompt,
             response=args.response,
             on_result=lambda line: print(line, file=sys.stderr, flush=True),
+            device=args.device,
         )
     except (ValueError, RuntimeError) as exc:
         console.print(f"error: {exc}")
         return 2
+    if args.device == "cuda":
+        rows = result["rounds"]["1-rank"]
+        console.print(
+            f"{result['shape']} ({result['parameters'] / 1e6:.0f}M parameters) on one GPU, {args.seqs} x "
+            f"({args.prompt} + {args.response}) tokens: "
+            + ", ".join(f"{r['tokens_per_second']:.0f}" for r in rows)
+            + f" tokens/s; peak GPU memory {max(max(r['peak_gpu_bytes']) for r in rows) / 2**30:.1f} GiB, "
+            f"state {rows[0]['state_bytes'][0] / 2**30:.1f} GiB",
+            highlight=False,
+        )
+        return _write_json(console, args.json, result)
     t, m, g = result["throughput_ratio"], result["state_ratio_per_rank"], result["gathered"]
     gt, gp = g["throughput_ratio"], g["peak_rss_ratio_per_rank"]
     console.print(

@@ -210,6 +210,12 @@ class PolicySpec(RoleSpec):
         "(one all-gather a pass fewer: faster, the full weights held during a pass).",
     )
 
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the update's backward instead of keeping them "
+        "from its forward: less memory a rank, one more forward of every layer.",
+    )
+
     @property
     def world(self) -> int:
         """Ranks of the policy group: one a GPU (one a pod without GPUs); 1 with `sharding: none`."""

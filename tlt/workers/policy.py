@@ -25,6 +25,7 @@ from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.devices import CPU, to_cpu
 from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.tasks.warmstart import WarmstartConfig, warm_start
+from tlt.workers.policy_group import checkpoint_activations
 from tlt.workers.policy_shards import POLICY_SHARDS, load_shards
 
 POLICY_DIR = "policy"  # the final policy's folder under a run's output folder
@@ -54,6 +55,8 @@ def build_policy(
             raise ValueError("model.path is required unless dataset.source is 'builtin' (the warm start's task)")
         path = warm_start(warmstart or WarmstartConfig())
     policy, tokenizer = load_policy(path, master_dtype(spec.model.dtype))
+    if spec.policy.activation_checkpointing:
+        checkpoint_activations(policy)
     return policy.to(device), tokenizer
 
 

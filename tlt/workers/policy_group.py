@@ -17,6 +17,7 @@ engines. Backend: gloo on the CPU, NCCL on CUDA; collectives are torch.distribut
 from __future__ import annotations
 
 import datetime
+import functools
 import heapq
 from collections.abc import Sequence
 
@@ -26,6 +27,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 from tlt.rl.packing import micro_batches
 from tlt.rl.update import RolloutBatch, policy_update
@@ -80,6 +82,14 @@ def init_group(rank: int, world: int, address: str, port: int, *, backend: str =
             f"policy rank {rank} of {world} could not join the group at {address}:{port} within {timeout_s:.0f} s: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         ) from exc
+
+
+def checkpoint_activations(policy: nn.Module) -> nn.Module:
+    """Each decoder layer of `policy` recomputes its activations in the backward (`torch.utils.checkpoint`,
+    non-reentrant) instead of keeping them; parameter names unchanged. Numerically the same update."""
+    for layer in policy.model.layers:
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    return policy
 
 
 def shard_policy(

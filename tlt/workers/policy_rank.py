@@ -24,6 +24,7 @@ from tlt.runtime.devices import to_cpu
 from tlt.spec.run import RunSpec
 from tlt.workers.policy import build_optimizer, master_dtype
 from tlt.workers.policy_group import (
+    checkpoint_activations,
     full_weights,
     init_group,
     rank_update,
@@ -81,6 +82,8 @@ class PolicyRank:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         init_group(self.rank, self.world, address, port, backend=backend, timeout_s=timeout_s)
         sharding = self.spec.policy.group_sharding
+        if self.spec.policy.activation_checkpointing:  # before sharding: FSDP2 gathers around the recompute too
+            checkpoint_activations(self.policy)
         self.policy = shard_policy(
             self.policy, sharding, self.compute_dtype, reshard_after_forward=self.spec.policy.reshard_after_forward
         )
