@@ -137,7 +137,7 @@ def test_recomputed_activations_give_the_same_update_and_keep_the_parameter_name
     results, calls = [], []
     for model in (plain, recomputed):
         count = [0]
-        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_, c=count: c.__setitem__(0, c[0] + 1))
         calls.append(count)
         g = torch.Generator().manual_seed(5)
         batch = RolloutBatch(

@@ -82,14 +82,17 @@ class HubKeeper:
 
     def recover(self, exc: BaseException) -> bool:
         """After `exc`: when the hub was lost and Ray restarted it, restore it (`HubWorker.restore`) and return
-        True; False when `exc` is not the hub's loss, or the hub does not come back."""
+        True (also when it was restored since `exc`'s call: the call may be made again); False when `exc` is not
+        the hub's loss, or the hub does not come back."""
         if not hub_lost(exc):
             return False
         status = self._wait_for_hub()
         if status is None:
             return False
         if not status["awaiting"]:
-            return False  # the hub answers as before: the failure was not its loss
+            # restored since the failed call was made (a ref taken before, e.g. a prefetched pull): made again;
+            # any other failure was not the hub's loss (it answers as before)
+            return isinstance(exc, HubRestarted) or isinstance(cause_of(exc), HubRestarted)
         version, params = self.known
         ray.get(self.hub.restore.remote(self.learned, version, params))
         record = {"lost": HUB, "reason": failure_line(exc), "restored_version": version, "at": time.time()}

@@ -12,7 +12,8 @@ One step:
    when every shard is done, before the policy update; with `"rollout"` (rollout pods with
    their own devices) before the next step's first rollout token, so trainers also harvest
    the update phase;
-4. rewards are gathered, GRPO updates the policy here, metrics are recorded, the hub writes an
+4. rewards are gathered, GRPO updates the policy (here at one policy rank; above one on the policy group's
+   ranks, `tlt.workers.sharded_policy`), metrics are recorded, the hub writes an
    asynchronous drafter snapshot, and every `checkpoint.intervalSteps` a whole-run checkpoint
    (policy, optimizer, drafter params + optimizer, the workers' drafter buffers, bandits, metrics)
    is written.
@@ -95,7 +96,8 @@ EventFn = Callable[[dict[str, Any]], None]
 
 
 class RayTrainer:
-    """Coordinator + policy update in this process; rollout workers, verifiers and the drafter hub as actors."""
+    """The coordinator in this process, with the policy update at one policy rank (above one, on the policy
+    group's rank actors); rollout workers, verifiers and the drafter hub as actors."""
 
     def __init__(
         self,
