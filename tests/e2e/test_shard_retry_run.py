@@ -135,7 +135,8 @@ def test_a_restarted_hub_goes_on_from_the_drafter_pulled_at_the_steps_start(kill
     (restarted,) = [e for e in events if e["type"] == "hub_restarted"]
     pulled = history[1]["drafter_candidate_version"] or history[1]["drafter_served_version"]  # the hub's newest
     assert restarted["restored_version"] == pulled
-    assert restarted["restored_version"] >= 1, "restored a fresh drafter, not the trained one"
+    if history[0]["hub_pushes"]:  # step 1's trainers synced (on a busy machine they may not have had the time)
+        assert restarted["restored_version"] >= 1, "restored a fresh drafter, not the trained one"
     later = [p["version"] for p in history[2]["hub_pushes"]]  # none when step 3's trainers had no time to sync
     assert all(v > restarted["restored_version"] for v in later), "the next step's syncs do not continue from it"
     final = load_checkpoint(killed[1].checkpoint_root / "step-00000003")
