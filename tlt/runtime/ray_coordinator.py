@@ -82,12 +82,11 @@ from tlt.runtime.step_recovery import StepRecovery
 from tlt.runtime.worker_replacement import ask_each
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import TLTTrainingRun
-from tlt.spec.spec_warnings import one_rank_sharding
 from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import WarmstartConfig
-from tlt.workers.policy import PolicyRole, policy_path
+from tlt.workers.policy import policy_path
 from tlt.workers.rollout_drafter import NO_AGREEMENT
-from tlt.workers.sharded_policy import ShardedPolicyRole
+from tlt.workers.sharded_policy import ShardedPolicyRole, policy_role
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +115,6 @@ class RayTrainer:
         self.algo = run.spec.algorithm
         self.plan = SpeculativePlan.of(self.spec.speculative, self.spec.drafter)  # ValueError: no usable arm
         self.out_dir = Path(out_dir)
-        if self.spec.policy.sharding in ("ddp", "fsdp") and self.spec.policy.world == 1:
-            log.warning(one_rank_sharding(self.spec))
         self.trainers = SpotTrainers(
             SlotSource(self.spec.drafter.enabled_slots, self.out_dir),
             self.spec.drafter.max_trainers,
@@ -186,16 +183,10 @@ class RayTrainer:
 
     def _load_initial(self) -> None:
         self.step = 0
-        if self.spec.policy.world > 1:  # the update on the policy group's ranks
-            self.role: PolicyRole | ShardedPolicyRole = ShardedPolicyRole(
-                self.spec,
-                self.policy_path,
-                threads=self.placement.driver_threads,
-                on_pods=self.resources.get(ROLE_RESOURCES["rollout"], 0) > 0,
-            )
+        on_pods = self.resources.get(ROLE_RESOURCES["rollout"], 0) > 0
+        self.role = policy_role(self.spec, self.policy_path, self.warmstart, self.placement, on_pods)
+        if isinstance(self.role, ShardedPolicyRole):
             self._emit("policy_group", world=self.role.world, sharding=self.role.sharding, ranks=self.role.places)
-        else:
-            self.role = PolicyRole(self.spec, self.warmstart, self.placement.gpus.policy_device)
         self.history: list[dict[str, Any]] = []
         self.actor_states = ActorStates()
         # (version, parameters) the rollouts draft with (`drafter.publish`); None: the hub's newest

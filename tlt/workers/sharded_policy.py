@@ -36,7 +36,8 @@ from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.devices import to_cpu
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 from tlt.spec.run import RunSpec
-from tlt.workers.policy import POLICY_DIR, master_dtype
+from tlt.spec.spec_warnings import one_rank_sharding
+from tlt.workers.policy import POLICY_DIR, PolicyRole, master_dtype
 from tlt.workers.policy_rank import PolicyRank
 from tlt.workers.policy_shards import POLICY_SHARDS
 
@@ -187,3 +188,15 @@ class ShardedPolicyRole:
         for rank in self.ranks:
             ray.kill(rank, no_restart=True)
         self.ranks = []
+
+
+def policy_role(
+    spec: RunSpec, policy_path: str, warmstart: Any, placement: Any, on_pods: bool
+) -> PolicyRole | ShardedPolicyRole:
+    """The Ray loop's policy role: the group above one policy rank, else the coordinator's own (a sharding
+    asked for at one rank is warned of and not applied). `placement`: `ray_cluster.Placement`."""
+    if spec.policy.world > 1:
+        return ShardedPolicyRole(spec, policy_path, threads=placement.driver_threads, on_pods=on_pods)
+    if spec.policy.sharding in ("ddp", "fsdp"):
+        log.warning(one_rank_sharding(spec))
+    return PolicyRole(spec, warmstart, placement.gpus.policy_device)
