@@ -14,13 +14,11 @@ import socket
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tlt.models.loading import load_policy, resolve_dtype
 from tlt.rollout.types import Completion
 from tlt.runtime import rl_step
-from tlt.runtime.devices import to_cpu
 from tlt.spec.run import RunSpec
 from tlt.workers.policy import build_optimizer, master_dtype
 from tlt.workers.policy_group import (
@@ -117,10 +115,9 @@ class PolicyRank:
         )
         return {**metrics, "rank_share": dict(self.share)}
 
-    def full_weights(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
-        """The full weights on the CPU (rank 0; {} elsewhere), in `dtype` (default: the master dtype)."""
-        weights = full_weights(self.policy)
-        return to_cpu(weights, resolve_dtype(dtype)) if dtype is not None else weights
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The full master weights on the CPU (rank 0; {} elsewhere), gathered tensor by tensor."""
+        return full_weights(self.policy)
 
     def save_shards(self, folder: str) -> None:
         save_shards(self.policy, self._optimizer(), folder)
@@ -131,10 +128,6 @@ class PolicyRank:
     def load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
         """Load a one-rank checkpoint's weights and AdamW state (parameters by position) into the shards."""
         load_full(self.policy, self._optimizer(), weights, named_optimizer_state(self._inner(), optimizer_state))
-
-    def leave(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     def _inner(self) -> torch.nn.Module:
         """The policy module (a `ddp` rank's without its wrapper)."""
