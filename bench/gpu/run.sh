@@ -43,7 +43,7 @@ export TLT_CACHE_DIR="$CARRY/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTH
 TLT=("$PY" -m tlt.cli)
 # Modules the phases import: the device must hold them (checked by the dry run against its package list).
 MODULES=(tlt.cli tlt.commands.bench tlt.bench.cost_terms tlt.bench.worker_alone tlt.bench.policy_group_rank tlt.workers.rollout
-  tlt.runtime.local)
+  tlt.runtime.local_executor)
 
 # The phases after the prerequisites, in order: name, budget (s), signal that ends it at its budget (pytest
 # writes its junit on INT), and its command.

@@ -130,15 +130,15 @@ def train_local(run: TLTTrainingRun, runtime: str, work_dir: Path, policy_dir: P
     """Train in `work_dir` with `runtime`; copy the policy and the served drafter (else the newest drafter
     snapshot; none when the run trained no drafter) out."""
     from tlt.runtime.graceful_stop import EXIT_TERMINATED, stop_on_signals, stopped_line
-    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.local_executor import local_trainer
     from tlt.workers.policy import POLICY_DIR
 
     if runtime == "ray":
-        from tlt.runtime.ray_coordinator import RayTrainer
+        from tlt.runtime.ray_executor import ray_trainer
 
-        trainer: LocalTrainer | RayTrainer = RayTrainer(run, work_dir)
+        trainer = ray_trainer(run, work_dir)
     else:
-        trainer = LocalTrainer(run, work_dir)
+        trainer = local_trainer(run, work_dir)
     with stop_on_signals() as stop:  # SIGTERM (pod eviction, a cancelled run): the step under way, a checkpoint
         history = trainer.train(
             on_step=lambda m: log.info("step %d: reward %.3f", m["step"], m["reward_mean"]), stop=stop

@@ -1,6 +1,6 @@
 """A cluster run's outputs on its checkpoint volume, as the steps after `train` read them.
 
-A `TLTTrainingRun` writes its whole-run checkpoints (`tlt.runtime.checkpoint`) onto the
+A `TLTTrainingRun` writes its whole-run checkpoints (`tlt.checkpoint.store`) onto the
 `checkpoint.claimName` PVC, which the operator mounts at `checkpoint.path` in the policy pods:
 the checkpoints sit under the claim's root. The last one (LATEST) is the final step and holds the
 policy weights (`policy.safetensors`), the drafter weights (`drafter.safetensors`: the hub's newest,
@@ -29,9 +29,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.checkpoint.store import LATEST, MANIFEST, file_sha256
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
 from tlt.models.loading import load_policy
-from tlt.runtime.checkpoint import LATEST, MANIFEST, file_sha256
 from tlt.spec.run import TLTTrainingRun
 from tlt_components.common import CHECKPOINT_MOUNT, parse_run_spec
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from unittest import mock
 
 from tlt import cli
-from tlt.runtime import checkpoint
+from tlt.checkpoint import store as checkpoint
 
 
 def main() -> int:

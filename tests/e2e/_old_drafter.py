@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tlt.runtime.checkpoint import load_latest, save_checkpoint
+from tlt.checkpoint.store import load_latest, save_checkpoint
 
 
 def final_norm_only(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -144,16 +144,16 @@ def assert_same_weights(got: Path, want: Path) -> None:
 
 
 def ray_train(run: Any, out: Path, holder: dict, on_event: Any, **options: Any) -> tuple[Any, list[dict], list[dict]]:
-    """Train `run` into `out` with `RayTrainer` in this process (the warm-start policy, Ray shut down after),
+    """Train `run` into `out` with `ray_trainer` in this process (the warm-start policy, Ray shut down after),
     calling `on_event` on each event; `holder["trainer"]` is the trainer from before its first step. Returns
-    (trainer, metrics, events). `options`: RayTrainer's (num_cpus, stop_trainers_at, ...)."""
+    (trainer, metrics, events). `options`: ray_trainer's (num_cpus, stop_trainers_at, ...)."""
     import ray
 
-    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.runtime.ray_executor import ray_trainer
     from tlt.tasks.warmstart import reduced_config
 
     try:
-        trainer = RayTrainer(run, out, warmstart=reduced_config(), on_event=on_event, **options)
+        trainer = ray_trainer(run, out, warmstart=reduced_config(), on_event=on_event, **options)
         holder["trainer"] = trainer
         history = trainer.train()
     finally:

@@ -129,7 +129,7 @@ def test_ray_verifiers_score_with_the_plugin_and_return_its_failures(monkeypatch
 def test_ray_runtime_scores_with_the_plugin_and_records_its_failures(tmp_path: Path, monkeypatch):
     import ray
 
-    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.runtime.ray_executor import ray_trainer
     from tlt.spec.run import TLTTrainingRun
 
     monkeypatch.syspath_prepend(str(FIXTURES))
@@ -138,7 +138,7 @@ def test_ray_runtime_scores_with_the_plugin_and_records_its_failures(tmp_path: P
     run = TLTTrainingRun.model_validate(yaml.safe_load(_run_file(tmp_path).read_text()))
     out = tmp_path / "out"
     try:
-        history = RayTrainer(run, out, num_cpus=2).train()
+        history = ray_trainer(run, out, num_cpus=2).train()
     finally:
         ray.shutdown()
     assert [r["step"] for r in history] == [1, 2]

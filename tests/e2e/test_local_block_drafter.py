@@ -14,11 +14,11 @@ from _old_drafter import digests, write_final_norm_checkpoint  # tests/e2e is on
 from safetensors.torch import load_file
 
 from tlt import cli
+from tlt.checkpoint.store import load_latest
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.runtime.checkpoint import load_latest
-from tlt.runtime.local_worker import LocalWorker
 from tlt.tasks.tokenizer import build_task_tokenizer
+from tlt.workers.local_rollout import LocalWorker
 
 ROLLOUT = LocalWorker.rollout
 ARMS = [

@@ -17,7 +17,7 @@ import torch
 from _train_runs import TIMING_KEYS, deterministic, ray_train, tiny_policy
 from safetensors.torch import load_file
 
-from tlt.runtime.checkpoint import LATEST
+from tlt.checkpoint.store import LATEST
 from tlt.spec.run import TLTTrainingRun
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -16,8 +16,8 @@ import json
 import pytest
 import ray
 
-from tlt.runtime.checkpoint import load_checkpoint
-from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.checkpoint.store import load_checkpoint
+from tlt.runtime.ray_executor import ray_trainer
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.warmstart import reduced_config
 
@@ -44,22 +44,22 @@ def recovered_run(tmp_path_factory):
     def kill_in_step_2(event: dict) -> None:
         if event["type"] == "phase" and event["phase"] == "rollout" and event["step"] == 2 and not holder["killed"]:
             holder["checkpoint_1"] = load_checkpoint(out / "checkpoints" / "step-00000001")
-            victim = holder["trainer"].actors.hub
+            victim = holder["trainer"].executor.actors.hub
             ray.kill(victim, no_restart=True)
             holder["killed"] = True
 
     try:
-        trainer = RayTrainer(
+        trainer = ray_trainer(
             run, out, warmstart=reduced_config(), num_cpus=2, on_event=kill_in_step_2, stop_trainers_at="rollout"
         )
         holder["trainer"] = trainer
-        prefetch, holder["prefetched_after"] = trainer.drafters.prefetch, []
+        prefetch, holder["prefetched_after"] = trainer.executor.drafters.prefetch, []
 
         def spy(hub):  # records each call, then pulls as before
             holder["prefetched_after"].append(trainer.step)
             prefetch(hub)
 
-        trainer.drafters.prefetch = spy
+        trainer.executor.drafters.prefetch = spy
         history = trainer.train()
     finally:
         ray.shutdown()
@@ -152,6 +152,6 @@ def test_rollouts_draft_with_the_validated_drafter_and_it_survives_the_restart(r
             expected = m["drafter_candidate_version"] if m["drafter_promoted"] else m["drafter_served_version"]
         if following is not None:
             assert following["drafter_served_version"] == expected
-    assert trainer.served[0] == expected
+    assert trainer.executor.served[0] == expected
     final = load_checkpoint(trainer.checkpoint_root / "step-00000003")
     assert final.state["served_drafter_version"] == expected

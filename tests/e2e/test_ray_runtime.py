@@ -24,7 +24,7 @@ from tlt.models.drafter import drafter_config_from_target, load_drafter
 from tlt.models.loading import load_policy
 from tlt.rollout.engine import Engine
 from tlt.runtime import rl_step
-from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.runtime.ray_executor import ray_trainer
 from tlt.runtime.report import summarize, write_report
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.datasets import load_problems
@@ -40,7 +40,7 @@ def finished_run(tmp_path_factory):
     run = TLTTrainingRun.model_validate({"metadata": {"name": "e2e"}, "spec": spec})
     try:
         # a display's callback, as `tlt train` has: the run then logs the workers' status as events
-        trainer = RayTrainer(run, out, warmstart=reduced_config(), num_cpus=2, on_event=lambda event: None)
+        trainer = ray_trainer(run, out, warmstart=reduced_config(), num_cpus=2, on_event=lambda event: None)
         history = trainer.train()
     finally:
         ray.shutdown()
@@ -87,10 +87,10 @@ def test_finished_run_writes_the_served_drafter_for_export(finished_run):
     assert info["publish"] == run.spec.drafter.publish
     assert info["step"] == 3
     drafter = load_drafter(served, trainer.policy.config)
-    if run.spec.drafter.publish == "validated" and trainer.served is not None:
-        assert info["version"] == trainer.served[0]
+    if run.spec.drafter.publish == "validated" and trainer.executor.served is not None:
+        assert info["version"] == trainer.executor.served[0]
         for name, tensor in drafter.state_dict().items():
-            assert torch.equal(tensor, trainer.served[1][name]), name
+            assert torch.equal(tensor, trainer.executor.served[1][name]), name
     assert resolve_checkpoint(out) == served, "tlt export-drafter RUN exports the served drafter"
 
 

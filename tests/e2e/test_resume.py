@@ -168,7 +168,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(
 ):
     """The third checkpoint's write hits ENOSPC (injected into the weights writer): exit 1, one line naming
     checkpoint.path and the bytes needed, no partial folder, step 2 still the resume point."""
-    from tlt.runtime import checkpoint
+    from tlt.checkpoint import store as checkpoint
 
     real = checkpoint.save_file
 

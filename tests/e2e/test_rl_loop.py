@@ -24,7 +24,8 @@ from tlt.rl.rewards import score
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams, StepMetrics
 from tlt.runtime import rl_step
-from tlt.runtime.local import LocalTrainer
+from tlt.runtime.local_executor import local_trainer
+from tlt.runtime.trainer import Trainer
 from tlt.spec.manifest_io import parse_run
 from tlt.spec.run import AlgorithmSpec, DatasetSpec
 from tlt.tasks.countdown import generate
@@ -157,16 +158,16 @@ def test_local_loop_refuses_ngram_without_an_ngram_arm_before_loading(tmp_path: 
 
 
 def test_ngram_mode_reports_acceptance(tmp_path: Path):
-    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.local_executor import local_trainer
     from tlt.spec.manifest_io import load_run
 
     run = load_run(_tiny_run(tmp_path, temperature=0.0))
     run.spec.speculative.mode = "ngram"
-    metrics = LocalTrainer(run, tmp_path / "out").train_step()
+    metrics = local_trainer(run, tmp_path / "out").train_step()
     assert metrics["sd_row_steps"] > 0 and metrics["accept_length"] >= 1.0
 
 
-def _greedy_reward(trainer: LocalTrainer, problems: list[Problem], max_new_tokens: int) -> float:
+def _greedy_reward(trainer: Trainer, problems: list[Problem], max_new_tokens: int) -> float:
     """Mean reward of the engine's greedy answers (the policy's, after the last sync)."""
     eos = (trainer.tokenizer.eos_token_id,)
     requests = [
@@ -177,7 +178,7 @@ def _greedy_reward(trainer: LocalTrainer, problems: list[Problem], max_new_token
         )
         for i, p in enumerate(problems)
     ]
-    completions = trainer.engine.generate(requests)
+    completions = trainer.executor.engine.generate(requests)
     texts = [trainer.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
     return sum(score(t, p.answer, "number") for t, p in zip(texts, problems)) / len(problems)
 
@@ -217,7 +218,7 @@ def test_grpo_raises_reward_over_the_warm_start(tmp_path: Path):
             "checkpoint": {"intervalSteps": 20},
         }
     )
-    trainer = LocalTrainer(run, tmp_path / "out")
+    trainer = local_trainer(run, tmp_path / "out")
     held_out = generate(128, seed=4242, task=config.task)
     before = _greedy_reward(trainer, held_out, 64)
     history = trainer.train()

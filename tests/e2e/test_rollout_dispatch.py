@@ -16,8 +16,8 @@ import ray
 
 from tlt.runtime.failure_kinds import LOST, PERMANENT, TRANSIENT, classify, failure_line
 from tlt.runtime.ray_cluster import Actors
+from tlt.runtime.restarts import RunFailed
 from tlt.runtime.rollout_dispatch import StepRollout
-from tlt.runtime.run_checkpoint import RunFailed
 from tlt.runtime.step_recovery import StepRecovery
 from tlt.runtime.worker_replacement import ask_each, lost_ranks
 from tlt.tasks.problem import Problem

@@ -19,7 +19,7 @@ import pytest
 import ray
 from _train_runs import ray_train  # tests/e2e is no package: its folder is on sys.path
 
-from tlt.runtime.checkpoint import load_checkpoint
+from tlt.checkpoint.store import load_checkpoint
 from tlt.spec.run import TLTTrainingRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -65,7 +65,7 @@ def train(out, when: str | None = None):
     def on_event(event: dict) -> None:
         name = victim(event, when)
         if name and not holder["pid"]:
-            actors = holder["trainer"].actors
+            actors = holder["trainer"].executor.actors
             if name == "drafter-hub":
                 holder["pid"] = ray.get(actors.hub.ping.remote())["pid"]
             else:

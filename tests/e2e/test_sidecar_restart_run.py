@@ -20,7 +20,7 @@ import pytest
 import ray
 from _train_runs import ray_train  # tests/e2e is no package: its folder is on sys.path
 
-from tlt.runtime.checkpoint import load_checkpoint
+from tlt.checkpoint.store import load_checkpoint
 from tlt.spec.run import TLTTrainingRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -55,7 +55,7 @@ def train(out, kill: bool):
     def on_event(event: dict) -> None:
         if not kill:
             return
-        actors, pids = holder["trainer"].actors, holder["pids"]
+        actors, pids = holder["trainer"].executor.actors, holder["pids"]
         victim = None
         trainer_start = event["type"] == "trainer" and event["action"] == "start"
         rollout_start = event["type"] == "phase" and event["phase"] == "rollout"

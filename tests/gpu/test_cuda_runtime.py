@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from ray_run_spec import SPEC  # noqa: E402
 
-from tlt.runtime.checkpoint import load_latest  # noqa: E402
+from tlt.checkpoint.store import load_latest  # noqa: E402
 from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.tasks.warmstart import reduced_config  # noqa: E402
 
@@ -38,10 +38,10 @@ def _run(name: str, **spec) -> TLTTrainingRun:
 
 
 def test_single_process_loop_trains_on_the_gpu_and_resumes_from_its_checkpoint(tmp_path):
-    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.local_executor import local_trainer
 
     run = _run("local-gpu", speculative={"mode": "off"})
-    trainer = LocalTrainer(run, tmp_path, warmstart=reduced_config())
+    trainer = local_trainer(run, tmp_path, warmstart=reduced_config())
     assert trainer.policy.device.type == "cuda"
     history = trainer.train()
     assert [m["step"] for m in history] == [1, 2]
@@ -51,21 +51,21 @@ def test_single_process_loop_trains_on_the_gpu_and_resumes_from_its_checkpoint(t
     assert all(t.device.type == "cpu" for s in state.values() for t in s.values() if isinstance(t, torch.Tensor))
     longer = _run("local-gpu", speculative={"mode": "off"})
     longer.spec.algorithm.steps = 3
-    resumed = LocalTrainer(longer, tmp_path, warmstart=reduced_config())
+    resumed = local_trainer(longer, tmp_path, warmstart=reduced_config())
     assert resumed.step == 2 and resumed.policy.device.type == "cuda"
     assert [m["step"] for m in resumed.train()] == [1, 2, 3]
 
 
 def test_ray_runtime_rolls_out_and_trains_the_drafter_on_a_shared_gpu(tmp_path):
     ray = pytest.importorskip("ray")
-    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.runtime.ray_executor import ray_trainer
 
     run = _run("ray-gpu")  # speculative.mode tlt, the drafter trained on every idle worker
     try:
-        trainer = RayTrainer(run, tmp_path, warmstart=reduced_config(), num_cpus=4)
-        assert trainer.placement.gpus.rollout_gpus == 0.5  # two workers share the one GPU
+        trainer = ray_trainer(run, tmp_path, warmstart=reduced_config(), num_cpus=4)
+        assert trainer.executor.placement.gpus.rollout_gpus == 0.5  # two workers share the one GPU
         assert trainer.policy.device.type == "cuda"
-        actors = trainer.start_actors()
+        actors = trainer.executor.start_actors()
         statuses = ray.get([w.status.remote() for w in actors.rollout])
         assert [s["device"] for s in statuses] == ["cuda:0", "cuda:0"]
         history = trainer.train()

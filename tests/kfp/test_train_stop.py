@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _kfp_helpers import cached_warm_start, small_run_spec
 
-from tlt.runtime.local import LocalTrainer
+from tlt.runtime.trainer import Trainer
 from tlt.spec.run import ObjectMeta, RunSpec, TLTTrainingRun
 from tlt_components.train import train_local
 
@@ -19,7 +19,7 @@ def test_sigterm_checkpoints_the_step_and_fails_the_task_with_143(tmp_path: Path
     spec = small_run_spec(cached_warm_start(), "off")
     spec["algorithm"]["steps"] = 3
     run = TLTTrainingRun(metadata=ObjectMeta(name="stop"), spec=RunSpec.model_validate(spec))
-    first_step = LocalTrainer.train_step
+    first_step = Trainer.train_step
 
     def step_then_sigterm(self):
         metrics = first_step(self)
@@ -27,7 +27,7 @@ def test_sigterm_checkpoints_the_step_and_fails_the_task_with_143(tmp_path: Path
             os.kill(os.getpid(), signal.SIGTERM)  # as the kubelet does; the component's handler takes it
         return metrics
 
-    monkeypatch.setattr(LocalTrainer, "train_step", step_then_sigterm)
+    monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
         train_local(run, "local", tmp_path / "work", tmp_path / "policy", tmp_path / "drafter")

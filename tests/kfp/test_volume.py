@@ -13,10 +13,10 @@ import torch
 from _kfp_helpers import cached_warm_start, small_run_spec
 from safetensors.torch import load_file
 
+from tlt.checkpoint.store import Checkpoint, save_checkpoint
 from tlt.drafter.export import load_eagle
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
 from tlt.models.loading import load_policy
-from tlt.runtime.checkpoint import Checkpoint, save_checkpoint
 from tlt_components.common import parse_run_spec
 from tlt_components.evaluate import evaluate_export
 from tlt_components.prepare import prepare_dataset

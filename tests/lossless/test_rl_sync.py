@@ -87,7 +87,7 @@ def test_stale_engine_is_detected():
 def _greedy_float64_run(root, mode: str):
     """Three greedy float64 steps of the local loop; returns (completions per step, final weights, SD stepper)."""
     from tlt.models.loading import save_policy
-    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.local_executor import local_trainer
     from tlt.spec.manifest_io import parse_run
 
     tokenizer = build_task_tokenizer()
@@ -109,15 +109,15 @@ def _greedy_float64_run(root, mode: str):
             "speculative": {"mode": mode, "threshold": 4096},
         }
     )
-    trainer = LocalTrainer(run, root / mode)
+    trainer = local_trainer(run, root / mode)
     rollouts = []
-    generate = trainer.engine.generate
+    generate = trainer.executor.engine.generate
 
     def recording(requests, on_step=None):
         rollouts.append(generate(requests, on_step))
         return rollouts[-1]
 
-    trainer.engine.generate = recording
+    trainer.executor.engine.generate = recording
     accepted = 0
     for _ in range(3):
         m = trainer.train_step()

@@ -13,7 +13,7 @@ import pytest
 
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.runtime.local import LocalTrainer
+from tlt.runtime.local_executor import local_trainer
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.tokenizer import build_task_tokenizer
 
@@ -57,7 +57,7 @@ def _tiny_run(root: Path, port: int) -> TLTTrainingRun:
 
 def test_prometheus_scrapes_a_local_run(tmp_path: Path, start_prometheus, free_port: int):
     port = free_port
-    trainer = LocalTrainer(_tiny_run(tmp_path, port), tmp_path / "out")
+    trainer = local_trainer(_tiny_run(tmp_path, port), tmp_path / "out")
     try:
         history = trainer.train()
         url = start_prometheus("tlt", f"127.0.0.1:{port}")

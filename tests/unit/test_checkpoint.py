@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tlt.runtime.checkpoint import (
+from tlt.checkpoint.store import (
     LATEST,
     Checkpoint,
     CheckpointError,

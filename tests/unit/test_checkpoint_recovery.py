@@ -8,11 +8,11 @@ import logging
 import pytest
 import torch
 
+from tlt.checkpoint.recovery import resume_point
+from tlt.checkpoint.resume_guard import ResumeError
+from tlt.checkpoint.store import LATEST, Checkpoint, CheckpointError, load_latest, save_checkpoint
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.runtime.checkpoint import LATEST, Checkpoint, CheckpointError, load_latest, save_checkpoint
-from tlt.runtime.checkpoint_recovery import resume_point
-from tlt.runtime.resume_guard import ResumeError
 from tlt.spec.run import CheckpointSpec, TLTTrainingRun
 from tlt.tasks.tokenizer import build_task_tokenizer
 
@@ -117,12 +117,12 @@ def test_a_folder_past_latest_is_no_resume_point(tmp_path):
 def test_a_ray_run_checks_its_checkpoint_before_ray_starts(tmp_path, monkeypatch, on_corrupt, error):
     """Damaged (fail), or intact but another run's (fallback passes over the damage to step 2, whose spec is
     not this run's): either way the run stops before `connect` starts or joins a Ray cluster."""
-    from tlt.runtime import ray_coordinator
+    from tlt.runtime import ray_executor
 
     def ray_started(*args, **kwargs):
         raise AssertionError("Ray started before the checkpoint was checked")
 
-    monkeypatch.setattr(ray_coordinator, "connect", ray_started)
+    monkeypatch.setattr(ray_executor, "connect", ray_started)
     tokenizer = build_task_tokenizer()
     save_policy(tiny_model("qwen2", vocab_size=len(tokenizer), seed=1), tokenizer, tmp_path / "policy")
     run = TLTTrainingRun.model_validate(
@@ -134,4 +134,4 @@ def test_a_ray_run_checks_its_checkpoint_before_ray_starts(tmp_path, monkeypatch
     root = _saved(tmp_path / "out" / "checkpoints", 3)
     _truncate(root / "step-00000003" / "policy.safetensors")
     with pytest.raises(error):
-        ray_coordinator.RayTrainer(run, tmp_path / "out")
+        ray_executor.ray_trainer(run, tmp_path / "out")

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 import torch
 
-from tlt.runtime import checkpoint
-from tlt.runtime.checkpoint import (
+from tlt.checkpoint import store as checkpoint
+from tlt.checkpoint.store import (
     LATEST,
     Checkpoint,
     CheckpointWriteError,
@@ -97,7 +97,7 @@ def test_a_real_write_limit_is_reported_the_same_way(tmp_path):
         import resource, signal, sys
         sys.path[:0] = {sys.path!r}
         from tests.unit.test_checkpoint_write_errors import _ckpt
-        from tlt.runtime.checkpoint import CheckpointWriteError, save_checkpoint
+        from tlt.checkpoint.store import CheckpointWriteError, save_checkpoint
         save_checkpoint({str(tmp_path)!r}, _ckpt(1, rows=4))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))

@@ -73,7 +73,7 @@ def test_placement_on_a_machine_without_gpus_refuses_a_run_that_asks_for_one():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_the_single_process_loop_refuses_a_policy_gpu_before_loading_anything(tmp_path):
-    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.local_executor import local_trainer
 
     run = TLTTrainingRun.model_validate(
         {
@@ -82,7 +82,7 @@ def test_the_single_process_loop_refuses_a_policy_gpu_before_loading_anything(tm
         }
     )
     with pytest.raises(ValueError, match=r"policy\.resources\.gpus is 1"):
-        LocalTrainer(run, tmp_path / "out")
+        local_trainer(run, tmp_path / "out")
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 

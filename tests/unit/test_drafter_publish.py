@@ -7,13 +7,13 @@ import pytest
 import torch
 from test_drafter_hub import policy, sample_completions, trainer_for
 
+from tlt.checkpoint.store import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from tlt.drafter.buffer import OnlineBuffer, pack
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.intake import buffer_and_agreement
 from tlt.drafter.publish import promote, step_drafters
 from tlt.drafter.trainer import packed_agreement
 from tlt.models.drafter import drafter_config_from_target
-from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ import pytest
 import torch
 from test_drafter_hub import filled_buffer, policy
 
+from tlt.checkpoint.store import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from tlt.drafter.buffer import OnlineBuffer
 from tlt.drafter.drafter_set import DrafterSet, new_drafter_set, unbound_drafter_set
 from tlt.drafter.hub import MAX_GRAD_NORM, DrafterHub
 from tlt.drafter.objective import make_optimizer
 from tlt.drafter.trainer import SpotTrainer, local_step
 from tlt.models.drafter import EagleDrafter, drafter_config_from_target
-from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of, load_latest, save_checkpoint
 from tlt.spec.plan import LearnedDrafters
 
 LR = 3e-3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tlt.drafter.publish import publish_outcome
-from tlt.runtime.spot_trainers import drafter_step_metrics
+from tlt.runtime.shard_metrics import drafter_step_metrics
 
 SERVED, CANDIDATE = (3, "served-params"), (5, "candidate-params")
 

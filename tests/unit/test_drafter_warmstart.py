@@ -17,14 +17,14 @@ from tlt.models.block_drafter import BlockDrafter, block_config_from_target
 from tlt.models.drafter import drafter_config_from_target, save_drafter
 from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
-from tlt.runtime import run_checkpoint
+from tlt.runtime import actor_states
+from tlt.runtime.actor_states import ActorStates
 from tlt.runtime.input_checks import input_problems
-from tlt.runtime.local_worker import LocalWorker
 from tlt.runtime.ray_cluster import Actors
-from tlt.runtime.run_checkpoint import ActorStates
 from tlt.spec.plan import LearnedDrafters
 from tlt.spec.run import RunSpec
 from tlt.tasks.tokenizer import build_task_tokenizer
+from tlt.workers.local_rollout import LocalWorker
 
 
 def served(tmp_path, eagle: bool, block_size: int, seed: int = 3):
@@ -217,7 +217,7 @@ class _Remote:
 def test_a_ray_runs_hub_is_handed_the_parts_it_holds(tmp_path, monkeypatch):
     folder, params, model = served(tmp_path, eagle=True, block_size=3)
     hub = hub_for(model, LearnedDrafters(eagle=False, block_size=3))  # as the workers told it when they started
-    monkeypatch.setattr(run_checkpoint.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(actor_states.ray, "get", lambda refs: refs)
     actors = Actors(rollout=[], verifiers=[], hub=_Remote(hub))
     ActorStates().hand_out(actors, str(folder), model.config)
     assert_equal(hub.params(), {k: v for k, v in params.items() if k.startswith("block.")})

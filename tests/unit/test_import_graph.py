@@ -25,6 +25,7 @@ LAYERS = {
     "tlt.drafter": 3,
     "tlt.adaptive": 3,
     "tlt.runtime": 4,
+    "tlt.checkpoint": 4,
     "tlt.workers": 4,
     "tlt.bench": 5,
     "tlt.sim": 6,
@@ -157,3 +158,14 @@ def test_no_layer_imports_one_above_it():
 def test_every_package_has_a_layer():
     keys = {_layer_key(m) for m in _modules()} - {"tlt", "tlt_operator"}
     assert keys <= set(LAYERS), sorted(keys - set(LAYERS))
+
+
+def test_the_in_process_trainer_imports_without_ray():
+    """`tlt train --local` and the GPU script's device (which may lack Ray) import the in-process executor with
+    Ray blocked."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['ray'] = None; import tlt.runtime.local_executor, tlt.workers.local_rollout"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

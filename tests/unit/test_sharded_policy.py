@@ -69,11 +69,11 @@ def test_an_unknown_sharding_is_refused_naming_the_choices():
 
 
 def test_the_one_process_loop_refuses_a_policy_group_in_one_line(tmp_path):
-    from tlt.runtime.local import LocalTrainer
+    from tlt.runtime.local_executor import local_trainer
 
     run = TLTTrainingRun.model_validate({"spec": {"policy": {"replicas": 2}}})
     with pytest.raises(ValueError, match="2 policy ranks .* run without --local, or set policy.sharding: none"):
-        LocalTrainer(run, tmp_path)
+        local_trainer(run, tmp_path)
     assert not any(tmp_path.iterdir()), "nothing written"
 
 

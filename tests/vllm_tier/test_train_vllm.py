@@ -22,7 +22,7 @@ import ray  # noqa: E402
 from tlt.cli import main  # noqa: E402
 from tlt.rollout.engine import Engine  # noqa: E402
 from tlt.runtime import rl_step  # noqa: E402
-from tlt.runtime.ray_coordinator import RayTrainer  # noqa: E402
+from tlt.runtime.ray_executor import ray_trainer  # noqa: E402
 from tlt.spec.run import TLTTrainingRun  # noqa: E402
 from tlt.tasks.warmstart import load_policy, reduced_config, warm_start  # noqa: E402
 
@@ -58,7 +58,7 @@ def spec(**speculative) -> dict:
 def run_ray(name: str, body: dict, out):
     run = TLTTrainingRun.model_validate({"metadata": {"name": name}, "spec": body})
     try:
-        trainer = RayTrainer(run, out, warmstart=tiny_warmstart(), num_cpus=2)
+        trainer = ray_trainer(run, out, warmstart=tiny_warmstart(), num_cpus=2)
         history = trainer.train()
     finally:
         ray.shutdown()

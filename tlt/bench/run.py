@@ -1,7 +1,7 @@
 """`tlt bench run`: the pinned RL workload (`bench/workload.yaml`; the earlier `bench/workload-reduced-v1.yaml`
 also runs with `--workload`) under each SD variant, side by side.
 
-Every variant is a real RL run through the project's Ray loop (`RayTrainer`, local cluster), with
+Every variant is a real RL run through the project's trainer on Ray (`ray_trainer`, local cluster), with
 the same policy, engine, dtype, threads, prompts and seeds; only its `speculative` section differs.
 Repeats are interleaved (every variant once per round) and sums over all steps are compared by
 median and range. After every step the variant's current drafter is measured at ONE fixed arm
@@ -49,7 +49,7 @@ from tlt.tasks.datasets import load_problems
 from tlt.tasks.warmstart import load_policy, warm_start
 
 if TYPE_CHECKING:  # Ray is imported where a run starts: `tlt bench worker` uses this module without it
-    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.runtime.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def variant_run(workload: Workload, variant: str, repeat: int, drafter: Path | N
     return TLTTrainingRun.model_validate({"metadata": {"name": f"bench-{variant}-{repeat}"}, "spec": spec})
 
 
-def heldout_requests(trainer: RayTrainer, workload: Workload) -> list[Request]:
+def heldout_requests(trainer: Trainer, workload: Workload) -> list[Request]:
     """The held-out prompts (eval split) as requests sampled at the workload's temperature, fixed seeds."""
     cfg = workload.heldout
     problems = load_problems(trainer.spec.dataset, "eval")[: cfg["prompts"]]
@@ -107,18 +107,18 @@ def accept_length(
     return stepper.stats.accept_length
 
 
-def heldout_accept_length(trainer: RayTrainer, workload: Workload) -> float | None:
+def heldout_accept_length(trainer: Trainer, workload: Workload) -> float | None:
     """Accept length of the run's current drafter (the one its next step drafts with: `drafter.publish`)
     with the current policy, at one fixed EAGLE chain arm, on held-out prompts (its EAGLE member, with block
     arms); None for a run without an EAGLE drafter."""
-    if trainer.actors is None or trainer.actors.hub is None:
+    if trainer.executor.actors is None or trainer.executor.actors.hub is None:
         return None
     import ray
 
-    if trainer.spec.drafter.publish == "validated" and trainer.served is not None:
-        params = trainer.served[1]
+    if trainer.spec.drafter.publish == "validated" and trainer.executor.served is not None:
+        params = trainer.executor.served[1]
     else:
-        _, params = ray.get(trainer.actors.hub.pull.remote())
+        _, params = ray.get(trainer.executor.actors.hub.pull.remote())
     params = member_params(params).get("eagle")  # a run with block arms holds a `DrafterSet`
     if params is None:  # block arms only: no EAGLE drafter to measure at the chain arm
         return None
@@ -137,7 +137,7 @@ class DriftProbe:
         self.batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @torch.inference_mode()
-    def __call__(self, trainer: RayTrainer) -> dict[str, float | None]:
+    def __call__(self, trainer: Trainer) -> dict[str, float | None]:
         dtype = resolve_dtype(trainer.spec.model.dtype)
         requests = heldout_requests(trainer, self.workload)
         if self.reference is None:
@@ -163,10 +163,10 @@ def run_variant(
     workload: Workload, variant: str, repeat: int, out_dir: Path, num_cpus: int, drafter: Path | None = None
 ) -> dict[str, Any]:
     """One RL run of `variant`; returns its per-step metrics (plus held-out accept length)."""
-    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.runtime.ray_executor import ray_trainer
 
     run = variant_run(workload, variant, repeat, drafter)
-    trainer = RayTrainer(run, out_dir, warmstart=workload.warmstart, num_cpus=num_cpus)
+    trainer = ray_trainer(run, out_dir, warmstart=workload.warmstart, num_cpus=num_cpus)
     accept: list[float | None] = []
     drift: list[dict[str, float | None]] = []
     probe = DriftProbe(workload, drafter if variant in workload.frozen_in else None)

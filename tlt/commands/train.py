@@ -7,7 +7,7 @@ Rerunning the same command on the same output folder resumes from its newest che
 Before Ray starts or a model loads, what the run reads here is checked as `tlt validate` checks it
 (`tlt.runtime.input_checks`: model folder, dataset files, first prompts, reward plug-in, metrics port), one
 line per problem. --local runs every speculative.mode on the rollout worker's own code in this process
-(`tlt.runtime.local_worker`); what needs a second process (a sidecar trainer, the vLLM engine) is refused.
+(`tlt.workers.local_rollout`); what needs a second process (a sidecar trainer, the vLLM engine) is refused.
 SIGTERM or SIGINT (Ctrl-C) stops the run after the step under way, with a checkpoint of it
 (`tlt.runtime.graceful_stop`); a second one stops it at once.
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 "trainer): drop --local, or set rollout.engine to 'tlt'"
             )
     if problem is None and args.local and spec.spec.policy.world > 1:
-        from tlt.runtime.local import MSG_POLICY_GROUP
+        from tlt.runtime.local_executor import MSG_POLICY_GROUP
 
         problem = MSG_POLICY_GROUP.format(world=spec.spec.policy.world)
     if problem is not None:
@@ -106,14 +106,14 @@ def train_local(spec: TLTTrainingRun, out: Path) -> int:
 
 
 def _train_local(spec: TLTTrainingRun, out: Path, stop: GracefulStop) -> int:
-    from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
-    from tlt.runtime.checkpoint_recovery import cannot_resume
-    from tlt.runtime.local import LocalTrainer
-    from tlt.runtime.resume_guard import ResumeError
+    from tlt.checkpoint.recovery import cannot_resume
+    from tlt.checkpoint.resume_guard import ResumeError
+    from tlt.checkpoint.store import CheckpointError, CheckpointWriteError
+    from tlt.runtime.local_executor import local_trainer
 
     console = Console(stderr=True)
     try:
-        trainer = LocalTrainer(spec, out)
+        trainer = local_trainer(spec, out)
     except (CheckpointError, ResumeError) as exc:
         console.print(f"error: {cannot_resume(out, exc)}", style="red", highlight=False, soft_wrap=True)
         return 1

@@ -5,9 +5,9 @@ Data parallelism by parameter server, in two forms:
   AdamW on its own copy (its worker's buffer is its data shard), then pushes the change of its
   parameters since it last synced, `delta`; the hub adds it and returns the sum of everything
   pushed. One round trip per `SYNC_EVERY` steps instead of one per step: on shared cores each
-  round trip costs the rollout still decoding (measured: per-step pushes +6.3% on its decode
-  time, a local optimizer +2.6%). Each trainer's AdamW moments live with the trainer for the whole
-  run (and go into whole-run checkpoints with its online buffer).
+  round trip costs the rollout still decoding (docs/measurements-history.md). Each trainer's AdamW
+  moments live with the trainer for the whole run (and go into whole-run checkpoints with its online
+  buffer).
 - `push` (a gradient): the hub steps its own AdamW (grad clip 1.0, AdamW 0.9/0.95, wd 0.01:
   `tlt.drafter.objective.make_optimizer`); used where one process emulates trainers (the online
   drafter bench).

@@ -5,9 +5,7 @@ They harvest idle capacity, so each such thread moves itself to the lowest prior
 SCHED_IDLE class, after nice 19 in case the class is refused. SCHED_IDLE, not only a nice value, because
 the kernel counts a core running only SCHED_IDLE threads as idle when it places a waking thread: Ray's,
 the coordinator's and the verifiers' many short wake-ups land on the trainer's core instead of
-preempting the decoding one (measured: a 1-thread decode loop next to a busy 1-thread trainer and two
-processes waking every 3 ms, 9% slower with the trainer at nice 19, 0.1% with it in SCHED_IDLE;
-docs/measurements-history.md). Linux applies both per thread.
+preempting the decoding one (docs/measurements-history.md has the measurement). Linux applies both per thread.
 """
 
 from __future__ import annotations

@@ -70,9 +70,9 @@ def resolve_compile(setting: str, model: torch.nn.Module) -> bool:
     """`rollout.compile` for this model: "on" (an error where inductor cannot run), "off", or "auto":
     on for decoders of >= AUTO_MIN_LAYERS layers where inductor is available.
 
-    Why 16: compiled steps run 1.5-2.6x faster at every measured depth (4 and 24 layers, batch 1-16),
-    but the ~20 s of warm compile (~150 s cold) pays back only over thousands of steps of a deep
-    policy's multi-millisecond forward; a 4-layer policy saves ~1 ms a step.
+    Why a depth: compiled steps are faster at every depth, but the compile (tens of seconds warm, minutes
+    cold) pays back only over thousands of steps of a deep policy's multi-millisecond forward; a shallow
+    policy saves about a millisecond a step (docs/results.md, `tlt bench engine --part compiled`).
     """
     return resolve_compile_for(setting, len(model.model.layers), next(model.parameters()).device)
 

@@ -152,8 +152,8 @@ def lanes(todo: list[GraphSet], processes: int) -> list[list[GraphSet]]:
     """Deal jobs into at most `processes` lanes that run in parallel, each in order. Units: the target jobs
     of one batch class (plain before hidden), in batch order, then each drafter job in reverse batch order;
     dealt round-robin. Two lanes thus pair one row's target graphs with several rows' drafter graphs and
-    the other way round: several rows' graphs take longer (measured, 16 x 96 policy: 170 vs 130 s for the
-    target's, 129 vs 87 s for the drafter's). Empty lanes are left out."""
+    the other way round: several rows' graphs take longer to compile (docs/measurements-history.md). Empty lanes are
+    left out."""
     targets: dict[int, list[GraphSet]] = {}
     for s in sorted((s for s in todo if not s.drafter), key=lambda s: (s.batch, s.hidden)):
         targets.setdefault(s.batch, []).append(s)

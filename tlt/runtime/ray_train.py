@@ -16,9 +16,10 @@ from pathlib import Path
 import ray
 from rich.console import Console
 
+from tlt.checkpoint.recovery import cannot_resume
+from tlt.checkpoint.resume_guard import ResumeError
+from tlt.checkpoint.store import CheckpointError, CheckpointWriteError
 from tlt.runtime import k8s_slots
-from tlt.runtime.checkpoint import CheckpointError, CheckpointWriteError
-from tlt.runtime.checkpoint_recovery import cannot_resume
 from tlt.runtime.display import LiveDisplay
 from tlt.runtime.graceful_stop import (
     GracefulStop,
@@ -27,10 +28,9 @@ from tlt.runtime.graceful_stop import (
     stopped_line,
     write_failed,
 )
-from tlt.runtime.ray_coordinator import RayTrainer
+from tlt.runtime.ray_executor import ray_trainer
 from tlt.runtime.report import PLOTS, write_report
-from tlt.runtime.resume_guard import ResumeError
-from tlt.runtime.run_checkpoint import RunFailed
+from tlt.runtime.restarts import RunFailed
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.warmstart import WarmstartConfig
 
@@ -80,7 +80,7 @@ def _train_ray(
     display = LiveDisplay(run.metadata.name, total, console)
     try:
         with display:
-            trainer = RayTrainer(
+            trainer = ray_trainer(
                 run,
                 out,
                 address=address,

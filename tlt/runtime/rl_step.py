@@ -1,10 +1,9 @@
 """The building blocks of one RL step, as functions: pick prompts, roll out, score, build the
 batch, update the policy, push its weights to the engine, summarise the step.
 
-The single-process loop (`tlt.runtime.local`) calls them in order; the distributed runtime
-calls the same functions on its workers. Everything random is a pure function of
-(algorithm.seed, step, problem index, group member), so a resumed run needs no data-loader or
-sampler state, and a problem's samples do not depend on which worker or batch carries it.
+The trainer (`tlt.runtime.trainer`) and the rollout workers of both executors call them. Everything
+random is a pure function of (algorithm.seed, step, problem index, group member), so a resumed run needs no
+data-loader or sampler state, and a problem's samples do not depend on which worker or batch carries it.
 
 Conventions: `step` is 1-based (step s makes the s-th policy update); P prompts per step,
 G responses per prompt (the group), B = P * G sequences ordered prompt-major

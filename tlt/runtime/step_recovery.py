@@ -7,7 +7,7 @@
   `MAX_REDOS` times): seeded by prompt, it is the same step. Once the policy is changing (`updating`) a
   step cannot run again; a worker lost after the update is replaced when it is next asked for something.
 
-Anything else is the coordinator's restart from the newest checkpoint (`tlt.runtime.run_checkpoint`).
+Anything else is the trainer's restart from the newest checkpoint (`tlt.runtime.restarts`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from tlt.runtime.failure_kinds import PERMANENT, classify, failure_line, permanent_message
 from tlt.runtime.ray_cluster import Actors
-from tlt.runtime.run_checkpoint import RunFailed
+from tlt.runtime.restarts import RunFailed
 from tlt.runtime.worker_replacement import replace_lost
 
 log = logging.getLogger(__name__)

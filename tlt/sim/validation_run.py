@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tlt.bench.run import variant_run
     from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload, warm_drafter
-    from tlt.runtime.ray_coordinator import RayTrainer
+    from tlt.runtime.ray_executor import ray_trainer
 
     workload = load_workload(args.workload or DEFAULT_WORKLOAD)
     if args.variant not in workload.variants:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     started = time.perf_counter()
     try:
-        RayTrainer(
+        ray_trainer(
             variant_run(workload, args.variant, 0, drafter),
             args.out,
             warmstart=workload.warmstart,

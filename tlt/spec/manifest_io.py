@@ -50,7 +50,7 @@ PATTERN_WORDS = {
 }
 
 
-# libyaml's parser where PyYAML was built with it (~20x faster on a large manifest), else the pure-Python one.
+# libyaml's parser where PyYAML was built with it (much faster on a large manifest), else the pure-Python one.
 _SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_OBJECT_BYTES = 3 * 2**20 // 2  # etcd's default request limit: the API server stores no larger object
 MAX_ANNOTATION_BYTES = 256 * 2**10  # the API server's limit on all of an object's annotations together

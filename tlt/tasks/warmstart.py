@@ -146,8 +146,8 @@ def deep_config() -> WarmstartConfig:
 
 def deep_v3_config() -> WarmstartConfig:
     """`deep_config` trained for 600 steps instead of 1500 (greedy accuracy ~35%, not converged): a policy
-    that still learns under GRPO and drifts away from its drafter. The warm start of the bench workload
-    `countdown-deep-v3` (bench/workload-deep-v3.yaml says why) and of `tlt demo`."""
+    that still learns under GRPO and drifts away from its drafter: the warm start of `tlt demo` and of the bench
+    workload that names it (its file says why)."""
     return dataclasses.replace(deep_config(), steps=600)
 
 

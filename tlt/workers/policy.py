@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.checkpoint.store import Checkpoint
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.rollout.types import Completion
 from tlt.runtime import rl_step
-from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.devices import CPU, to_cpu
 from tlt.spec.run import RunSpec, TLTTrainingRun
 from tlt.tasks.warmstart import WarmstartConfig, warm_start

@@ -11,7 +11,7 @@ when all ranks share the coordinator's machine) on a free port; a rank that cann
 `join_timeout_s` fails the run in one line naming the rank and the address.
 
 The group is one failure domain, as a torchrun job is: a lost rank fails the step, and the coordinator's
-restart (`tlt.runtime.run_checkpoint`) starts a fresh group from the newest checkpoint.
+restart (`tlt.runtime.restarts`) starts a fresh group from the newest checkpoint.
 
 Checkpoints: the shards through DCP into the checkpoint's folder `policy_shards` (`tlt.workers.policy_shards`),
 written by every rank into the checkpoint's temporary folder, so the checkpoint root must be a filesystem
@@ -30,9 +30,9 @@ import torch
 from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from tlt.checkpoint.store import Checkpoint
 from tlt.models.loading import load_policy, resolve_dtype, save_policy
 from tlt.rollout.types import Completion
-from tlt.runtime.checkpoint import Checkpoint
 from tlt.runtime.devices import to_cpu
 from tlt.runtime.ray_cluster import ROLE_RESOURCES
 from tlt.spec.run import RunSpec

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from tlt.runtime.checkpoint import LATEST, Checkpoint, CheckpointError, load_checkpoint, load_latest, point_latest
+from tlt.checkpoint.store import LATEST, Checkpoint, CheckpointError, load_checkpoint, load_latest, point_latest
 
 log = logging.getLogger(__name__)
 

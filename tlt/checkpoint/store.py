@@ -16,7 +16,7 @@ A SIGKILL at any point leaves either the previous checkpoint as LATEST or the ne
 A write that fails (a full disk, a quota, an I/O error) removes its temporary folder and raises
 `CheckpointWriteError` naming the root and the bytes the checkpoint needs; LATEST is untouched.
 A checkpoint that exists but cannot be read or whose digests differ raises `CheckpointError`;
-it is never silently skipped or replaced (`tlt.runtime.checkpoint_recovery` decides what a run does then).
+it is never silently skipped or replaced (`tlt.checkpoint.recovery` decides what a run does then).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The one-process loop's rollout worker: what a Ray run spreads over rollout workers, verifiers, the drafter
-hub and spot trainers, in this process and on the same code.
+"""The in-process executor's rollout worker (`tlt.runtime.local_executor`): what a Ray run spreads over rollout
+workers, verifiers, the drafter hub and spot trainers, in this process and on the same code.
 
 Generation is a Ray rollout worker's (`tlt.workers.shard_generation.ShardGenerator`: the step's requests, the
 stepper of the run's arms on a bandit kept across rollouts, the rollout-history store), so is the drafter role
@@ -10,20 +10,24 @@ its online buffer and spot trainer), synced with an in-process `DrafterHub` and 
 
 One process has no idle device time to harvest, so a step that trains the drafters (`SpeculativePlan.
 trains_drafter`) spends a fixed amount of work instead: one epoch of the buffer, after the policy update (a
-resumed run repeats it bit for bit). `add_to` / `resume` are the whole-run checkpoint's worker parts in a Ray
-run's layout (`tlt.runtime.checkpoint.add_drafter`; state "bandits": one bandit). What needs a second process
+resumed run repeats it bit for bit); the hub's pushes give the step's drafter metrics under a Ray step's names,
+its snapshots go where a Ray hub's do. `add_to` / `resume` are the whole-run checkpoint's worker parts in a Ray
+run's layout (`tlt.checkpoint.store.add_drafter`; state "bandits": one bandit). What needs a second process
 by nature is refused in one line: `drafter.placement: sidecar`.
 """
 
 from __future__ import annotations
 
 import copy
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tlt.adaptive.arms import block_graphs, drafter_graphs
+from tlt.checkpoint.store import Checkpoint, add_drafter, drafter_of
 from tlt.drafter.hub import DrafterHub
 from tlt.drafter.publish import publish_outcome, step_drafters
 from tlt.drafter.warmstart import warm_start_params
@@ -34,7 +38,7 @@ from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion
 from tlt.rollout.warmup import warm_up, warm_up_blocks
-from tlt.runtime.checkpoint import Checkpoint, add_drafter, drafter_of
+from tlt.runtime.shard_metrics import drafter_step_metrics
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
@@ -54,8 +58,15 @@ class LocalWorker:
     """The rollout engine over a copy of `policy` in `model.dtype` (one wave of P * G rows), its drafters and
     hub, its verifier; resumed from `ckpt`, else started from `speculative.drafterPath` when set."""
 
+    name = NAME
+
     def __init__(
-        self, spec: RunSpec, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ckpt: Checkpoint | None
+        self,
+        spec: RunSpec,
+        policy: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        ckpt: Checkpoint | None,
+        snapshot_dir: Path | None = None,
     ) -> None:
         self.spec = spec
         self.plan = SpeculativePlan.of(spec.speculative, spec.drafter)
@@ -69,7 +80,10 @@ class LocalWorker:
                 raise ValueError(MSG_SIDECAR)
             self.hub = (
                 DrafterHub(
-                    drafter_config_from_target(model.config), spec.drafter.learning_rate, seed=spec.algorithm.seed
+                    drafter_config_from_target(model.config),
+                    spec.drafter.learning_rate,
+                    seed=spec.algorithm.seed,
+                    snapshot_dir=snapshot_dir,
                 )
                 if learns
                 else None
@@ -105,13 +119,18 @@ class LocalWorker:
         self, step: int, ids: list[int], problems: list[Problem]
     ) -> tuple[list[Completion], list[tuple[float, RewardError | None]], dict[str, Any]]:
         """Step `step`'s rollout of `problems` (indices `ids`) with the served drafter: its completions, their
-        (reward, error) in order, and the generation's result fields (`ShardGenerator.generate`)."""
+        (reward, error) in order, and the generation's result fields (`ShardGenerator.generate`) with the set-up's
+        parts as a Ray worker reports them (`worker`, `called_at`, `setup_seconds`)."""
+        called = time.time()
         self.load_drafters()
+        loaded = time.time()
 
         def submit(index: int, request_id: str, text: str, problem: Problem) -> tuple[float, RewardError | None]:
             return self.verifier.score(text, problem.answer, problem.prompt, dict(problem.record), request_id)
 
         result = self.generator.generate(step, ids, problems, submit, self.states)
+        setup = {"load_drafter": loaded - called, "stepper": result.pop("generate_started") - loaded}
+        result.update(worker=self.name, called_at=called, started_at=called, setup_seconds=setup)
         if self.generator.history is not None:  # this step's responses draft the next ones
             self.generator.index_waves(self.generator.take_waves())
         return result["completions"], result["rewards"], result
@@ -128,29 +147,29 @@ class LocalWorker:
         self.engine.load_weights(policy.state_dict())
 
     def after_update(self, completions: list[Completion], step: int) -> dict[str, Any]:
-        """The drafters' part of `step`, after the policy update (off the step's timing): the rollout buffered
-        and the served drafter and the candidate scored on it (the publish metrics, "drafter_agreement"), then
-        one epoch of training when the step trains them; {} without learned drafters."""
+        """The drafters' part of `step`, after the policy update: the rollout buffered and the served drafter and
+        the candidate scored on it, then one epoch of training when the step trains them; the metrics under a Ray
+        step's names (`drafter_step_metrics` over the hub's pushes, the publish metrics); {} without learned
+        drafters."""
         if self.hub is None:
             return {}
         take = self.drafting.take_rollouts(self.engine.runner.model, completions, step, self.served, self.candidate)
-        metrics, self.served = publish_outcome(self.served, self.candidate, [take])
-        metrics["drafter_agreement"] = take["agree"] / take["agree_total"] if take["agree_total"] else None
-        metrics.update(self._train(step))
-        return metrics
+        published, self.served = publish_outcome(self.served, self.candidate, [take])
+        self._train(step)
+        return {**drafter_step_metrics([take], [], self.hub.take_pushes()), **published}
 
-    def _train(self, step: int) -> dict[str, Any]:
+    def _train(self, step: int) -> None:
         trainer = self.drafting.trainer
         if trainer is None or not self.plan.trains_drafter(step):
-            return {"drafter_version": self.hub.version, "drafter_updates": 0, "drafter_loss": None}
+            return
         run = trainer.train_epochs(step, epochs=1)
         if run["error"] is not None:
             raise RuntimeError(f"drafter training of step {step} failed: {run['error']}")
-        return {
-            "drafter_version": self.hub.version,
-            "drafter_updates": run["iterations"],
-            "drafter_loss": run["loss_last"],
-        }
+
+    def snapshot(self, step: int) -> None:
+        """Queue the hub's asynchronous drafter snapshot of `step` (with a snapshot folder)."""
+        if self.hub is not None and self.hub.snapshot_dir is not None:
+            self.hub.snapshot(step)
 
     def add_to(self, ckpt: Checkpoint) -> None:
         """This worker's part of a whole-run checkpoint in a Ray run's layout: the hub's state with the served

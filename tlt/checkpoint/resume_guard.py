@@ -1,8 +1,8 @@
 """What a resume must keep: refusing a checkpoint written by a different run before anything loads it.
 
-Both loops (`tlt.runtime.local`, `tlt.runtime.ray_coordinator`) read the checkpoint to resume from, then ask
-here: its spec must equal the run file's in the fields of `RESUME_SECTIONS` (`algorithm.steps` may grow), and
-its drafter must fit the drafter this run learns (`tlt.drafter.resume_check`; the arms and the drafter layout
+The trainer (`tlt.runtime.trainer`) reads the checkpoint to resume from, then asks here before an executor
+starts: its spec must equal the run file's in the fields of `RESUME_SECTIONS` (`algorithm.steps` may grow), and
+its drafter must fit the drafter this run learns (`tlt.checkpoint.drafter_fit`; the arms and the drafter layout
 may change what that is). Otherwise `ResumeError`, one message the CLI prints as `cannot resume from ...`.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from tlt.drafter.resume_check import drafter_resume_problem
-from tlt.runtime.checkpoint import Checkpoint, drafter_of
+from tlt.checkpoint.drafter_fit import drafter_resume_problem
+from tlt.checkpoint.store import Checkpoint, drafter_of
 from tlt.spec.plan import LearnedDrafters
 
 # Spec sections a resumed run must share with the run that wrote the checkpoint

@@ -1,5 +1,5 @@
 """A checkpoint's drafter is checked against the drafter a run learns before anything loads it
-(`tlt.drafter.resume_check`, `tlt.runtime.resume_guard.check_drafter_fits`)."""
+(`tlt.checkpoint.drafter_fit`, `tlt.checkpoint.resume_guard.check_drafter_fits`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tlt.checkpoint.drafter_fit import describe, drafter_resume_problem, hub_param_shapes, params_problem
+from tlt.checkpoint.resume_guard import ResumeError, check_drafter_fits
+from tlt.checkpoint.store import Checkpoint, add_drafter
 from tlt.drafter.hub import DrafterHub
-from tlt.drafter.resume_check import describe, drafter_resume_problem, hub_param_shapes, params_problem
 from tlt.models.drafter import drafter_config_from_target
 from tlt.models.tiny import tiny_model
-from tlt.runtime.checkpoint import Checkpoint, add_drafter
-from tlt.runtime.resume_guard import ResumeError, check_drafter_fits
 from tlt.spec.plan import LearnedDrafters
 
 EAGLE = LearnedDrafters(eagle=True, block_size=0)
