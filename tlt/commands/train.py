@@ -99,7 +99,7 @@ def _step_line(m: dict[str, Any]) -> str:
 
 
 def train_local(spec: TLTTrainingRun, out: Path) -> int:
-    """The single-process loop with a progress display; resumes from `out` when it holds checkpoints.
+    """The trainer over the in-process executor with a progress display; resumes from `out` when it holds checkpoints.
     Stops gracefully on SIGTERM / SIGINT (the module docstring)."""
     with stop_on_signals() as stop:
         return _train_local(spec, out, stop)

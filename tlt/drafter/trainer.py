@@ -255,7 +255,7 @@ class SpotTrainer:
     def train_epochs(self, step: int, epochs: int = 1) -> dict[str, Any]:
         """Train on the caller's thread: `epochs` passes over the buffer (every packed row once each), synced
         with the hub every `sync_every` steps and at the end; returns the run's summary (`TrainerRun`). For a
-        process with no idle device time to harvest (the single-process loop): a fixed amount of work, so a
+        process with no idle device time to harvest (the in-process executor): a fixed amount of work, so a
         resumed run repeats it exactly."""
         if self.active:
             raise RuntimeError(f"trainer {self.trainer_id} is already training")
