@@ -132,7 +132,12 @@ def _progress(spec: RunSpec, report: Mapping[str, Any], old: RunStatus) -> tuple
         total=spec.algorithm.steps,
         last_step_seconds=number("lastStepSeconds", StepStatus, "last_step_seconds") or old_step.last_step_seconds,
     )
-    for key, name in (("evalAccuracy", "eval_accuracy"), ("evalReward", "eval_reward")):  # kept between evaluations
+    # Kept while a report lacks them: held-out results between evaluations, the off-policy share (0 in sync mode).
+    for key, name in (
+        ("evalAccuracy", "eval_accuracy"),
+        ("evalReward", "eval_reward"),
+        ("offPolicyFraction", "off_policy_fraction"),
+    ):
         value = number(key, StepStatus, name)
         setattr(step, name, value if value is not None else getattr(old_step, name))
     drafter = (old.drafter or DrafterStatus()).model_copy(

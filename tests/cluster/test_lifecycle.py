@@ -119,10 +119,13 @@ def test_pod_template_change_replaces_pods(cluster: Cluster) -> None:
 def test_progress_reported_by_the_coordinator_reaches_status(cluster: Cluster) -> None:
     cluster.create_run("r1", SMALL)
     wait_for("Running", lambda: cluster.phase("r1") == "Running")
-    report = '{"step": 3, "lastStepSeconds": 41.5, "drafterVersion": 2, "acceptLength": 3.25, "activeTrainers": 1}'
+    report = (
+        '{"step": 3, "lastStepSeconds": 41.5, "offPolicyFraction": 0.25, "drafterVersion": 2, "acceptLength": 3.25, '
+        '"activeTrainers": 1}'
+    )
     cluster.report("r1", "progress", report)
     status = wait_for("step 3 in status", lambda: (s := cluster.run("r1")["status"])["step"]["current"] == 3 and s)
-    assert status["step"] == {"current": 3, "total": 20, "lastStepSeconds": 41.5}
+    assert status["step"] == {"current": 3, "total": 20, "lastStepSeconds": 41.5, "offPolicyFraction": 0.25}
     assert status["drafter"] == {"version": 2, "acceptLength": 3.25, "activeTrainers": 1}
 
 

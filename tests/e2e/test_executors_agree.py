@@ -1,8 +1,8 @@
 """One trainer, two executors: the same 3-step spec run in this process (`local_trainer`) and on Ray
 (`ray_trainer`, 2 rollout workers) samples the same tokens, scores the same rewards, makes the same update
-and writes the same metric keys, outputs and checkpoint layout, in every `speculative.mode` and with every
-arm kind. Speculative decoding is lossless, so the drafters' different schedules (one epoch after the update
-here, idle-time spot trainers on Ray) leave the tokens as they are.
+and writes the same metric keys, outputs and checkpoint layout, in every `speculative.mode`, with every
+arm kind and with partial rollouts. Speculative decoding is lossless, so the drafters' different schedules
+(one epoch after the update here, idle-time spot trainers on Ray) leave the tokens as they are.
 
 The runs share one Ray session (started by the first, shut down after the module)."""
 
@@ -40,7 +40,11 @@ CASES = {
         ],
     },
     "tlt-block": {"mode": "tlt", "arms": [{"kind": "block", "depth": 3}, CHAIN]},
+    "partial-tlt": {"mode": "tlt", "arms": [CHAIN, {"kind": "ngram", "depth": 3}]},
 }
+# partial rollouts: the same groups trained, cut at the same tokens, whether a shard runs on its own worker or
+# beside the other in one engine
+ALGORITHM = {"partial-tlt": {"rollout": {"mode": "partial", "overProvision": 1.0, "maxStaleness": 1}}}
 # what one executor has and the other by nature has not (the rest of every step's keys must be the same)
 UNSHARED = {"trainer_acks", "hub_pushes", "drafter_trainers"}
 # what the drafters' schedules change (their versions, losses and time, so the drafts and their acceptance), and
@@ -59,7 +63,14 @@ def _run(tmp_path, case: str) -> TLTTrainingRun:
     spec = {
         "model": {"path": str(tiny_policy(tmp_path)), "dtype": "float32"},
         "dataset": {"builtin": {"numTrain": 32}},
-        "algorithm": {"steps": 3, "promptsPerStep": 4, "groupSize": 2, "maxNewTokens": 24, "seed": 5},
+        "algorithm": {
+            "steps": 3,
+            "promptsPerStep": 4,
+            "groupSize": 2,
+            "maxNewTokens": 24,
+            "seed": 5,
+            **ALGORITHM.get(case, {}),
+        },
         "rollout": {"replicas": 2},
         "speculative": {**CASES[case], "threshold": 8, "buckets": [2, 8]},
         "drafter": {"enabledSlots": "all", "batchTokens": 64, "learningRate": 1e-3},
@@ -114,6 +125,9 @@ def test_both_executors_run_the_same_steps(tmp_path, monkeypatch, ray_session, c
         _assert_close(a, b, set(a) - TIMING_KEYS - UNSHARED - {k for k in a if k.startswith(DRAFTS)} - set(SHAPE))
     if case != "off":  # the tokens were equal with drafts accepted and rejected on both
         assert all(sum(m["sd_row_steps"] for m in history) > 0 for history in (here, on_ray)), "nothing drafted"
+    if case == "partial-tlt":
+        assert [m["trained_groups"] for m in here] == [m["trained_groups"] for m in on_ray]
+        assert any(m["off_policy_fraction"] > 0 for m in here)
     if case in ("static", "tlt", "tlt-block"):
         assert max(m["drafter_version"] or 0 for m in here) > 0, "the in-process executor trained no drafter"
     assert _layout(local_out) == _layout(ray_out)

@@ -197,6 +197,7 @@ def test_coordinator_progress_lands_in_the_reports_and_the_operator_reads_it(rep
             "reward_mean": 0.4,
             "eval_accuracy": 0.25,
             "eval_reward_mean": 0.3,
+            "off_policy_fraction": 0.125,
         }
     )
     assert parse_reports(reports.read(), reports.uid).progress == {
@@ -206,6 +207,7 @@ def test_coordinator_progress_lands_in_the_reports_and_the_operator_reads_it(rep
         "acceptLength": 2.25,
         "evalAccuracy": 0.25,
         "evalReward": 0.3,
+        "offPolicyFraction": 0.125,
         "activeTrainers": 2,
     }
 

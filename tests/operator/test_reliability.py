@@ -141,3 +141,16 @@ def test_held_out_results_stay_in_status_between_evaluations() -> None:
     assert later.status.step.current == 3 and later.status.step.eval_accuracy == 0.5, "kept until the next one"
     hostile = decide(SPEC, later.status, pods, 1, NOW, HASHES, {"step": 4, "evalAccuracy": 7})
     assert hostile.status.step.eval_accuracy == 0.5, "a value the status cannot take is ignored"
+
+
+def test_off_policy_fraction_reaches_the_step_status_and_zero_is_kept_as_zero() -> None:
+    pods = [_pod("r-policy-0"), *(_pod(f"r-rollout-{i}") for i in range(4))]
+    partial = decide(SPEC, RunStatus(), pods, 1, NOW, HASHES, {"step": 2, "offPolicyFraction": 0.3})
+    assert partial.status.step.off_policy_fraction == 0.3
+    assert status_patch(partial.status)["step"]["offPolicyFraction"] == 0.3
+    sync = decide(SPEC, partial.status, pods, 1, NOW, HASHES, {"step": 3, "offPolicyFraction": 0.0})
+    assert sync.status.step.off_policy_fraction == 0.0, "a sync step's 0 is a value, not a missing one"
+    silent = decide(SPEC, sync.status, pods, 1, NOW, HASHES, {"step": 4})
+    assert silent.status.step.off_policy_fraction == 0.0, "kept while a report lacks it"
+    hostile = decide(SPEC, partial.status, pods, 1, NOW, HASHES, {"step": 5, "offPolicyFraction": 1.5})
+    assert hostile.status.step.off_policy_fraction == 0.3, "a value the status cannot take is ignored"

@@ -19,6 +19,7 @@ from tlt.spec.crd import (
     MSG_TOLERATION,
     MSG_TRAINERS,
 )
+from tlt.spec.rollout_mode import MSG_OVER_PROVISION, MSG_STALENESS
 from tlt.spec.run import (
     API_GROUP,
     API_VERSION,
@@ -27,6 +28,7 @@ from tlt.spec.run import (
     MSG_CHECKPOINT_MOUNT,
     MSG_CHECKPOINT_PATH,
     MSG_METRICS_PORT,
+    MSG_PARTIAL_VLLM,
     MSG_RESERVED,
 )
 
@@ -210,6 +212,34 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"policy": {"podTemplate": {"annotations": {"tlt.dev/progress": '{"step": 1}'}}}},
         "spec.policy.podTemplate",
     ),
+    ("over-provision in sync mode", {"algorithm": {"rollout": {"overProvision": 0.25}}}, "spec.algorithm.rollout"),
+    (
+        "whole over-provision in sync mode",
+        {"algorithm": {"rollout": {"mode": "sync", "overProvision": 1}}},
+        "spec.algorithm.rollout",
+    ),
+    (
+        "partial rollouts keeping nothing across steps",
+        {"algorithm": {"rollout": {"mode": "partial", "maxStaleness": 0}}},
+        "spec.algorithm.rollout",
+    ),
+    (
+        "partial rollouts on the vLLM engine",
+        {"algorithm": {"rollout": {"mode": "partial"}}, "rollout": {"engine": "vllm"}},
+        "spec",
+    ),
+    ("unknown rollout mode", {"algorithm": {"rollout": {"mode": "async"}}}, "spec.algorithm.rollout.mode"),
+    (
+        "over-provision above 4",
+        {"algorithm": {"rollout": {"mode": "partial", "overProvision": 5}}},
+        "spec.algorithm.rollout.overProvision",
+    ),
+    ("negative staleness", {"algorithm": {"rollout": {"maxStaleness": -1}}}, "spec.algorithm.rollout.maxStaleness"),
+    (
+        "importance cap below 1",
+        {"algorithm": {"rollout": {"importanceCap": 0.5}}},
+        "spec.algorithm.rollout.importanceCap",
+    ),
 ]
 
 CEL_MESSAGES = {
@@ -239,4 +269,8 @@ CEL_MESSAGES = {
     "checkpoint volume over the working dir": MSG_CHECKPOINT_MOUNT,
     "reserved label": MSG_RESERVED,
     "reserved annotation": MSG_RESERVED,
+    "over-provision in sync mode": MSG_OVER_PROVISION,
+    "whole over-provision in sync mode": MSG_OVER_PROVISION,
+    "partial rollouts keeping nothing across steps": MSG_STALENESS,
+    "partial rollouts on the vLLM engine": MSG_PARTIAL_VLLM,
 }

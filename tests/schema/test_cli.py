@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tlt.cli import main
 from tlt.spec.crd import crd_yaml
+from tlt.spec.rollout_mode import MSG_OVER_PROVISION, MSG_STALENESS
+from tlt.spec.run import MSG_PARTIAL_VLLM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +62,27 @@ def test_validate_several_files_fails_if_any_fails(tmp_path, capsys):
     bad.write_text("drafter:\n  placement: sidecar\n")
     assert main(["validate", str(ROOT / "examples" / "run.yaml"), str(bad)]) == 1
     assert "spec.drafter: drafter.deviceClassName is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("spec", "line"),
+    [
+        ({"algorithm": {"rollout": {"overProvision": 0.5}}}, f"spec.algorithm.rollout: {MSG_OVER_PROVISION}"),
+        (
+            {"algorithm": {"rollout": {"mode": "partial", "maxStaleness": 0}}},
+            f"spec.algorithm.rollout: {MSG_STALENESS}",
+        ),
+        ({"algorithm": {"rollout": {"mode": "partial"}}, "rollout": {"engine": "vllm"}}, f"spec: {MSG_PARTIAL_VLLM}"),
+    ],
+    ids=["over-provision in sync", "no staleness in partial", "partial on vllm"],
+)
+def test_validate_refuses_a_partial_rollout_mismatch_in_one_line(tmp_path, capsys, spec, line):
+    bad = tmp_path / "bad.yaml"
+    run = {"apiVersion": "tlt.dev/v1alpha1", "kind": "TLTTrainingRun", "metadata": {"name": "p"}, "spec": spec}
+    bad.write_text(yaml.safe_dump(run))
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "1 error(s)" in err and f"  {line}\n" in err
 
 
 def test_validate_missing_file_and_bad_yaml(tmp_path, capsys):

@@ -191,8 +191,11 @@ def test_printer_columns_point_at_schema_fields():
         "Idle GPU-s",
         "Harvested GPU-s",
         "Accept Length",
+        "Mode",
+        "Off-Policy",
         "Age",
     ]
+    assert {c["name"] for c in columns if c.get("priority") == 1} >= {"Mode", "Off-Policy"}, "shown with -o wide"
     schema = build_schema()
     for column in columns:
         if column["jsonPath"] != ".metadata.creationTimestamp":

@@ -123,6 +123,8 @@ VALID: list[dict[str, Any]] = [
         }
     },
     {"schedulingPolicy": {"queue": "team-a", "gang": {"scheduler": "volcano"}}, "suspend": True},
+    {"algorithm": {"rollout": {"mode": "partial", "overProvision": 1, "maxStaleness": 2, "importanceCap": 4}}},
+    {"algorithm": {"rollout": {"mode": "sync", "overProvision": 0}}, "rollout": {"engine": "vllm"}},
     {
         "rollout": {
             "podTemplate": {

@@ -41,7 +41,7 @@ def full_status() -> RunStatus:
         verifier=RoleStatus(desired=1, ready=1, failed=0),
         replicas=2,
         selector="tlt.dev/run=r,tlt.dev/role=rollout",
-        step=StepStatus(current=4, total=10, last_step_seconds=12.5),
+        step=StepStatus(current=4, total=10, last_step_seconds=12.5, off_policy_fraction=0.25),
         drafter=DrafterStatus(
             version=3,
             accept_length=2.4,
@@ -73,6 +73,7 @@ def test_phases():
 def test_full_status_patch_is_camel_case_and_accepted_by_the_crd():
     patch = status_patch(full_status())
     assert patch["drafter"]["acceptLength"] == 2.4 and patch["step"]["lastStepSeconds"] == 12.5
+    assert patch["step"]["offPolicyFraction"] == 0.25
     assert patch["conditions"][0]["lastTransitionTime"] == "2026-11-22T00:00:00Z"
     assert patch["conditions"][0]["observedGeneration"] == 3
     result = validate_run(run_with(patch))
@@ -111,6 +112,14 @@ def test_bad_condition_rejected_by_model_and_crd(condition, field):
         Condition.model_validate(bad)
     messages = validate_run(run_with({"conditions": [bad]})).messages()
     assert any(m.startswith(f"status.conditions[0].{field}:") for m in messages), messages
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_off_policy_fraction_outside_0_1_rejected_by_model_and_crd(value):
+    with pytest.raises(ValidationError):
+        StepStatus(off_policy_fraction=value)
+    messages = validate_run(run_with({"step": {"offPolicyFraction": value}})).messages()
+    assert any(m.startswith("status.step.offPolicyFraction:") for m in messages), messages
 
 
 def test_condition_requires_message_like_metav1():

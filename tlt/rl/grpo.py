@@ -90,6 +90,20 @@ def aggregate(
     raise ValueError(f"loss_agg must be one of {list(LOSS_AGGS)}, got {mode!r}")
 
 
+def behaviour_weights(
+    prox_logp: torch.Tensor, behav_logp: torch.Tensor, stale: torch.Tensor, *, cap: float
+) -> torch.Tensor:
+    """Decoupled PPO's behaviour weight of each token (Hilton et al. 2021, as AReaL's asynchronous RL uses it):
+    a token sampled by an older policy (`stale`) is trained against the proximal policy `prox_logp` (the weights
+    the update starts from) in the clipped surrogate, its term scaled by pi_prox / pi_behaviour, truncated at
+    `cap` (truncated importance sampling); 1 for tokens the proximal policy sampled itself.
+
+    prox_logp, behav_logp, stale [B, T] -> weights [B, T], detached (a constant of the loss).
+    """
+    ratio = torch.exp((prox_logp - behav_logp).double()).clamp(max=cap).to(prox_logp.dtype)
+    return torch.where(stale.bool(), ratio, torch.ones_like(ratio)).detach()
+
+
 @dataclass(frozen=True)
 class LossTerms:
     loss: torch.Tensor  # scalar, differentiable
@@ -111,12 +125,16 @@ def grpo_loss(
     ref_logp: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> LossTerms:
     """Clipped surrogate plus `kl_coef` * k3 KL, both aggregated by `loss_agg`.
 
-    logp, old_logp, mask, ref_logp [B, T]; advantages [B] or [B, T].
+    logp, old_logp, mask, ref_logp [B, T]; advantages [B] or [B, T]. `weights` [B, T] (constants) scale each
+    token's surrogate: the behaviour weights of off-policy tokens (`behaviour_weights`); None: 1 everywhere.
     """
     per_token, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high)
+    if weights is not None:
+        per_token = per_token * weights.to(per_token)
     counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
     policy_loss = aggregate(per_token, mask, loss_agg, **counts)
     kl = torch.zeros((), dtype=policy_loss.dtype)

@@ -14,20 +14,27 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from tlt.rl.grpo import grpo_loss
+from tlt.rl.grpo import behaviour_weights, grpo_loss
 from tlt.rl.packing import forward_inputs, micro_batches
 from tlt.spec.run import AlgorithmSpec
 
 
 @dataclass
 class RolloutBatch:
-    """B sequences. old_logprobs / ref_logprobs [B, T] are aligned with `response_mask` [B, T]."""
+    """B sequences. old_logprobs / ref_logprobs [B, T] are aligned with `response_mask` [B, T].
+
+    With tokens sampled by an older policy (partial rollouts): `stale` [B, T] bool marks them and
+    `behaviour_logprobs` [B, T] holds every token's log-prob under the policy that sampled it; the update weights
+    their terms by `tlt.rl.grpo.behaviour_weights`, truncated at `importance_cap`. None: every token on-policy."""
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     old_logprobs: torch.Tensor
     advantages: torch.Tensor  # [B]
     ref_logprobs: torch.Tensor | None = None
+    behaviour_logprobs: torch.Tensor | None = None
+    stale: torch.Tensor | None = None
+    importance_cap: float = 2.0
 
     def __post_init__(self) -> None:
         count = len(self.prompt_ids)
@@ -37,7 +44,9 @@ class RolloutBatch:
                 f"advantages {tuple(self.advantages.shape)}"
             )
         width = max((len(r) for r in self.response_ids), default=0)
-        for name in ("old_logprobs", "ref_logprobs"):
+        if (self.stale is None) != (self.behaviour_logprobs is None):
+            raise ValueError("stale and behaviour_logprobs come together")
+        for name in ("old_logprobs", "ref_logprobs", "behaviour_logprobs", "stale"):
             value = getattr(self, name)
             if value is not None and value.shape != (count, width):
                 raise ValueError(f"{name} must be [B={count}, T={width}], got {tuple(value.shape)}")
@@ -120,7 +129,8 @@ def policy_update(
     own forward IS the old policy's: its log-probs, detached, are the old log-probs (ratio exactly 1 in
     that epoch) and later epochs reuse them; `batch.old_logprobs` is overwritten with them. This saves
     the separate forward that recomputes them (veRL's recompute pass) and gives the same update up to
-    rounding. Without it, `batch.old_logprobs` is used as given.
+    rounding. Without it, `batch.old_logprobs` is used as given. Tokens of an older policy (`batch.stale`) are
+    trained against these old (proximal) log-probs with their behaviour weights (decoupled PPO).
 
     Micro-batch losses are normalised by the whole batch's token / sequence counts, so the
     accumulated gradient equals the gradient of one forward over the whole batch.
@@ -166,6 +176,10 @@ def policy_update(
                 old_logprobs[rows, :width] = logp.detach().to(old_logprobs)
             old = old_logprobs[rows, :width].to(logp)
             ref = batch.ref_logprobs[rows, :width].to(logp) if batch.ref_logprobs is not None else None
+            weights = None
+            if batch.stale is not None and batch.behaviour_logprobs is not None:
+                behav = batch.behaviour_logprobs[rows, :width].to(logp)
+                weights = behaviour_weights(old, behav, batch.stale[rows, :width], cap=batch.importance_cap)
             terms = grpo_loss(
                 logp,
                 old,
@@ -178,6 +192,7 @@ def policy_update(
                 ref_logp=ref,
                 num_tokens=num_tokens,
                 num_seqs=num_seqs,
+                weights=weights,
             )
             (terms.loss if weight == 1.0 else terms.loss * weight).backward()
             if not weight:

@@ -21,6 +21,8 @@ from tlt.rollout.types import Completion, Request, StepMetrics
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[StepMetrics], None]
+# halt(tokens generated so far by request id, ids of the finished requests) -> the ids of running requests to end
+Halt = Callable[[dict[str, int], set[str]], set[str]]
 WaveObserver = Callable[[list[Sequence]], None]
 
 
@@ -75,15 +77,27 @@ class Engine:
     def compiled(self) -> bool:
         return self.runner.compiled is not None
 
-    def generate(self, requests: list[Request], on_step: StepCallback | None = None) -> list[Completion]:
-        """Complete every request; results in request order. on_step gets each step's metrics."""
+    def generate(
+        self, requests: list[Request], on_step: StepCallback | None = None, halt: Halt | None = None
+    ) -> list[Completion]:
+        """Complete every request; results in request order. on_step gets each step's metrics. `halt`, asked
+        before each wave and after each step with the tokens every request has generated so far and the ids of
+        those finished, ends the running requests whose ids it returns: they come back unfinished, finish reason
+        "abort", with the tokens they have (a wave none of whose requests is left to run does not start)."""
         sequences = [self._sequence(r) for r in requests]
         if self.draft_vocab is not None:
             stops = sorted({t for r in requests for t in r.params.stop_token_ids})
             self.draft_vocab.before([r.prompt_ids for r in requests], stops)
         out: list[Completion] = []
+        progress = _Progress(sequences) if halt is not None else None
         for start in range(0, len(sequences), self.max_batch_size):
-            out.extend(self._run_wave(sequences[start : start + self.max_batch_size], on_step))
+            wave = sequences[start : start + self.max_batch_size]
+            if halt is not None and progress is not None:
+                ended = halt(*progress.read())
+                if all(s.request.request_id in ended for s in wave):
+                    out.extend(_not_started(wave))
+                    continue
+            out.extend(self._run_wave(wave, on_step, halt, progress))
         if self.draft_vocab is not None:
             self.draft_vocab_coverage = self.draft_vocab.after([c.token_ids for c in out])
         return out
@@ -101,7 +115,13 @@ class Engine:
             device=self.runner.device,
         )
 
-    def _run_wave(self, sequences: list[Sequence], on_step: StepCallback | None) -> list[Completion]:
+    def _run_wave(
+        self,
+        sequences: list[Sequence],
+        on_step: StepCallback | None,
+        halt: Halt | None = None,
+        progress: _Progress | None = None,
+    ) -> list[Completion]:
         batch = self.running_batch(sequences)
         step, advance = 0, lambda b: prefill(self.runner, b)
         while batch.num_rows:
@@ -113,6 +133,14 @@ class Engine:
                 new = _generated(batch) - generated
                 on_step(StepMetrics(step, running, new, fed, finished, time.perf_counter() - t0))
             step, advance = step + 1, self.stepper.step
+            if halt is None or progress is None or not batch.num_rows:
+                continue
+            ended = halt(*progress.read())
+            aborted = [seq for seq in batch.sequences if seq.request.request_id in ended]
+            for seq in aborted:
+                seq.finish_reason = "abort"
+            if aborted:
+                batch.drop_finished()
         for observe in self.wave_observers:
             observe(batch.all_sequences)
         return batch.completions()
@@ -162,6 +190,26 @@ class Engine:
                 )
             target.copy_(source)
         log.debug("loaded %d weight tensors in place", len(groups))
+
+
+class _Progress:
+    """What `halt` is asked with: the tokens each request of a generation has so far, the finished ones."""
+
+    def __init__(self, sequences: list[Sequence]) -> None:
+        self.sequences = sequences
+
+    def read(self) -> tuple[dict[str, int], set[str]]:
+        lengths = {s.request.request_id: len(s.tokens) for s in self.sequences}
+        done = {s.request.request_id for s in self.sequences if s.finish_reason in ("stop", "length")}
+        return lengths, done
+
+
+def _not_started(sequences: list[Sequence]) -> list[Completion]:
+    """Completions of sequences a halt ended before their wave started: no tokens, finish reason "abort"."""
+    return [
+        Completion(s.request.request_id, list(s.request.prompt_ids), [], torch.zeros(0), None, "abort")
+        for s in sequences
+    ]
 
 
 def _generated(batch: RunningBatch) -> int:

@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "abort"]  # abort: ended unfinished (`Engine.generate(stop=...)`)
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Completion:
     hidden: [P + T - 1, H] the target's final-norm outputs at every fed position (row t produced
         token t + 1 of prompt + completion), or None when the engine runs with return_hidden=False;
         [P + T - 1, H * (1 + n)] wide features when the engine keeps n feature layers.
+    staleness: [T] int64, for each token the policy updates between the weights that sampled it and the
+        weights an update starts from (0: on-policy); None: every token on-policy (`tlt.runtime.partial_work`).
     """
 
     request_id: str
@@ -69,6 +71,7 @@ class Completion:
     logprobs: torch.Tensor
     hidden: torch.Tensor | None
     finish_reason: FinishReason
+    staleness: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

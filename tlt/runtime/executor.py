@@ -23,6 +23,7 @@ import torch
 from tlt.checkpoint.store import Checkpoint
 from tlt.rl.reward_plugin import RewardError
 from tlt.rollout.types import Completion, Request
+from tlt.runtime.partial_work import GroupWork
 from tlt.spec.run import TLTTrainingRun
 from tlt.tasks.problem import Problem
 
@@ -47,13 +48,14 @@ class RunContext:
 
 @dataclass
 class Rollout:
-    """One step's rollout: `completions` B prompt-major, `scored` their (reward, error) in the same order,
+    """One step's rollout: `completions` B prompt-major, `scored` their (reward, error) in the same order (None
+    for a partial rollout's response still running: finish reason "abort"),
     `results` each shard's result fields (`ShardGenerator.generate` plus the worker's set-up parts: `worker`,
     `called_at`, `setup_seconds`), `dispatched_at` when the shards went out, `ended_at` when the last one came
     back, `prepare` the seconds spent part by part before dispatching (`shard_rollout_metrics`)."""
 
     completions: list[Completion]
-    scored: list[tuple[float, RewardError | None]]
+    scored: list[tuple[float, RewardError | None] | None]
     results: list[dict[str, Any]]
     dispatched_at: float
     ended_at: float
@@ -70,8 +72,13 @@ class Executor(Protocol):
     def restore(self, ckpt: Checkpoint | None) -> None:
         """Load the executor's parts of `ckpt` (the policy role's, the workers' and the hub's); None: start."""
 
-    def rollout(self, step: int, ids: list[int], dataset: list[Problem]) -> Rollout:
-        """Roll out the problems `dataset[i] for i in ids`, `algorithm.groupSize` samples each, scored."""
+    def rollout(
+        self, step: int, ids: list[int], dataset: list[Problem], work: list[GroupWork] | None = None
+    ) -> Rollout:
+        """Roll out the problems `dataset[i] for i in ids`, `algorithm.groupSize` samples each, scored. A partial
+        rollout (`work`: group i of problem `ids[i]`, `tlt.runtime.partial_work`) continues the unfinished members
+        and ends once `algorithm.promptsPerStep` groups are complete; `results` carry `group_done_at` / `quota`
+        per shard, in shard order (`tlt.runtime.partial_rollouts.PartialRollouts.absorb`)."""
 
     def update(self, completions: list[Completion], rewards: torch.Tensor) -> dict[str, Any]:
         """The policy update on the step's rollouts (rewards [P, G]) and the new weights out to the rollout

@@ -77,6 +77,7 @@ def progress_report(metrics: dict[str, Any], recovery: dict[str, Any] | None = N
         "acceptLength": "accept_length",
         "evalAccuracy": "eval_accuracy",
         "evalReward": "eval_reward_mean",
+        "offPolicyFraction": "off_policy_fraction",
     }
     report = {key: metrics[name] for key, name in fields.items() if metrics.get(name) is not None}
     if metrics.get("drafter_trainers") is not None:

@@ -26,6 +26,7 @@ from tlt.drafter.publish import step_drafters
 from tlt.rollout.types import Completion
 from tlt.runtime.devices import policy_device
 from tlt.runtime.executor import Generate, Rollout, RunContext
+from tlt.runtime.partial_work import GroupWork
 from tlt.runtime.trainer import EventFn, Trainer
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import TLTTrainingRun
@@ -82,11 +83,13 @@ class LocalExecutor:
         policy, tokenizer = self.role.policy, self.role.tokenizer
         self.worker = LocalWorker(self.spec, policy, tokenizer, ckpt, self.out_dir / DRAFTER_SNAPSHOTS_DIR)
 
-    def rollout(self, step: int, ids: list[int], dataset: list[Problem]) -> Rollout:
+    def rollout(
+        self, step: int, ids: list[int], dataset: list[Problem], work: list[GroupWork] | None = None
+    ) -> Rollout:
         assert self.worker is not None
         self._emit("phase", phase="rollout", workers=1)
         dispatched = time.time()
-        completions, scored, result = self.worker.rollout(step, ids, [dataset[i] for i in ids])
+        completions, scored, result = self.worker.rollout(step, ids, [dataset[i] for i in ids], work)
         return Rollout(completions, scored, [result], dispatched, time.time())
 
     def update(self, completions: list[Completion], rewards: torch.Tensor) -> dict[str, Any]:
@@ -98,7 +101,8 @@ class LocalExecutor:
     def after_update(self, step: int, rollout: Rollout) -> dict[str, Any]:
         assert self.worker is not None
         started = time.time()
-        out = self.worker.after_update(rollout.completions, step)
+        finished = [c for c in rollout.completions if c.finish_reason != "abort"]  # a partial rollout's others go on
+        out = self.worker.after_update(finished, step)
         return {"bookkeeping_wait_seconds": time.time() - started, **out}
 
     def end_step(self, step: int) -> dict[str, Any]:

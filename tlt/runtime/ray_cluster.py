@@ -171,8 +171,10 @@ class Actors:
 
 
 def worker_rows(spec: RunSpec) -> int:
-    """Rows of one rollout worker's engine: its shard of a step's prompts times the group size."""
-    return math.ceil(spec.algorithm.prompts_per_step / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
+    """Rows of one rollout worker's engine: its shard of a step's groups (promptsPerStep, more with partial
+    rollouts' `overProvision`) times the group size."""
+    groups = spec.algorithm.rollout.groups_started(spec.algorithm.prompts_per_step)
+    return math.ceil(groups / max(spec.rollout.replicas, 1)) * spec.algorithm.group_size
 
 
 def local_graph_sets(spec: RunSpec, policy_path: str, resources: dict[str, float]) -> list[Any]:

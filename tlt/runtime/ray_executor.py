@@ -50,6 +50,7 @@ from tlt.runtime.executor import Generate, Rollout, RunContext
 from tlt.runtime.graceful_stop import GracefulStop, start_ray
 from tlt.runtime.heldout import plain_generate
 from tlt.runtime.hub_keeper import HubKeeper
+from tlt.runtime.partial_work import GroupWork
 from tlt.runtime.ray_cluster import ROLE_RESOURCES, Actors, connect, create_actors, placement
 from tlt.runtime.rollout_dispatch import Collected, StepRollout
 from tlt.runtime.served_drafter import StepDrafters
@@ -165,7 +166,9 @@ class RayExecutor:
         self._emit("actors", rollout=len(self.actors.rollout), verifiers=len(self.actors.verifiers))
         return self.actors
 
-    def rollout(self, step: int, ids: list[int], dataset: list[Problem]) -> Rollout:
+    def rollout(
+        self, step: int, ids: list[int], dataset: list[Problem], work: list[GroupWork] | None = None
+    ) -> Rollout:
         actors = self.actors or self.start_actors()
         self.recovery.updating = False
         started = time.time()
@@ -177,7 +180,8 @@ class RayExecutor:
         dispatched = time.time()
         parts = ("put_weights", "stop_trainers", "drafters")
         prepare = dict(zip(parts, (b - a for a, b in zip(stamps, [*stamps[1:], dispatched]))))
-        step_rollout = StepRollout(actors, step, ids, dataset, (weights, drafter, candidate))
+        prompts = self.spec.algorithm.prompts_per_step
+        step_rollout = StepRollout(actors, step, ids, dataset, (weights, drafter, candidate), work, prompts)
         self._emit("phase", phase="rollout", workers=step_rollout.dispatch())
         trains = self.plan.trains_drafter(step) and self.hub is not None
         collected = step_rollout.collect(self.trainers if trains else None, self._emit, self._emit_workers)
@@ -185,7 +189,9 @@ class RayExecutor:
         collected.acks += self.trainers.after_rollout(carried, collected.started)
         self._collected = collected
         results = collected.results
-        scored = ray.get([ref for r in results for ref in r["rewards"]])
+        refs = [ref for r in results for ref in r["rewards"]]
+        values = iter(ray.get([ref for ref in refs if ref is not None]))  # None: a partial response still running
+        scored = [None if ref is None else next(values) for ref in refs]
         completions = [c for r in results for c in r["completions"]]
         return Rollout(completions, scored, results, dispatched, ended, prepare)
 

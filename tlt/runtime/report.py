@@ -3,7 +3,9 @@
 Plots: step time split into rollout (before the tail) / tail / update / other; drafter accept
 length (top-1 agreement until the speculative stepper reports accept length) and reward per step;
 the response-length histogram; idle seconds available vs harvested by drafter trainers.
-`summarize` is a pure function over the metrics; `write_report` draws and writes.
+`summarize` is a pure function over the metrics; `write_report` draws and writes. With partial rollouts
+(`algorithm.rollout.mode: partial`) the report adds the off-policy share and the groups kept, dropped and
+continued per step, and the trained tokens by staleness; a run from before partial rollouts reads as sync.
 """
 
 from __future__ import annotations
@@ -53,6 +55,28 @@ def drafter_quality(m: dict[str, Any]) -> float | None:
     return m.get("accept_length") if m.get("accept_length") is not None else m.get("drafter_agreement")
 
 
+def rollout_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rollout mode (`sync` for rows without `rollout_mode`), and in partial mode each step's
+    (step, off-policy share, groups trained, kept, dropped, continued) and the trained tokens by staleness
+    in steps, summed over the run."""
+    modes = {m.get("rollout_mode", "sync") for m in history}
+    mode = "partial" if "partial" in modes else "sync"
+    rows = [
+        (
+            m["step"],
+            m.get("off_policy_fraction"),
+            *(m.get(f"groups_{k}") for k in ("trained", "kept", "dropped", "continued")),
+        )
+        for m in history
+        if m.get("rollout_mode") == "partial"
+    ]
+    staleness: dict[int, int] = {}
+    for m in history:
+        for age, tokens in (m.get("staleness_tokens") or {}).items():
+            staleness[int(age)] = staleness.get(int(age), 0) + tokens
+    return {"mode": mode, "steps": rows, "staleness_tokens": dict(sorted(staleness.items()))}
+
+
 def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Totals of a run: step time split, idle seconds, stop latencies (p50 / p99 / max), restarts."""
     events = events or []
@@ -83,6 +107,7 @@ def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]] | None
             for m in history
             if "eval_accuracy" in m
         ],
+        "rollout": rollout_summary(history),
     }
 
 
@@ -172,6 +197,25 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _partial_lines(rollout: dict[str, Any]) -> list[str]:
+    """The partial-rollout section: the share of off-policy tokens and the groups of each step."""
+    shares = [row[1] for row in rollout["steps"] if row[1] is not None]
+    by_age = ", ".join(f"{age}: {tokens}" for age, tokens in rollout["staleness_tokens"].items())
+    lines = [
+        "Partial rollouts (`algorithm.rollout.mode: partial`): off-policy share of trained tokens mean "
+        f"{_fmt(statistics.mean(shares) if shares else None)}, max {_fmt(max(shares) if shares else None)}; "
+        f"trained tokens by staleness in steps: {by_age or '-'}.",
+        "",
+        "| step | off-policy | groups trained | kept | dropped | continued |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {step} | {_fmt(share)} | " + " | ".join("-" if n is None else str(n) for n in groups) + " |"
+        for step, share, *groups in rollout["steps"]
+    ]
+    return [*lines, ""]
+
+
 def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
     """Draw the plots into `out_dir` and write `report.md`; returns its path."""
     out = Path(out_dir)
@@ -195,6 +239,7 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
         f"Reward {_fmt(s['reward_first'])} -> {_fmt(s['reward_last'])}; drafter {_fmt(s['drafter_first'])} -> "
         f"{_fmt(s['drafter_last'])}; response length median {s['response_length_median']}, max "
         f"{s['response_length_max']}.",
+        f"Rollout mode: {s['rollout']['mode']}.",
         f"Restarts: {len(s['restarts'])}"
         + "".join(
             f"\n- step {r['failed_step']} failed ({r['error']}), resumed from step {r['resumed_step']}"
@@ -228,6 +273,8 @@ def write_report(out_dir: str | Path, title: str = "TLT run") -> Path:
             for step, reward, accuracy, n, seconds in s["heldout"]
         ]
         lines += [""]
+    if s["rollout"]["mode"] == "partial":
+        lines += _partial_lines(s["rollout"])
     lines += [f"![{name}]({name})" for name in PLOTS]
     path = out / REPORT_FILE
     path.write_text("\n".join(lines) + "\n")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.rl.grpo import group_advantages
+from tlt.rl.grpo import behaviour_weights, group_advantages
 from tlt.rl.packing import micro_batches
 from tlt.rl.reward_plugin import RewardError, RewardFn, call_reward
 from tlt.rl.rewards import score
@@ -48,13 +48,18 @@ def select_prompts(num_problems: int, prompts_per_step: int, seed: int, step: in
     (seed, epoch), and step s takes the positions [(s-1)*P, s*P) of that endless walk, so every
     problem is seen once per epoch and a resumed run picks exactly what an uninterrupted one would.
     """
-    if num_problems < 1:
-        raise ValueError(f"num_problems must be >= 1, got {num_problems}")
     if step < 1:
         raise ValueError(f"step is 1-based, got {step}")
+    return walk_prompts(num_problems, seed, (step - 1) * prompts_per_step, prompts_per_step)
+
+
+def walk_prompts(num_problems: int, seed: int, start: int, count: int) -> list[int]:
+    """Positions [start, start + count) of the endless walk over the training set (`select_prompts`)."""
+    if num_problems < 1:
+        raise ValueError(f"num_problems must be >= 1, got {num_problems}")
     orders: dict[int, list[int]] = {}
     picked = []
-    for position in range((step - 1) * prompts_per_step, step * prompts_per_step):
+    for position in range(start, start + count):
         epoch, offset = divmod(position, num_problems)
         if epoch not in orders:
             order = list(range(num_problems))
@@ -192,22 +197,65 @@ def pad_logprobs(completions: Sequence[Completion]) -> torch.Tensor:
 
 
 def build_batch(
-    completions: Sequence[Completion], rewards: torch.Tensor, old_logprobs: torch.Tensor | None = None
+    completions: Sequence[Completion],
+    rewards: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    *,
+    importance_cap: float = 2.0,
 ) -> RolloutBatch:
     """The update's batch: B (prompt, response) pairs, one GRPO advantage each.
 
     rewards [P, G] -> advantages [B] (group-normalised, prompt-major). old_logprobs [B, T]
     defaults to the engine's (`pad_logprobs`); pass the policy's recomputed ones (`policy_logprobs`)
-    to take the ratio against the trainer's own numerics.
+    to take the ratio against the trainer's own numerics. Completions with tokens of an older policy
+    (`Completion.staleness` > 0: partial rollouts) give the batch its `stale` mask and behaviour log-probs
+    (the engine's, each token's sampling policy's), weighted in the update up to `importance_cap`.
     """
     if rewards.numel() != len(completions):
         raise ValueError(f"rewards {tuple(rewards.shape)} do not match {len(completions)} completions")
+    engine = pad_logprobs(completions)
+    stale = stale_mask(completions)
     return RolloutBatch(
         prompt_ids=[list(c.prompt_ids) for c in completions],
         response_ids=[list(c.token_ids) for c in completions],
-        old_logprobs=pad_logprobs(completions) if old_logprobs is None else old_logprobs,
+        old_logprobs=engine if old_logprobs is None else old_logprobs,
         advantages=group_advantages(rewards.double()).float().reshape(-1),
+        behaviour_logprobs=None if stale is None else engine.clone(),
+        stale=stale,
+        importance_cap=importance_cap,
     )
+
+
+def stale_mask(completions: Sequence[Completion]) -> torch.Tensor | None:
+    """[B, T] bool, True on the tokens an older policy sampled (`Completion.staleness` > 0), right-padded with
+    False; None when every token is on-policy."""
+    if not any(c.staleness is not None and bool((c.staleness > 0).any()) for c in completions):
+        return None
+    width = max((len(c.token_ids) for c in completions), default=0)
+    out = torch.zeros(len(completions), width, dtype=torch.bool)
+    for row, c in enumerate(completions):
+        if c.staleness is not None:
+            out[row, : len(c.token_ids)] = c.staleness > 0
+    return out
+
+
+def behaviour_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """The behaviour weights the update gave the batch's off-policy tokens (after it filled the proximal
+    log-probs into `old_logprobs`): their mean, the share truncated at the cap, the off-policy token count;
+    {} for an on-policy batch."""
+    if batch.stale is None or batch.behaviour_logprobs is None:
+        return {}
+    stale = batch.stale & batch.response_mask().bool()
+    if not bool(stale.any()):
+        return {}
+    old, behav = batch.old_logprobs.double(), batch.behaviour_logprobs.double()
+    weights = behaviour_weights(old, behav, stale, cap=batch.importance_cap)[stale]
+    raw = torch.exp(old - behav)[stale]
+    return {
+        "importance_weight_mean": float(weights.mean()),
+        "importance_capped_fraction": float((raw > batch.importance_cap).double().mean()),
+        "off_policy_tokens": int(stale.sum()),
+    }
 
 
 def _compute_context(policy: PreTrainedModel, compute_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -285,12 +333,13 @@ def learn(
     log-probs taken from the update's own first forward (on the weights that sampled the batch; the
     engine's may differ by rounding), not from a separate recompute pass. Returns the update's metrics
     plus `logprob_gap`, the largest engine-vs-policy log-prob difference."""
-    batch = build_batch(completions, rewards)
+    batch = build_batch(completions, rewards, importance_cap=algo.rollout.importance_cap)
     engine_logprobs = batch.old_logprobs
     update = update_policy(
         policy, optimizer, batch, algo, pad_id=pad_id, compute_dtype=compute_dtype, old_from_first_pass=True
     )
-    return {**update, "logprob_gap": logprob_gap(engine_logprobs, batch.old_logprobs, batch)}
+    gap = logprob_gap(engine_logprobs, batch.old_logprobs, batch)
+    return {**update, "logprob_gap": gap, **behaviour_metrics(batch)}
 
 
 def sync_weights(policy: PreTrainedModel, engine: Engine) -> None:
@@ -330,8 +379,11 @@ def rollout_metrics(
 
 
 def logprob_gap(engine_logprobs: torch.Tensor, policy_logprobs_: torch.Tensor, batch: RolloutBatch) -> float:
-    """Largest |engine - policy| log-prob over the batch's real response tokens (0 for an empty batch)."""
+    """Largest |engine - policy| log-prob over the batch's real on-policy response tokens (0 for none): the
+    tokens of an older policy (`batch.stale`) differ by the updates since, not by the engine's numerics."""
     mask = batch.response_mask().bool()
+    if batch.stale is not None:
+        mask = mask & ~batch.stale
     if not bool(mask.any()):
         return 0.0
     return float((engine_logprobs.double() - policy_logprobs_.double()).abs()[mask].max())

@@ -9,7 +9,9 @@ A worker lost in the middle of its shard (its process killed, its node gone: `fa
 the step nothing but time: its shard goes to the next worker that is free (one whose shard is done; a
 trainer started there is stopped first), and a fresh worker is started in its place (`replace`), which
 takes shards too once it is up. The shard's samples are seeded by prompt, group member and step
-(`rl_step.make_requests`), so they are the same tokens whichever worker generates them. Failures of any
+(`rl_step.make_requests`; a partial rollout's segments by group, member and step), so they are the same tokens
+whichever worker generates them. A partial rollout's shards end at their share of the step's complete groups
+(`partial_work.shard_quotas`). Failures of any
 other kind, and a shard lost more than `MAX_SHARD_TRIES - 1` times, are raised to the coordinator.
 """
 
@@ -25,6 +27,7 @@ import ray
 
 from tlt.runtime import rl_step
 from tlt.runtime.failure_kinds import LOST, classify, failure_line
+from tlt.runtime.partial_work import GroupWork, shard_quotas
 from tlt.runtime.ray_cluster import Actors
 from tlt.runtime.spot_trainers import SpotTrainers
 from tlt.runtime.worker_replacement import replace_rank
@@ -38,11 +41,14 @@ Emit = Callable[..., None]
 
 @dataclass(frozen=True)
 class Shard:
-    """One worker's part of a step: `order` its place in shard order, `ids` its prompts' dataset indices."""
+    """One worker's part of a step: `order` its place in shard order, `ids` its prompts' dataset indices; a
+    partial rollout's `work` (its groups) and `quota` (the complete groups it ends at)."""
 
     order: int
     ids: list[int]
     problems: list[Problem]
+    work: list[GroupWork] | None = None
+    quota: int = 0
 
 
 @dataclass
@@ -70,13 +76,23 @@ class StepRollout:
         ids: list[int],
         problems: list[Problem],
         call: tuple[Any, Any, Any],
+        work: list[GroupWork] | None = None,
+        prompts: int = 0,
     ) -> None:
         self.actors = actors
         self.step = step
         self.weights, self.drafter, self.candidate = call
+        positions = rl_step.shards(list(range(len(ids))), len(actors.rollout))
+        quotas = shard_quotas([len(p) for p in positions], prompts) if work is not None else [0] * len(positions)
         self.shards = [
-            Shard(order, shard, [problems[i] for i in shard])
-            for order, shard in enumerate(rl_step.shards(ids, len(actors.rollout)))
+            Shard(
+                order,
+                [ids[i] for i in part],
+                [problems[ids[i]] for i in part],
+                None if work is None else [work[i] for i in part],
+                quota,
+            )
+            for order, (part, quota) in enumerate(zip(positions, quotas))
         ]
         self.out: dict[Any, tuple[Any, Shard]] = {}  # result ref -> (worker, shard)
         self.tries: dict[int, int] = {}
@@ -91,7 +107,9 @@ class StepRollout:
 
     def _send(self, worker: Any, shard: Shard) -> None:
         self.tries[shard.order] = self.tries.get(shard.order, 0) + 1
-        ref = worker.rollout.remote(self.step, shard.ids, shard.problems, self.weights, self.drafter, self.candidate)
+        args = (self.step, shard.ids, shard.problems, self.weights, self.drafter, self.candidate)
+        partial = () if shard.work is None else (shard.work, [shard.quota])
+        ref = worker.rollout.remote(*args, *partial)
         self.out[ref] = (worker, shard)
 
     def _name(self, worker: Any) -> str:

@@ -44,6 +44,7 @@ from tlt.runtime.events import append_event
 from tlt.runtime.executor import Executor, RunContext
 from tlt.runtime.graceful_stop import GracefulStop, StoppedWhileStarting
 from tlt.runtime.heldout import eval_due, eval_interval, evaluate, heldout_problems
+from tlt.runtime.partial_rollouts import PARTIAL_STATE, PartialRollouts
 from tlt.runtime.restarts import check_backoff, restart_event
 from tlt.runtime.shard_metrics import shard_rollout_metrics
 from tlt.spec.plan import SpeculativePlan
@@ -76,6 +77,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.stopped: Path | None = None
         self.problems = load_problems(self.spec.dataset, "train")
+        self.partial: PartialRollouts | None = None  # the responses in flight between steps (partial rollouts)
         self.heldout = heldout_problems(self.spec)  # [] when the run evaluates nothing (`eval_interval`)
         self.eval_every = eval_interval(self.spec)
         # a clear error here, before anything starts; held-out answers are scored here with it
@@ -128,6 +130,10 @@ class Trainer:
     def _resume(self, ckpt: Checkpoint | None) -> None:
         """Continue from `ckpt` (None: from the initial policy, step 0)."""
         self.step, self.history = 0, []
+        if self.algo.rollout.partial:
+            self.partial = PartialRollouts(self.algo, len(self.problems))
+            if ckpt is not None:
+                self.partial.load_state_dict(ckpt.objects[PARTIAL_STATE])
         if ckpt is not None:
             self.step, self.history = ckpt.step, list(ckpt.state["metrics"])
             self.restarts = int(ckpt.state.get("restarts", 0))
@@ -140,6 +146,8 @@ class Trainer:
         """A whole-run checkpoint of the current step."""
         state = {"step": self.step, "metrics": self.history, "restarts": self.restarts, "spec": self._spec_json()}
         ckpt = Checkpoint(step=self.step, tensors={}, objects={}, state=state)
+        if self.partial is not None:
+            ckpt.objects[PARTIAL_STATE] = self.partial.state_dict()
         self.executor.add_to(ckpt)
         return save_checkpoint(self.checkpoint_root, ckpt, keep=self.spec.checkpoint.keep)
 
@@ -147,13 +155,21 @@ class Trainer:
         """Run step `self.step + 1`; returns its metrics."""
         step = self.step + 1
         started = time.time()
-        ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
-        rollout = self.executor.rollout(step, ids, self.problems)
+        if self.partial is None:
+            ids = rl_step.select_prompts(len(self.problems), self.algo.prompts_per_step, self.algo.seed, step)
+            rollout = self.executor.rollout(step, ids, self.problems)
+            completions = rollout.completions
+            rewards = torch.tensor([value for value, _ in rollout.scored], dtype=torch.float32)
+            rewards = rewards.view(len(ids), self.algo.group_size)
+            reward_errors = [error for _, error in rollout.scored if error is not None]
+            partial: dict[str, Any] = {}
+        else:  # the kept groups continued, new ones started; the first P complete groups are trained
+            work = self.partial.plan(step)
+            rollout = self.executor.rollout(step, [g.problem for g in work], self.problems, work=work)
+            trained = self.partial.absorb(step, rollout.completions, rollout.scored, rollout.results)
+            completions, rewards, partial = trained.completions, trained.rewards, trained.metrics
+            reward_errors = [s[1] for s in rollout.scored if s is not None and s[1] is not None]
         self._emit("phase", phase="update")
-        completions = rollout.completions
-        rewards = torch.tensor([value for value, _ in rollout.scored], dtype=torch.float32)
-        rewards = rewards.view(len(ids), self.algo.group_size)
-        reward_errors = [error for _, error in rollout.scored if error is not None]
         record_reward_errors(self.out_dir / REWARD_ERRORS_FILE, step, reward_errors)
         update_started = time.time()
         update = self.executor.update(completions, rewards)
@@ -161,6 +177,9 @@ class Trainer:
         metrics = {
             "step": step,
             **shard_rollout_metrics(completions, rewards, rollout.results, started, rollout.ended_at, rollout.prepare),
+            "rollout_mode": self.algo.rollout.mode,
+            "off_policy_fraction": 0.0,
+            **partial,
             **update,
             "update_seconds": update_seconds,
             "update_started_at": update_started,
@@ -170,6 +189,9 @@ class Trainer:
             **self.executor.after_update(step, rollout),
             "step_seconds": time.time() - started,
         }
+        if self.partial is not None:  # the step's speed counts what it sampled, not what it trained
+            seconds = metrics["rollout_seconds"]
+            metrics["tokens_per_second"] = metrics["generated_tokens"] / seconds if seconds > 0 else 0.0
         if self.reward is not None:
             metrics["reward_errors"] = len(reward_errors)
         metrics.update(self.executor.end_step(step))

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
+from tlt.spec.rollout_mode import MSG_OVER_PROVISION, MSG_STALENESS
 from tlt.spec.run import (
     API_GROUP,
     API_VERSION,
@@ -30,6 +31,7 @@ from tlt.spec.run import (
     MSG_CHECKPOINT_MOUNT,
     MSG_CHECKPOINT_PATH,
     MSG_METRICS_PORT,
+    MSG_PARTIAL_VLLM,
     MSG_RESERVED,
     MSG_RUN_NAME,
     NON_CANONICAL,
@@ -154,13 +156,32 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         }
     ],
     ("model",): [{"rule": "self == oldSelf", "message": MSG_MODEL}],
+    # `double()`: a whole number may arrive as a JSON integer (`overProvision: 1`), which CEL does not compare
+    # with a double.
+    ("algorithm", "rollout"): [
+        {
+            "rule": "!has(self.overProvision) || double(self.overProvision) <= 0.0 || "
+            "(has(self.mode) && self.mode == 'partial')",
+            "message": MSG_OVER_PROVISION,
+        },
+        {
+            "rule": "!has(self.mode) || self.mode != 'partial' || !has(self.maxStaleness) || self.maxStaleness >= 1",
+            "message": MSG_STALENESS,
+        },
+    ],
     (): [
         {
             "rule": "!has(self.schedulingPolicy) || !has(self.schedulingPolicy.queue) || "
             "!has(oldSelf.schedulingPolicy) || !has(oldSelf.schedulingPolicy.queue) || "
             f"({_SAME_REPLICAS})",
             "message": MSG_QUEUED_REPLICAS,
-        }
+        },
+        {
+            "rule": "!has(self.algorithm) || !has(self.algorithm.rollout) || !has(self.algorithm.rollout.mode) || "
+            "self.algorithm.rollout.mode != 'partial' || !has(self.rollout) || !has(self.rollout.engine) || "
+            "self.rollout.engine != 'vllm'",
+            "message": MSG_PARTIAL_VLLM,
+        },
     ],
     ("checkpoint",): [
         {
@@ -219,6 +240,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "number",
         "jsonPath": ".status.drafter.acceptLength",
         "description": "Mean accepted tokens per verification, last step.",
+    },
+    {
+        "name": "Mode",
+        "type": "string",
+        "jsonPath": ".spec.algorithm.rollout.mode",
+        "priority": 1,
+        "description": "How a step's rollout ends: sync or partial.",
+    },
+    {
+        "name": "Off-Policy",
+        "type": "number",
+        "jsonPath": ".status.step.offPolicyFraction",
+        "priority": 1,
+        "description": "Share of the last step's trained tokens sampled by an older policy.",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

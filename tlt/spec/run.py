@@ -45,6 +45,7 @@ from tlt.spec.pod_template import (  # noqa: F401 (re-exported)
     SecretKeyRef,
     Toleration,
 )
+from tlt.spec.rollout_mode import RolloutModeSpec
 from tlt.spec.speculative import ArmSpec, DrafterSpec, HistorySpec, SpeculativeSpec  # noqa: F401 (re-exported)
 
 API_GROUP = "tlt.dev"
@@ -59,6 +60,11 @@ RAY_CLIENT_PORT = 10001
 MSG_METRICS_PORT = (
     f"monitoring.metricsPort must differ from Ray's ports on the policy pod ({GCS_PORT} GCS, "
     f"{RAY_CLIENT_PORT} Ray client)"
+)
+
+MSG_PARTIAL_VLLM = (
+    "algorithm.rollout.mode 'partial' runs on rollout.engine 'tlt' (the vLLM backend does not stop a rollout "
+    "early and continue its responses): set rollout.engine: tlt or algorithm.rollout.mode: sync"
 )
 
 
@@ -168,6 +174,10 @@ class AlgorithmSpec(Spec):
     )
     eval_samples: int = Field(64, ge=1, le=100_000, description="Held-out problems evaluated (the eval split's first).")
     eval_temperature: float = Field(0.0, ge=0, le=10.0, description="Held-out sampling temperature; 0 is greedy.")
+    rollout: RolloutModeSpec = Field(
+        default_factory=RolloutModeSpec,
+        description="When a step's rollout ends: sync (every response, on-policy) or partial rollouts.",
+    )
 
 
 class RoleSpec(Spec):
@@ -343,6 +353,8 @@ class RunSpec(Spec):
                 f"{sequences} sequences (algorithm.promptsPerStep x groupSize); each rank needs one: fewer ranks, "
                 "more sequences, or policy.sharding: none"
             )
+        if self.algorithm.rollout.partial and self.rollout.engine == "vllm":
+            raise ValueError(MSG_PARTIAL_VLLM)
         return self
 
 

@@ -73,6 +73,11 @@ class StepStatus(StatusPart):
     eval_reward: Annotated[float, Field(ge=-1e9, le=1e9)] | None = Field(
         None, description="Mean reward on the held-out problems, last evaluation."
     )
+    off_policy_fraction: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None,
+        description="Share of the last step's trained tokens sampled by an older policy "
+        "(spec.algorithm.rollout.mode partial); 0 in sync mode.",
+    )
 
 
 class DrafterStatus(StatusPart):

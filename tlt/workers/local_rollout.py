@@ -38,6 +38,7 @@ from tlt.rollout.compiled import resolve_compile
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Completion
 from tlt.rollout.warmup import warm_up, warm_up_blocks
+from tlt.runtime.partial_work import GroupWork, shard_parts, shard_quotas
 from tlt.runtime.shard_metrics import drafter_step_metrics
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import RunSpec
@@ -55,7 +56,8 @@ MSG_SIDECAR = (
 
 
 class LocalWorker:
-    """The rollout engine over a copy of `policy` in `model.dtype` (one wave of P * G rows), its drafters and
+    """The rollout engine over a copy of `policy` in `model.dtype` (one wave of the step's groups x G rows: P, or
+    more with partial rollouts' `overProvision`), its drafters and
     hub, its verifier; resumed from `ckpt`, else started from `speculative.drafterPath` when set."""
 
     name = NAME
@@ -72,7 +74,7 @@ class LocalWorker:
         self.plan = SpeculativePlan.of(spec.speculative, spec.drafter)
         model = copy.deepcopy(policy).to(resolve_dtype(spec.model.dtype)).eval()
         context = min(spec.model.max_context, model.config.max_position_embeddings)
-        rows = spec.algorithm.prompts_per_step * spec.algorithm.group_size
+        rows = spec.algorithm.rollout.groups_started(spec.algorithm.prompts_per_step) * spec.algorithm.group_size
         with torch.random.fork_rng(devices=[]):  # the drafters' and hub's init: the run's own RNG stays as it was
             self.drafting = WorkerDrafter(NAME, spec, model)
             learns = self.drafting.drafter is not None
@@ -116,11 +118,12 @@ class LocalWorker:
             self.hub.load_params(warm_start_params(path, model.config, self.hub.drafters()))
 
     def rollout(
-        self, step: int, ids: list[int], problems: list[Problem]
-    ) -> tuple[list[Completion], list[tuple[float, RewardError | None]], dict[str, Any]]:
+        self, step: int, ids: list[int], problems: list[Problem], work: list[GroupWork] | None = None
+    ) -> tuple[list[Completion], list[tuple[float, RewardError | None] | None], dict[str, Any]]:
         """Step `step`'s rollout of `problems` (indices `ids`) with the served drafter: its completions, their
         (reward, error) in order, and the generation's result fields (`ShardGenerator.generate`) with the set-up's
-        parts as a Ray worker reports them (`worker`, `called_at`, `setup_seconds`)."""
+        parts as a Ray worker reports them (`worker`, `called_at`, `setup_seconds`). `work`: a partial rollout's
+        groups, ended at `promptsPerStep` complete ones (None scores for the responses still running)."""
         called = time.time()
         self.load_drafters()
         loaded = time.time()
@@ -128,7 +131,8 @@ class LocalWorker:
         def submit(index: int, request_id: str, text: str, problem: Problem) -> tuple[float, RewardError | None]:
             return self.verifier.score(text, problem.answer, problem.prompt, dict(problem.record), request_id)
 
-        result = self.generator.generate(step, ids, problems, submit, self.states)
+        quotas = None if work is None else local_quotas(self.spec, len(work))
+        result = self.generator.generate(step, ids, problems, submit, self.states, work, quotas)
         setup = {"load_drafter": loaded - called, "stepper": result.pop("generate_started") - loaded}
         result.update(worker=self.name, called_at=called, started_at=called, setup_seconds=setup)
         if self.generator.history is not None:  # this step's responses draft the next ones
@@ -194,3 +198,10 @@ class LocalWorker:
         self.served = (int(served["version"]), served["params"]) if served else None
         if trainers:
             self.drafting.load_state(trainers[0])
+
+
+def local_quotas(spec: RunSpec, groups: int) -> list[int]:
+    """A partial rollout's shards in this process: the `rollout.replicas` shards a Ray run splits the step's
+    `groups` into, each ending at its share of `promptsPerStep` (so both executors train the same groups)."""
+    parts = shard_parts(groups, [0] * max(spec.rollout.replicas, 1))
+    return shard_quotas([len(p) for p in parts], spec.algorithm.prompts_per_step)

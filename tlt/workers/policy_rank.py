@@ -95,7 +95,7 @@ class PolicyRank:
         """This rank's part of one step's GRPO update: the group's metrics (`rl_step.learn`'s) and, under
         "rank_share", the sequences and tokens this rank took."""
         completions, rewards = step_input
-        batch = rl_step.build_batch(completions, rewards)
+        batch = rl_step.build_batch(completions, rewards, importance_cap=self.spec.algorithm.rollout.importance_cap)
         engine_logprobs = batch.old_logprobs.clone()
         lengths = batch.lengths()
         rows = token_balanced_shards(lengths, self.world)[self.rank]
@@ -104,6 +104,7 @@ class PolicyRank:
         with rl_step._compute_context(self._inner(), autocast):
             metrics = rank_update(self.policy, self._optimizer(), batch, self.spec.algorithm, pad_id=self.pad_id)
         metrics["logprob_gap"] = rl_step.logprob_gap(engine_logprobs, batch.old_logprobs, batch)
+        metrics.update(rl_step.behaviour_metrics(batch))  # the whole batch's old log-probs, every rank
         self.share = {"rank": self.rank, "sequences": len(rows), "tokens": sum(lengths[b] for b in rows)}
         log.info(
             "policy rank %d: update on %d of %d sequences, %d of %d tokens",

@@ -33,6 +33,7 @@ from tlt.rollout.warmup import warm_up, warm_up_blocks
 from tlt.runtime.devices import actor_device
 from tlt.runtime.heap import freeze_actor_heap
 from tlt.runtime.optional_ray import ray
+from tlt.runtime.partial_work import GroupWork
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
 from tlt.workers.after_rollout import AfterRollout
@@ -149,12 +150,16 @@ class RolloutWorker:
         weights: dict[str, torch.Tensor],
         drafter: Drafter | None,
         candidate: Drafter | None = None,
+        work: list[GroupWork] | None = None,
+        quotas: list[int] | None = None,
     ) -> dict[str, Any]:
         """Generate this shard (group_size samples of each problem) and stream each finished response to
-        a verifier. Returns completions (without hidden states), reward refs in completion order, the
-        engine trace and the set-up's parts; the drafter's top-1 agreement on these fresh rollouts comes
-        from `agreement`, and with a `candidate` (the hub's newer parameters, `drafter.publish:
-        validated`) its agreement on the same rollouts too, and the trainer continues from the candidate."""
+        a verifier; a partial rollout's shard (`work`) ends at `quotas` = [its share] of the step's groups,
+        unfinished responses coming back "abort" with reward None (`ShardGenerator.generate`). Returns
+        completions (without hidden states), reward refs in completion order, the engine trace and the set-up's
+        parts; the drafter's top-1 agreement on these fresh rollouts comes from `agreement`, and with a
+        `candidate` (the hub's newer parameters, `drafter.publish: validated`) its agreement on the same
+        rollouts too, and the trainer continues from the candidate."""
         assert self.generator is not None
         self.drafting.check_ready(step)
         stamps = [time.time()]  # the set-up before generating, part by part (`setup_seconds`)
@@ -168,10 +173,11 @@ class RolloutWorker:
         stamps.append(time.time())
         self.drafting.load(drafter)
         stamps.append(time.time())
-        out = self.generator.generate(step, problem_ids, problems, self._submit, self.states)
+        out = self.generator.generate(step, problem_ids, problems, self._submit, self.states, work, quotas)
         completions, generate_started = out.pop("completions"), out.pop("generate_started")
         release_kv_cache(self.engine)
-        self._leave_settle(completions, step, drafter, candidate)
+        finished = [c for c in completions if c.finish_reason != "abort"]  # the others go on in a later step
+        self._leave_settle(finished, step, drafter, candidate)
         self.states.set(IDLE)
         return {
             "worker": self.name,

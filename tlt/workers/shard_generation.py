@@ -26,8 +26,20 @@ from tlt.rollout.decode_step import FinishWatcher
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.step_timing import STEP_SPLIT_ENV, StepSplit
+from tlt.rollout.types import Completion
 from tlt.runtime import rl_step
 from tlt.runtime.devices import completion_to_cpu
+from tlt.runtime.partial_work import (
+    GroupWork,
+    MemberWork,
+    chosen_groups,
+    continue_requests,
+    cut_completion,
+    group_ends,
+    settled_cut,
+    shard_parts,
+    whole_completion,
+)
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
 from tlt.workers.rollout_state import WorkerStates
@@ -92,28 +104,65 @@ class ShardGenerator:
             self.history.observe(sequences)
 
     def generate(
-        self, step: int, problem_ids: list[int], problems: list[Problem], submit: Submit, states: WorkerStates
+        self,
+        step: int,
+        problem_ids: list[int],
+        problems: list[Problem],
+        submit: Submit,
+        states: WorkerStates,
+        work: list[GroupWork] | None = None,
+        quotas: list[int] | None = None,
     ) -> dict[str, Any]:
         """Generate the shard, handing each finished response to `submit` the moment it finishes (a Ray worker:
         a verifier's task, round robin; one process: the score itself); `states.running` follows the running
         batch. Returns "completions" (on the CPU, hidden states kept), "rewards" (what `submit` returned, in
         completion order), "generate_started", and the rollout's result fields: the engine trace,
-        timestamps, speculative counts, arms and rates, draft-vocabulary coverage."""
+        timestamps, speculative counts, arms and rates, draft-vocabulary coverage.
+
+        A partial rollout (`work`: the groups, `problems` theirs, split into `len(quotas)` shards that end at
+        `quotas[w]` groups each; `tlt.runtime.partial_work`): the unfinished members continue from their kept
+        tokens and each shard's rows end once its cut is settled; completions are whole (kept + new tokens, as
+        of the cut), those unfinished "abort" with reward None, "chosen" the positions of the groups to train
+        and "groups" how many there were."""
         by_request: dict[str, Problem] = {}
-        requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
-        for request, problem in zip(requests, (p for p in problems for _ in range(self.spec.algorithm.group_size))):
+        kept: dict[str, tuple[int, MemberWork]] = {}
+        if work is None:
+            requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
+            members = (p for p in problems for _ in range(self.spec.algorithm.group_size))
+        else:
+            requests, kept = continue_requests(work, problems, self.tokenizer, self.spec.algorithm)
+            members = (p for g, p in zip(work, problems) for m in g.members if not m.finished)
+        for request, problem in zip(requests, members):
             by_request[request.request_id] = problem
 
         rewards: dict[str, Any] = {}
         first_done: list[float] = []
 
+        def text_of(request_id: str, tokens: list[int]) -> str:
+            prefix = list(kept[request_id][1].tokens) if request_id in kept else []
+            return self.tokenizer.decode(prefix + tokens, skip_special_tokens=True)
+
         def send(seq: Sequence) -> None:
-            text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
             request_id = seq.request.request_id
+            text = text_of(request_id, seq.tokens)
             rewards[request_id] = submit(len(rewards), request_id, text, by_request[request_id])
             first_done.append(time.time())
 
         trace = rl_step.RolloutTrace()
+        quotas = list(quotas or [])
+        parts = shard_parts(len(work), quotas) if work is not None else []
+        cuts: list[int | None] = [None] * len(parts)
+
+        def halt(lengths: dict[str, int], done: set[str]) -> set[str]:
+            """The running members of every shard whose cut is settled."""
+            assert work is not None
+            ended: set[str] = set()
+            for w, part in enumerate(parts):
+                groups = [work[i] for i in part]
+                cuts[w] = cuts[w] if cuts[w] is not None else settled_cut(groups, lengths, done, quotas[w])
+                if cuts[w] is not None:
+                    ended.update(m.request_id for g in groups for m in g.members if not m.finished)
+            return ended - done
 
         def on_step(metrics: Any) -> None:
             states.running = metrics.running
@@ -138,7 +187,8 @@ class ShardGenerator:
         split = StepSplit() if os.environ.get(STEP_SPLIT_ENV) == "1" else None  # `tlt bench run --split`
         try:
             with split if split is not None else contextlib.nullcontext():
-                completions = self.engine.generate(requests, on_step=on_step)
+                partial_halt = {} if work is None else {"halt": halt}
+                completions = self.engine.generate(requests, on_step=on_step, **partial_halt)
             completions = [completion_to_cpu(c) for c in completions]  # for the buffer, a sidecar, the coordinator
         finally:
             self.engine.stepper = self.plain_stepper
@@ -149,15 +199,24 @@ class ShardGenerator:
             self.bandit = adaptive.bandit
         streamed = len(rewards)
         for completion in completions:
-            if completion.request_id not in rewards:
-                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            if completion.request_id not in rewards and completion.finish_reason != "abort":
+                text = text_of(completion.request_id, completion.token_ids)
                 rewards[completion.request_id] = submit(
                     0, completion.request_id, text, by_request[completion.request_id]
                 )
+        partial: dict[str, Any] = {}
+        if work is not None:
+            completions, chosen = _as_of_cuts(completions, work, parts, quotas)
+            for c in completions:
+                if c.finish_reason == "abort":  # unfinished as of its shard's cut: scored when it finishes
+                    rewards.pop(c.request_id, None)
+            completions = [whole_completion(c, *kept[c.request_id]) if c.request_id in kept else c for c in completions]
+            partial = {"chosen": chosen, "groups": len(work)}
         finished = time.time()
         return {
             "completions": completions,
-            "rewards": [rewards[c.request_id] for c in completions],
+            "rewards": [rewards.get(c.request_id) for c in completions],
+            **partial,
             "generate_started": generate_started,
             "streamed": streamed,
             "trace": trace.steps,
@@ -174,3 +233,27 @@ class ShardGenerator:
             "draft_vocab_coverage": self.engine.draft_vocab_coverage,
             **({"step_split": split.table()} if split is not None else {}),
         }
+
+
+def _as_of_cuts(
+    completions: list[Completion], work: list[GroupWork], parts: list[list[int]], quotas: list[int]
+) -> tuple[list[Completion], list[int]]:
+    """Every shard's completions (new tokens) as of its cut, and the positions of the groups it trains."""
+    lengths = {c.request_id: len(c.token_ids) for c in completions}
+    done = {c.request_id for c in completions if c.finish_reason in ("stop", "length")}
+    by_id = {c.request_id: i for i, c in enumerate(completions)}
+    out, chosen = list(completions), []
+    for part, quota in zip(parts, quotas):
+        groups = [work[i] for i in part]
+        cut = settled_cut(groups, lengths, done, quota)
+        if cut is None:
+            raise RuntimeError(f"a partial rollout ended before {quota} of its {len(groups)} groups were settled")
+        picked = {part[i] for i in chosen_groups(group_ends(groups, lengths, done), cut, quota)}
+        chosen.extend(sorted(picked))
+        for i in part:
+            if i not in picked:
+                for m in work[i].members:
+                    if m.request_id in by_id:
+                        row = by_id[m.request_id]
+                        out[row] = cut_completion(out[row], cut)
+    return out, sorted(chosen)
