@@ -200,11 +200,15 @@ def machine_line(report: dict[str, Any]) -> str:
 
 
 def run_run(args: argparse.Namespace) -> int:
+    from tlt.bench.accuracy import is_accuracy_workload
     from tlt.bench.run import run_bench
     from tlt.bench.run_plot import plot_report
     from tlt.bench.workload import DEFAULT_WORKLOAD, load_workload
 
-    workload = load_workload(args.workload or DEFAULT_WORKLOAD, quick=args.quick, repeats=args.repeats)
+    path = args.workload or DEFAULT_WORKLOAD
+    if is_accuracy_workload(path):
+        return run_accuracy(args, path)
+    workload = load_workload(path, quick=args.quick, repeats=args.repeats)
     before = os.environ.get(STEP_SPLIT_ENV)
     if args.split:
         os.environ[STEP_SPLIT_ENV] = "1"  # inherited by the local Ray cluster's workers
@@ -224,4 +228,23 @@ def run_run(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     if args.png:
         print(f"wrote {plot_report(report, args.png)}")
+    return 0
+
+
+def run_accuracy(args: argparse.Namespace, path: Path) -> int:
+    """A time-to-accuracy workload (`tlt.bench.accuracy`): its runs, report lines, JSON and figure."""
+    from tlt.bench.accuracy import load_accuracy_workload, plot_accuracy, print_accuracy_report, run_accuracy_bench
+
+    try:
+        workload = load_accuracy_workload(path, quick=args.quick, repeats=args.repeats)
+        report = run_accuracy_bench(workload, work_dir=args.work_dir, num_cpus=args.num_cpus, progress=print)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    print_accuracy_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    if args.png:
+        print(f"wrote {plot_accuracy(report, args.png)}")
     return 0
