@@ -254,7 +254,7 @@ def plot_accuracy(report: dict[str, Any], path: Path) -> Path:
             ax.plot(xs, ys, "o-", color=colours[i % len(colours)], alpha=0.7, label=name if j == 0 else None)
     ax.axhline(report["target"], color="grey", linestyle="--", label=f"target {report['target']:.3f}")
     ax.set_xlabel("wall-clock seconds (sum of step times; held-out evaluation left out)")
-    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylabel("held-out accuracy (sampled at algorithm.evalTemperature)")
     ax.set_title(f"{report['workload']['name']}: held-out accuracy against time, every seed")
     ax.legend()
     fig.tight_layout()
