@@ -16,13 +16,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from tlt.bench.run_summary import spread
+
 
 def span(values: Sequence[float | None]) -> dict[str, float] | None:
     """{"median", "min", "max", "n"} of the values that are not None; None when none is."""
     known = [float(v) for v in values if v is not None]
-    if not known:
-        return None
-    return {"median": statistics.median(known), "min": min(known), "max": max(known), "n": len(known)}
+    return {**spread(known), "n": len(known)} if known else None
 
 
 def curve(steps: Sequence[dict[str, Any]]) -> list[tuple[int, float, int, float]]:
