@@ -34,6 +34,7 @@ from tlt.spec.run import RunSpec
 from tlt.spec.status import Condition, DrafterStatus, RoleStatus, RunStatus, StepStatus, set_condition
 
 from . import names
+from .drafter_health import drafter_health
 
 log = logging.getLogger(__name__)
 FINAL = ("Succeeded", "Failed")
@@ -268,6 +269,8 @@ def decide(
     conditions = recovered(conditions, progress or {}, generation, now)
     counts = _role_counts(spec, mine)
     step, drafter = _progress(spec, progress or {}, old)
+    conditions, drafter, health_events = drafter_health(conditions, drafter, progress or {}, generation, now)
+    decision.events.extend(health_events)
     decision.status = old.model_copy(
         update=dict(
             phase=phase,

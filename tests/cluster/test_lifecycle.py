@@ -3,6 +3,7 @@ case on the fake API server and on the real control plane (the `cluster` fixture
 
 from __future__ import annotations
 
+import json
 import time
 
 from _operator_harness import NAMESPACE, Cluster, wait_for
@@ -127,6 +128,32 @@ def test_progress_reported_by_the_coordinator_reaches_status(cluster: Cluster) -
     status = wait_for("step 3 in status", lambda: (s := cluster.run("r1")["status"])["step"]["current"] == 3 and s)
     assert status["step"] == {"current": 3, "total": 20, "lastStepSeconds": 41.5, "offPolicyFraction": 0.25}
     assert status["drafter"] == {"version": 2, "acceptLength": 3.25, "activeTrainers": 1}
+
+
+def test_a_collapsed_drafter_reaches_the_status_as_a_condition_with_the_versions(cluster: Cluster) -> None:
+    cluster.create_run("r1", SMALL)
+    wait_for("Running", lambda: cluster.phase("r1") == "Running")
+    sick = {"healthy": False, "servedVersion": 3, "acceptLength": 1.0, "flaggedStep": 4, "previousAccept": 2.5}
+    health = {"rollout-0": {"healthy": True, "servedVersion": 4, "acceptLength": 2.4}, "rollout-1": sick}
+    cluster.report("r1", "progress", json.dumps({"step": 4, "drafterVersion": 4, "drafterHealth": health}))
+
+    def healthy_condition() -> dict | None:
+        conditions = (cluster.run("r1").get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "DrafterHealthy"), None)
+
+    cond = wait_for("DrafterHealthy False", lambda: (c := healthy_condition()) and c["status"] == "False" and c)
+    assert cond["reason"] == "DrafterCollapsed" and "rollout-1 serves drafter 3 (hub 4)" in cond["message"]
+    drafter = cluster.run("r1")["status"]["drafter"]
+    assert drafter["version"] == 4 and drafter["oldestServed"] == 3
+    assert [(s["worker"], s["version"], s["healthy"]) for s in drafter["served"]] == [
+        ("rollout-0", 4, True),
+        ("rollout-1", 3, False),
+    ]
+    wait_for("a DrafterCollapsed Warning", lambda: any(e.reason == "DrafterCollapsed" for e in cluster.events()))
+    health["rollout-1"] = {"healthy": True, "servedVersion": 5, "acceptLength": 2.0}
+    cluster.report("r1", "progress", json.dumps({"step": 5, "drafterVersion": 5, "drafterHealth": health}))
+    wait_for("DrafterHealthy True", lambda: (c := healthy_condition()) and c["status"] == "True")
+    wait_for("a DrafterRecovered event", lambda: any(e.reason == "DrafterRecovered" for e in cluster.events()))
 
 
 def test_succeeded_when_the_coordinator_exits_zero_then_ttl_deletes(cluster: Cluster) -> None:

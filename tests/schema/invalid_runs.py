@@ -43,6 +43,12 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("metrics port on Ray's GCS port", {"monitoring": {"metricsPort": 6379}}, "spec.monitoring"),
     ("unknown metrics logger", {"monitoring": {"loggers": ["statsd"]}}, "spec.monitoring.loggers[0]"),
     ("min trainers above defaulted max", {"drafter": {"minTrainers": 9}}, "spec.drafter"),
+    (
+        "collapse at the healthy level",
+        {"drafter": {"health": {"collapsedAt": 1.5, "healthyAt": 1.5}}},
+        "spec.drafter.health",
+    ),
+    ("collapse above the defaulted healthy level", {"drafter": {"health": {"collapsedAt": 2}}}, "spec.drafter.health"),
     ("sidecar without device class", {"drafter": {"placement": "sidecar"}}, "spec.drafter"),
     ("sidecar with empty device class", {"drafter": {"placement": "sidecar", "deviceClassName": ""}}, "spec.drafter"),
     ("buckets descending", {"speculative": {"buckets": [1, 8, 4]}}, "spec.speculative"),

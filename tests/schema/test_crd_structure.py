@@ -150,11 +150,16 @@ def test_nested_defaults_apply_under_a_partly_set_parent():
 
 
 def _has_path(schema: dict[str, Any], json_path: str) -> bool:
+    """Whether `json_path` names a field of `schema`; a list filter (`conditions[?(@.type=="X")]`) steps into
+    the list's items."""
     node = schema
-    for key in json_path.strip(".").split("."):
+    for key in re.sub(r"\[\?\(@\.[a-z]+==\"[A-Za-z]+\"\)\]", "[]", json_path).strip(".").split("."):
+        key, into_items = key.removesuffix("[]"), key.endswith("[]")
         if key not in node.get("properties", {}):
             return False
         node = node["properties"][key]
+        if into_items:
+            node = node["items"]
     return True
 
 
@@ -193,9 +198,13 @@ def test_printer_columns_point_at_schema_fields():
         "Accept Length",
         "Mode",
         "Off-Policy",
+        "Drafter",
+        "Served",
+        "Drafter Healthy",
         "Age",
     ]
-    assert {c["name"] for c in columns if c.get("priority") == 1} >= {"Mode", "Off-Policy"}, "shown with -o wide"
+    wide = {"Mode", "Off-Policy", "Drafter", "Served", "Drafter Healthy"}
+    assert {c["name"] for c in columns if c.get("priority") == 1} >= wide, "shown with -o wide"
     schema = build_schema()
     for column in columns:
         if column["jsonPath"] != ".metadata.creationTimestamp":

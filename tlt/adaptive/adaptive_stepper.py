@@ -92,6 +92,8 @@ class AdaptiveStepper:
             if isinstance(stepper, SpeculativeStepper):
                 stepper.stats = self.stats
         self.log: list[StepRecord] = []
+        # bucket upper bound -> [row-steps that drafted, draft tokens proposed, draft tokens accepted]
+        self.by_bucket: dict[int, list[int]] = {}
 
     def bucket(self, running: int) -> int | None:
         """The bandit bucket of a step with `running` rows, or None for a plain step."""
@@ -105,10 +107,15 @@ class AdaptiveStepper:
         arm = None if bucket is None else self.bandit.choose(bucket)
         stepper = self.plain if arm is None else self.speculative[arm]
         before = _generated(batch)
+        counted = (self.stats.row_steps, self.stats.drafted, self.stats.accepted)
         started = self.clock()
         fed = stepper.step(batch)
         seconds = self.clock() - started
         new = _generated(batch) - before
+        if bucket is not None and self.stats.row_steps > counted[0]:
+            cell = self.by_bucket.setdefault(self.buckets[bucket], [0, 0, 0])
+            for i, now in enumerate((self.stats.row_steps, self.stats.drafted, self.stats.accepted)):
+                cell[i] += now - counted[i]
         if bucket is not None and arm is not None:
             # per running row: a bucket spans several batch sizes, and a step with more rows gains
             # more tokens whatever the arm; per row, arms tried at different sizes compare fairly

@@ -82,9 +82,26 @@ def progress_report(metrics: dict[str, Any], recovery: dict[str, Any] | None = N
     report = {key: metrics[name] for key, name in fields.items() if metrics.get(name) is not None}
     if metrics.get("drafter_trainers") is not None:
         report["activeTrainers"] = len(metrics["drafter_trainers"])
+    if metrics.get("drafter_health"):
+        report["drafterHealth"] = {worker: health_report(h) for worker, h in metrics["drafter_health"].items()}
     if recovery is not None:
         report["recovery"] = recovery
     return json.dumps(report, separators=(",", ":"))
+
+
+def health_report(health: dict[str, Any]) -> dict[str, Any]:
+    """One worker's drafter health in the progress report (`tlt.workers.drafter_watch`; camelCase, unset left
+    out): healthy, the version its engine serves, the last judged accept length, and when flagged the step
+    and the accept lengths that flagged it."""
+    fields = {
+        "healthy": "healthy",
+        "servedVersion": "served_version",
+        "acceptLength": "accept_length",
+        "flaggedStep": "flagged_step",
+        "flaggedAccept": "flagged_accept",
+        "previousAccept": "previous_accept",
+    }
+    return {key: health[name] for key, name in fields.items() if health.get(name) is not None}
 
 
 def recovery_report(metrics: dict[str, Any]) -> dict[str, Any] | None:

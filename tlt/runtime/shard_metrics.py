@@ -26,6 +26,19 @@ def pool_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str,
     return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
 
 
+def pool_by_bucket(counts: Iterable[dict[str, list[int]] | None]) -> dict[str, list[int]]:
+    """Per-bucket draft counts summed: each item maps a bucket's upper bound (`speculative.buckets`) to
+    [row-steps that drafted, draft tokens proposed, draft tokens accepted] (a worker's `sd_by_bucket`;
+    None counts nothing). Buckets in order."""
+    total: dict[str, list[int]] = {}
+    for item in counts:
+        for bucket, cell in (item or {}).items():
+            into = total.setdefault(bucket, [0, 0, 0])
+            for i, n in enumerate(cell):
+                into[i] += n
+    return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
+
+
 def accept_by_position(counts: Iterable[dict[str, list[int]] | None]) -> dict[str, dict[str, float]]:
     """Accept length (accepted drafts + 1 per row-step) per response-position range, `counts` pooled:
     {edge: {"accept_length", "row_steps"}}; ranges without a row-step left out."""
@@ -68,6 +81,10 @@ def shard_rollout_metrics(
     out["accept_length"] = (sum(r["sd_accepted"] for r in results) + row_steps) / row_steps if row_steps else None
     out["sd_row_steps"] = row_steps
     out["sd_by_position"] = pool_by_position(r.get("sd_by_position") for r in results)
+    out["sd_by_bucket"] = pool_by_bucket(r.get("sd_by_bucket") for r in results)
+    health = {r["worker"]: r["sd_health"] for r in results if r.get("sd_health")}
+    if health:  # per worker: its engine's drafter health and the version it serves (`tlt.workers.drafter_watch`)
+        out["drafter_health"] = dict(sorted(health.items()))
     arms: dict[str, int] = {}
     for r in results:
         for arm, count in r["sd_arms"].items():

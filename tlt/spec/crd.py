@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
+from tlt.spec.drafter_health import MSG_HEALTH
 from tlt.spec.printer_columns import PRINTER_COLUMNS
 from tlt.spec.rollout_mode import MSG_OVER_PROVISION, MSG_STALENESS
 from tlt.spec.run import (
@@ -147,6 +148,12 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "(has(self.deviceClassName) && size(self.deviceClassName) > 0)",
             "message": MSG_SIDECAR,
         },
+    ],
+    ("drafter", "health"): [
+        {
+            "rule": f"!({_present('collapsedAt', 'healthyAt')}) || double(self.collapsedAt) < double(self.healthyAt)",
+            "message": MSG_HEALTH,
+        }
     ],
     ("managedBy",): [{"rule": "self == oldSelf", "message": MSG_MANAGED_BY}],
     ("monitoring",): [

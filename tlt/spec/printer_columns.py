@@ -59,5 +59,26 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "description": "Share of the last step's trained tokens sampled by an older policy.",
     },
+    {
+        "name": "Drafter",
+        "type": "integer",
+        "jsonPath": ".status.drafter.version",
+        "priority": 1,
+        "description": "Newest drafter version on the hub.",
+    },
+    {
+        "name": "Served",
+        "type": "integer",
+        "jsonPath": ".status.drafter.oldestServed",
+        "priority": 1,
+        "description": "Oldest drafter version a rollout engine serves.",
+    },
+    {
+        "name": "Drafter Healthy",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="DrafterHealthy")].status',
+        "priority": 1,
+        "description": "False: an engine's drafter collapsed after a sync (see the condition's message).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from tlt.spec.base import PathStr, Spec
+from tlt.spec.drafter_health import DrafterHealthSpec
 
 Exploration = Literal["weighted", "uniform"]  # which arm an exploring bandit round tries (tlt.adaptive.bandit)
 
@@ -147,6 +148,9 @@ class DrafterSpec(Spec):
         Field(None, description="DRA DeviceClass (sidecar placement), a DNS subdomain name.")
     )
     export_format: Literal["eagle"] = Field("eagle", description="Format of the exported drafter.")
+    health: DrafterHealthSpec = Field(
+        default_factory=DrafterHealthSpec, description="When a served drafter counts as collapsed (every engine)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> DrafterSpec:

@@ -80,10 +80,27 @@ class StepStatus(StatusPart):
     )
 
 
+class ServedDrafter(StatusPart):
+    """The drafter one rollout engine serves and its health (`spec.drafter.health`)."""
+
+    worker: Annotated[str, Field(max_length=253)] = Field(description="Rollout worker (rollout-<rank>).")
+    version: Count | None = Field(None, description="Drafter version the engine was last given.")
+    healthy: bool | None = Field(None, description="False: the engine's drafter collapsed, it decodes plainly.")
+    accept_length: Annotated[float, Field(ge=0, le=1024)] | None = Field(
+        None, description="The engine's last judged accept length (tokens per drafting row-step)."
+    )
+
+
 class DrafterStatus(StatusPart):
     """The online drafter and the trainer slots that train it."""
 
-    version: Count | None = Field(None, description="Drafter snapshot the rollout engines use.")
+    version: Count | None = Field(None, description="Newest drafter version on the hub (its last push).")
+    served: list[ServedDrafter] | None = Field(
+        None, max_length=1024, description="The drafter each rollout engine serves, and its health."
+    )
+    oldest_served: Count | None = Field(
+        None, description="Oldest drafter version a rollout engine serves (version - oldestServed: the skew)."
+    )
     accept_length: Annotated[float, Field(ge=0, le=1024)] | None = Field(
         None, description="Mean accepted tokens per verification in the last step (bonus token included)."
     )

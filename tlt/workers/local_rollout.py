@@ -43,6 +43,7 @@ from tlt.runtime.shard_metrics import drafter_step_metrics
 from tlt.spec.plan import SpeculativePlan
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
+from tlt.workers.drafter_watch import DrafterWatch
 from tlt.workers.rollout_drafter import WorkerDrafter
 from tlt.workers.rollout_state import WorkerStates
 from tlt.workers.services import VerifierWorker
@@ -109,6 +110,7 @@ class LocalWorker:
             spec.dataset.answer_format, spec.verifier.reward, threads=torch.get_num_threads()
         )
         self.states = WorkerStates()
+        self.watch = DrafterWatch(spec.drafter.health)
         self.served: tuple[int, dict[str, Any]] | None = None
         self.candidate: tuple[int, dict[str, Any]] | None = None
         if ckpt is not None:
@@ -132,7 +134,13 @@ class LocalWorker:
             return self.verifier.score(text, problem.answer, problem.prompt, dict(problem.record), request_id)
 
         quotas = None if work is None else local_quotas(self.spec, len(work))
-        result = self.generator.generate(step, ids, problems, submit, self.states, work, quotas)
+        self.watch.serve(self.served)
+        speculate = self.watch.drafts()
+        result = self.generator.generate(step, ids, problems, submit, self.states, work, quotas, speculate=speculate)
+        if self.drafting.drafter is not None:
+            result["sd_health"] = self.watch.judge(
+                step, result["sd_row_steps"], result["sd_accepted"], drafted=speculate
+            )
         setup = {"load_drafter": loaded - called, "stepper": result.pop("generate_started") - loaded}
         result.update(worker=self.name, called_at=called, started_at=called, setup_seconds=setup)
         if self.generator.history is not None:  # this step's responses draft the next ones

@@ -37,6 +37,7 @@ from tlt.runtime.partial_work import GroupWork
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
 from tlt.workers.after_rollout import AfterRollout
+from tlt.workers.drafter_watch import DrafterWatch
 from tlt.workers.rollout_drafter import NO_AGREEMENT, Drafter, WorkerDrafter
 from tlt.workers.rollout_state import GENERATING, IDLE, TRAINING, WorkerStates, node_id, worker_identity
 from tlt.workers.shard_generation import ShardGenerator, release_kv_cache
@@ -98,6 +99,7 @@ class RolloutWorker:
         self.states = WorkerStates()
         self.after = AfterRollout()
         self.drafting = WorkerDrafter(self.name, spec, model)
+        self.watch = DrafterWatch(spec.drafter.health)
         self._kept_bandit: dict[str, Any] | None = None  # a checkpoint's bandit, kept where nothing uses it
 
     def _ready(self, hub: Any | None, sidecar: Any | None) -> None:
@@ -172,8 +174,14 @@ class RolloutWorker:
         self.engine.load_weights(weights)
         stamps.append(time.time())
         self.drafting.load(drafter)
+        self.watch.serve(drafter)
         stamps.append(time.time())
-        out = self.generator.generate(step, problem_ids, problems, self._submit, self.states, work, quotas)
+        speculate = self.watch.drafts()
+        out = self.generator.generate(
+            step, problem_ids, problems, self._submit, self.states, work, quotas, speculate=speculate
+        )
+        if self.drafting.drafter is not None:
+            out["sd_health"] = self.watch.judge(step, out["sd_row_steps"], out["sd_accepted"], drafted=speculate)
         completions, generate_started = out.pop("completions"), out.pop("generate_started")
         release_kv_cache(self.engine)
         finished = [c for c in completions if c.finish_reason != "abort"]  # the others go on in a later step

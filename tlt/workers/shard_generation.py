@@ -22,7 +22,7 @@ from tlt.adaptive.arms import new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.models.block_drafter import BlockDrafter
 from tlt.models.drafter import EagleDrafter
-from tlt.rollout.decode_step import FinishWatcher
+from tlt.rollout.decode_step import FinishWatcher, PlainStepper
 from tlt.rollout.engine import Engine
 from tlt.rollout.sequence import Sequence
 from tlt.rollout.step_timing import STEP_SPLIT_ENV, StepSplit
@@ -112,6 +112,7 @@ class ShardGenerator:
         states: WorkerStates,
         work: list[GroupWork] | None = None,
         quotas: list[int] | None = None,
+        speculate: bool = True,
     ) -> dict[str, Any]:
         """Generate the shard, handing each finished response to `submit` the moment it finishes (a Ray worker:
         a verifier's task, round robin; one process: the score itself); `states.running` follows the running
@@ -123,7 +124,8 @@ class ShardGenerator:
         `quotas[w]` groups each; `tlt.runtime.partial_work`): the unfinished members continue from their kept
         tokens and each shard's rows end once its cut is settled; completions are whole (kept + new tokens, as
         of the cut), those unfinished "abort" with reward None, "chosen" the positions of the groups to train
-        and "groups" how many there were."""
+        and "groups" how many there were. `speculate` False decodes plainly (the drafter is flagged,
+        `tlt.adaptive.drafter_health`)."""
         by_request: dict[str, Problem] = {}
         kept: dict[str, tuple[int, MemberWork]] = {}
         if work is None:
@@ -168,16 +170,20 @@ class ShardGenerator:
             states.running = metrics.running
             trace(metrics)
 
-        stepper = rollout_stepper(
-            self.spec.speculative,
-            self.engine.runner,
-            self.drafter,
-            rows=self.rows,
-            context=self.context,
-            bandit=self.bandit,
-            seed=self.spec.algorithm.seed + self.index,
-            history=self.history,
-            block=self.block,
+        stepper = (
+            rollout_stepper(
+                self.spec.speculative,
+                self.engine.runner,
+                self.drafter,
+                rows=self.rows,
+                context=self.context,
+                bandit=self.bandit,
+                seed=self.spec.algorithm.seed + self.index,
+                history=self.history,
+                block=self.block,
+            )
+            if speculate
+            else PlainStepper(self.engine.runner)
         )
         if isinstance(stepper, AdaptiveStepper) and self._bandit_state is not None:
             stepper.bandit.load_state_dict(self._bandit_state)
@@ -228,6 +234,7 @@ class ShardGenerator:
             "sd_by_position": (
                 {str(e): list(c) for e, c in sorted(adaptive.stats.by_position.items())} if adaptive else {}
             ),
+            "sd_by_bucket": ({str(b): list(c) for b, c in sorted(adaptive.by_bucket.items())} if adaptive else {}),
             "sd_arms": summary["arms_chosen"],
             "sd_arm_rates": summary["arm_rates"],
             "draft_vocab_coverage": self.engine.draft_vocab_coverage,
