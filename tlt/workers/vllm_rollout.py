@@ -3,15 +3,16 @@ status, take_states, the trainer's start / stop and state), with vLLM generating
 
 - vLLM (`tlt.rollout.vllm.vllm_engine.VllmEngine`) loads the policy folder once; every step the policy's
   new weights, and in modes static / tlt the hub's drafter, go into it in place (no restart, no disk).
-- Speculative decoding is vLLM's EAGLE with the run's drafter, `eagle_draft_tokens` drafts a step, at
-  every batch size: the per-bucket bandit and the threshold do not map onto vLLM (see
-  `tlt.rollout.vllm.spec_map`); threshold 0 starts vLLM without EAGLE (the drafter trains, never drafts).
+- Speculative decoding is vLLM's EAGLE with the run's drafter, drafting by running-batch size from vLLM's
+  dynamic table: TLT's threshold and buckets, each bucket's depth chosen by a bandit between rollouts and
+  written into vLLM's scheduler in place (`tlt.rollout.vllm.dynamic_sd`); threshold 0 starts vLLM without
+  EAGLE (the drafter trains, never drafts). A drafter that collapses after a sync is flagged and vLLM drafts
+  nothing until a newer one arrives (`tlt.workers.drafter_watch`).
 - vLLM keeps its hidden states, so the drafter's training data comes from a forward of this worker's
   own copy of the policy over each finished rollout (prompt + response, the same final-norm features
   the TLT engine returns), in the settle thread after the rollout's results returned.
-- Responses go to the verifiers when the whole shard has finished (vLLM's offline `generate` returns
-  them together), and the rollout's trace is empty: no per-step records (tail seconds, seconds by
-  running batch) with vLLM.
+- Responses go to the verifiers the engine step they finish (vLLM's engine is stepped here); the rollout's
+  trace is empty: no per-step records (tail seconds, seconds by running batch) in this engine's format.
 - vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on the actor's threads.
 """
 
@@ -30,6 +31,7 @@ from tlt.drafter.export import export_eagle
 from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
+from tlt.rollout.vllm.dynamic_sd import VllmSpeculation
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
 from tlt.runtime import rl_step
 from tlt.spec.run import RunSpec
@@ -65,14 +67,19 @@ class VllmRolloutWorker(RolloutWorker):
         self._scratch = tempfile.TemporaryDirectory(prefix=f"tlt-vllm-{self.name}-")
         eagle = None
         self.draft_tokens = 0
+        self.speculation: VllmSpeculation | None = None
         drafter = self.drafting.drafter
         if drafter is not None and vllm_drafts(spec.speculative):
             # vLLM reads its drafter's shape from a folder at start; the weights come from the hub every step
             self.draft_tokens = eagle_draft_tokens(spec.speculative)
+            self.speculation = VllmSpeculation(
+                spec.speculative, spec.drafter.health, self.rows, seed=spec.algorithm.seed + index
+            )
             scratch = Path(self._scratch.name)
             save_drafter(drafter, scratch / "drafter")
             export_eagle(scratch / "drafter", model.config, scratch / "eagle")
-            eagle = EagleSetup(str(scratch / "eagle"), self.draft_tokens)
+            table = tuple(self.speculation.start_table())
+            eagle = EagleSetup(str(scratch / "eagle"), self.draft_tokens, table=table)
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         layers = config.num_hidden_layers + (1 if eagle is not None else 0)
@@ -117,27 +124,43 @@ class VllmRolloutWorker(RolloutWorker):
         self.drafting.load(drafter)
         if drafter is not None and self.vllm.eagle is not None:
             self.vllm.load_drafter(drafter[1])
+        if self.speculation is not None:
+            table = self.speculation.table(drafter)
+            if table != self.vllm.table:
+                self.vllm.set_table(table)
         requests = rl_step.make_requests(problems, problem_ids, self.tokenizer, self.spec.algorithm, step)
         group = self.spec.algorithm.group_size
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        scored: dict[str, Any] = {}
+        first_done: list[float] = []
+
+        def score(completion: Completion) -> None:
+            """A finished response to a verifier the moment vLLM returns it (round robin)."""
+            i = index[completion.request_id]
+            problem = problems[i // group]
+            verifier = self.verifiers[len(scored) % len(self.verifiers)]
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            record = dict(problem.record)
+            scored[completion.request_id] = verifier.score.remote(
+                text, problem.answer, problem.prompt, record, completion.request_id
+            )
+            first_done.append(time.time())
+
         drafts_before, (_, accepted_before) = self.vllm.speculative_drafts(), self.vllm.speculative_counts()
         self.states.running = len(requests)
         generate_started = time.time()
         try:
-            completions = self.vllm.generate(requests)
+            completions = self.vllm.generate(requests, on_finish=score)
         finally:
             self.states.running = 0
         finished = time.time()
         # one draft per request and step that drafted: the row-steps of TLT's accept length
         row_steps = self.vllm.speculative_drafts() - drafts_before
         accepted = self.vllm.speculative_counts()[1] - accepted_before
-        rewards = []
-        for i, completion in enumerate(completions):
-            problem = problems[i // group]
-            verifier = self.verifiers[i % len(self.verifiers)]
-            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            rewards.append(
-                verifier.score.remote(text, problem.answer, problem.prompt, dict(problem.record), completion.request_id)
-            )
+        speculative = (
+            self.speculation.settle(step, self.vllm.steps, row_steps, accepted) if self.speculation is not None else {}
+        )
+        rewards = [scored[c.request_id] for c in completions]
         self.vllm.release()
         self._leave_settle(completions, step, drafter, candidate)
         self.states.set(IDLE)
@@ -145,17 +168,29 @@ class VllmRolloutWorker(RolloutWorker):
             "worker": self.name,
             "completions": completions,
             "rewards": rewards,
-            "streamed": 0,
+            "streamed": len(scored),
             "trace": [],
             "started_at": started,
             "finished_at": finished,
             "generate_seconds": finished - generate_started,
-            "first_response_at": finished,
+            "first_response_at": first_done[0] if first_done else finished,
             "sd_row_steps": row_steps,
             "sd_accepted": accepted,
-            "sd_arms": {f"eagle-{self.draft_tokens}": row_steps} if row_steps else {},
+            "sd_arms": drafted_by_depth(self.vllm.steps),
             "sd_arm_rates": {},
+            "sd_table": [list(r) for r in self.vllm.table] if self.vllm.table is not None else None,
+            **speculative,
         }
+
+    def bandit_state(self) -> dict[str, Any] | None:
+        """The per-bucket depth bandit's state, for whole-run checkpoints; None without SD."""
+        return self.speculation.bandit.state_dict() if self.speculation is not None else self._kept_bandit
+
+    def load_bandit(self, state: dict[str, Any] | None) -> None:
+        if self.speculation is not None and state is not None:
+            self.speculation.bandit.load_state_dict(state)
+        else:
+            self._kept_bandit = state
 
     def _agreement_and_buffer(
         self,
@@ -169,6 +204,16 @@ class VllmRolloutWorker(RolloutWorker):
         return super()._agreement_and_buffer(
             [with_features(self.model, c) for c in completions], step, drafter, candidate
         )
+
+
+def drafted_by_depth(steps: list[Any]) -> dict[str, int]:
+    """Row-steps that drafted, per draft length K (`eagle-<K>`), over a rollout's vLLM engine steps (the first
+    prefills the prompts)."""
+    out: dict[str, int] = {}
+    for record in steps[1:]:
+        if record.k > 0:
+            out[f"eagle-{record.k}"] = out.get(f"eagle-{record.k}", 0) + record.running
+    return dict(sorted(out.items()))
 
 
 def with_features(policy: Any, completion: Completion) -> Completion:

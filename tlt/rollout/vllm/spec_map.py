@@ -1,8 +1,8 @@
 """What a run's spec asks of a vLLM rollout worker, and what vLLM cannot give (pure; imports no vLLM).
 
-vLLM offers one speculative method per engine, fixed at start: EAGLE with a fixed number of draft
-tokens per step, on at every batch size (vLLM 0.32 has no switch by running-batch size). TLT's
-adaptive engine maps onto it as:
+vLLM offers one speculative method per engine, fixed at start: EAGLE with at most
+`num_speculative_tokens` draft tokens per step, and (vLLM's dynamic speculative decoding) a table of draft
+lengths by running-batch size that the worker rewrites between rollouts. TLT's adaptive engine maps onto it as:
 
 | TLT (`speculative`)            | vLLM                                                              |
 |--------------------------------|-------------------------------------------------------------------|
@@ -10,8 +10,9 @@ adaptive engine maps onto it as:
 | mode static / tlt              | EAGLE with the run's drafter, hot-reloaded every step             |
 | deepest EAGLE arm (chain, tree, mixed) | `num_speculative_tokens`                                  |
 | threshold 0 (drafter trained, never drafts) | no speculative config (the shadow measurement)       |
-| threshold > 0, buckets, bandit | not mapped: SD at every batch size, one draft length              |
-| arms plain / ngram / history   | not mapped (only the EAGLE draft length is)                       |
+| threshold, buckets             | `num_speculative_tokens_per_batch_size` (`spec_table.k_table`)    |
+| per-bucket bandit              | each bucket's depth among the EAGLE arms' depths (plain: K = 0)   |
+| arms ngram / history           | not mapped (only the EAGLE draft lengths are)                     |
 | mode ngram                     | refused (vLLM's own n-gram drafter is a different algorithm)      |
 
 Sampling: vLLM's CPU build does not sample reproducibly with EAGLE (the same seed gives different

@@ -19,15 +19,18 @@ Only the driver side lives here; vLLM is imported when an engine is built.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from tlt.models.eagle_layout import check_eagle_keys
 from tlt.rollout.types import Completion, Request
 from tlt.rollout.vllm.availability import require_vllm
+from tlt.rollout.vllm.spec_table import k_at
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,25 @@ EXTENSION = "tlt.rollout.vllm.extension.WeightSync"
 
 
 @dataclass(frozen=True)
+class VllmStep:
+    """One vLLM engine step: requests running when it started, draft tokens scheduled per request (K), tokens
+    the requests gained (accepted drafts + one each), wall seconds."""
+
+    running: int
+    k: int
+    new_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class EagleSetup:
-    """vLLM's EAGLE speculative decoding: an exported drafter folder and draft tokens per step."""
+    """vLLM's EAGLE speculative decoding: an exported drafter folder, the most draft tokens per step, and
+    vLLM's dynamic table (`tlt.rollout.vllm.spec_table`: (first, last, K) rows over running-batch sizes; None
+    drafts `draft_tokens` at every batch size)."""
 
     path: str
     draft_tokens: int
+    table: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.draft_tokens < 1:
@@ -95,6 +112,8 @@ class VllmEngine:
                 "model": eagle.path,
                 "num_speculative_tokens": eagle.draft_tokens,
             }
+            if eagle.table is not None:
+                extra["speculative_config"]["num_speculative_tokens_per_batch_size"] = [list(r) for r in eagle.table]
         self.llm = LLM(
             model=str(policy_path),
             dtype=dtype,
@@ -113,13 +132,59 @@ class VllmEngine:
         VllmEngine.started += 1
         self.start_index = VllmEngine.started
         self.asleep = False
+        self.max_batch_size = max_batch_size
+        self.table = list(eagle.table) if eagle is not None and eagle.table is not None else None
+        self.steps: list[VllmStep] = []  # the last generate's engine steps
+        self._submitted = 0
 
-    def generate(self, requests: list[Request]) -> list[Completion]:
-        """Complete every request; completions in request order, `hidden` None (vLLM keeps its states)."""
+    @property
+    def table_rewritable(self) -> bool:
+        """Whether `set_table` can change the draft table between generate calls: vLLM started with a table and
+        its engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), where the scheduler's lookup
+        is reachable; in multi-process mode the table stays the one vLLM started with."""
+        return self.table is not None and self._scheduler() is not None
+
+    def set_table(self, table: list[tuple[int, int, int]]) -> None:
+        """Draft with `table` from the next scheduler step on (no restart: the scheduler's dense batch -> K lookup
+        is rebuilt with vLLM's own `build_dynamic_sd_schedule_lookup`, a list of max_batch_size + 1 ints)."""
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        scheduler = self._scheduler()
+        if self.table is None or scheduler is None:
+            raise RuntimeError(
+                "set_table: vLLM's draft table can change only where it started with one and its engine core runs "
+                "in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); the run keeps the table it started with"
+            )
+        assert self.eagle is not None
+        scheduler.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(
+            [list(r) for r in table],
+            vllm_max_batch_size=self.max_batch_size,
+            vllm_num_speculative_tokens=self.eagle.draft_tokens,
+        )
+        self.table = list(table)
+
+    def _scheduler(self) -> Any | None:
+        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)  # InprocClient's EngineCore
+        return getattr(core, "scheduler", None)
+
+    def k_at(self, batch: int) -> int:
+        """Draft tokens vLLM schedules for a step of `batch` running requests."""
+        if self.eagle is None:
+            return 0
+        return self.eagle.draft_tokens if self.table is None else min(self.eagle.draft_tokens, k_at(self.table, batch))
+
+    def generate(
+        self, requests: list[Request], on_finish: Callable[[Completion], None] | None = None
+    ) -> list[Completion]:
+        """Complete every request; completions in request order, `hidden` None (vLLM keeps its states).
+
+        vLLM's engine is stepped here (its requests' outputs as deltas), so each response goes to `on_finish` the
+        step it finishes, and `steps` records every engine step: running requests, K drafted, tokens gained,
+        seconds."""
         from vllm import SamplingParams as VllmSampling
+        from vllm.sampling_params import RequestOutputKind
 
         self.wake()
-        prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         params = [
             VllmSampling(
                 temperature=r.params.temperature,
@@ -130,11 +195,41 @@ class VllmEngine:
                 logprobs=0,
                 ignore_eos=not r.params.stop_token_ids,
                 detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
             )  # token ids only: a Completion carries no text
             for r in requests
         ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [_completion(request, output.outputs[0]) for request, output in zip(requests, outputs)]
+        engine = self.llm.llm_engine
+        ids: dict[str, int] = {}
+        for i, (request, param) in enumerate(zip(requests, params)):
+            self._submitted += 1
+            ids[f"tlt-{self._submitted}"] = i
+            engine.add_request(f"tlt-{self._submitted}", {"prompt_token_ids": list(request.prompt_ids)}, param)
+        tokens: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        done: list[Completion | None] = [None] * len(requests)
+        self.steps = []
+        while engine.has_unfinished_requests():
+            running = engine.get_num_unfinished_requests()
+            started = time.perf_counter()
+            outputs = engine.step()
+            seconds = time.perf_counter() - started
+            gained = 0
+            for output in outputs:
+                i = ids[output.request_id]
+                out = output.outputs[0]
+                new = list(out.token_ids)
+                gained += len(new)
+                tokens[i] += new
+                logprobs[i] += [step[token].logprob for step, token in zip(out.logprobs or [], new)]
+                if output.finished:
+                    reason = "stop" if out.finish_reason == "stop" else "length"
+                    done[i] = _completion(requests[i], tokens[i], logprobs[i], reason)
+                    if on_finish is not None:
+                        on_finish(done[i])
+            self.steps.append(VllmStep(running, self.k_at(running), gained, seconds))
+        assert all(c is not None for c in done)
+        return done  # type: ignore[return-value]
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """New policy weights (HF names, as `state_dict()` of the policy) in place."""
@@ -174,10 +269,20 @@ class VllmEngine:
             )
         return {m.name: getattr(m, "value", None) for m in self.llm.get_metrics()}
 
-    def release(self) -> None:
-        """Give back the KV cache memory while idle (vLLM sleep level 1); nothing where sleep is unsupported."""
+    def release(self, level: int = 1) -> None:
+        """Give back memory while idle: vLLM sleep level 1 (the KV cache dropped, the weights offloaded to host
+        memory and restored on wake); nothing where sleep is unsupported. Level 2 (weights discarded, only the
+        target reloaded on wake) is refused while a drafter is served: vLLM would wake with the drafter's weights
+        lost and draft on, exact and slow (the drafter health check would flag it a step later)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if level == 2 and self.eagle is not None:
+            raise ValueError(
+                "sleep level 2 discards the weights and wakes with the target's only: refused while an EAGLE drafter "
+                "is served (use level 1)"
+            )
         if self.releases_memory and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=level)
             self.asleep = True
 
     def wake(self) -> None:
@@ -190,9 +295,8 @@ def _named(weights: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     return [(name, tensor.detach().contiguous()) for name, tensor in weights.items()]
 
 
-def _completion(request: Request, out) -> Completion:
-    """A `Completion` from one vLLM `CompletionOutput` (sampled token's log-prob taken from each step's dict)."""
-    tokens = list(out.token_ids)
-    logprobs = torch.tensor([step[token].logprob for step, token in zip(out.logprobs, tokens)], dtype=torch.float32)
-    reason = "stop" if out.finish_reason == "stop" else "length"
-    return Completion(request.request_id, list(request.prompt_ids), tokens, logprobs, None, reason)
+def _completion(request: Request, tokens: list[int], logprobs: list[float], reason: str) -> Completion:
+    """A `Completion` from one request's tokens and each sampled token's log-prob."""
+    return Completion(
+        request.request_id, list(request.prompt_ids), tokens, torch.tensor(logprobs, dtype=torch.float32), None, reason
+    )
