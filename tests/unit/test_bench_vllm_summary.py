@@ -8,7 +8,16 @@ import importlib.util
 import pytest
 
 from tlt.bench import engine_vllm
-from tlt.bench.vllm_compare import Row, faster, first_mismatches, goal_met, paired_ratio, requests_per_batch, summarize
+from tlt.bench.vllm_compare import (
+    Row,
+    faster,
+    first_mismatches,
+    goal_met,
+    paired_ratio,
+    requests_per_batch,
+    summarize,
+    variant_order,
+)
 from tlt.cli import main
 from tlt.rollout.vllm.availability import INSTALL_HINT
 
@@ -81,6 +90,31 @@ def test_summary_pairs_tlt_adaptive_and_eagle_with_the_faster_vllm_plain_at_each
     assert eagle["mismatched_requests"] == 3  # one request, in the warm-up and both timed rounds
     assert eagle["first_mismatch"] == {"round": 0, "request": 0, "position": 2, "reference_token": 3, "token": 7}
     assert by_key["tlt-adaptive", 1]["tokens_per_s"] == pytest.approx(180)
+
+
+def test_the_dynamic_table_is_paired_with_the_better_of_the_best_fixed_k_and_plain():
+    same = [[1, 2, 3]]
+    rates = {
+        1: {"vllm-fixed-k3": [150, 150], "vllm-fixed-k2": [140, 170], "vllm-dynamic": [155, 140]},
+        16: {"vllm-fixed-k3": [90, 90], "vllm-fixed-k2": [95, 95], "vllm-dynamic": [99, 98]},
+    }
+    base = {"vllm-plain-eager": [100, 100], "vllm-eagle": [120, 120], "tlt-plain": [80, 80], "tlt-adaptive": [90, 90]}
+    rows = {(v, b): _row(v, b, r, same) for b, by in rates.items() for v, r in {**base, **by}.items()}
+    out = summarize({}, rows, (1, 16), {"before": [0.5], "after": [0.7]})
+    assert out["vllm_best_fixed"] == {"1": "vllm-fixed-k2", "16": "vllm-fixed-k2"}, "the higher median"
+    assert out["vllm_dynamic_vs_best"]["1"] == {
+        "over": "vllm-fixed-k2",
+        "ratio": pytest.approx((155 / 140 + 140 / 170) / 2),
+    }
+    assert out["vllm_dynamic_vs_best"]["16"]["over"] == "vllm-plain-eager", "plain beats every fixed K there"
+    assert out["dynamic_goal_met"] == {"1": True, "16": False}
+    assert variant_order(["tlt-plain", "vllm-fixed-k3", "vllm-dynamic", "vllm-fixed-k2", "vllm-eagle"]) == [
+        "vllm-eagle",
+        "vllm-fixed-k2",
+        "vllm-fixed-k3",
+        "vllm-dynamic",
+        "tlt-plain",
+    ]
 
 
 def test_part_vllm_without_vllm_exits_2_with_the_install_hint_before_loading_anything(monkeypatch, capsys):

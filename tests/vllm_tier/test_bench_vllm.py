@@ -28,11 +28,13 @@ def result(tmp_path_factory):
 def test_every_variant_runs_at_every_batch(result):
     info = result["vllm"]
     ran = [v for v in VARIANTS if v != "vllm-plain-compiled" or info["vllm_compiled_error"] is None]
-    assert {(r["variant"], r["batch"]) for r in info["rows"]} == {(v, b) for v in ran for b in (1, 4)}
+    fixed = [f"vllm-fixed-k{k}" for k in info["vllm_fixed_depths"]]
+    assert info["vllm_fixed_depths"] == [2, 3]  # the workload's EAGLE arms' depths
+    assert {(r["variant"], r["batch"]) for r in info["rows"]} == {(v, b) for v in ran + fixed for b in (1, 4)}
     for row in info["rows"]:
         assert len(row["seconds"]) == info["config"]["repeats"] and row["tokens_per_s"] > 0, row
         assert row["tokens"] and min(row["tokens"]) > 0, row
-    assert set(info["start_seconds"]) == set(ran)
+    assert set(info["start_seconds"]) == {*ran, "vllm-table"} - {"vllm-dynamic"}
     assert info["drafter"]["vllm_draft_tokens"] == 3  # the workload's deepest chain arm
 
 
@@ -47,6 +49,10 @@ def test_speculative_variants_report_their_accept_length(result):
     rows = {(r["variant"], r["batch"]): r for r in result["vllm"]["rows"]}
     for b in (1, 4):
         assert rows["vllm-eagle", b]["accept_length"] >= 1.0
+        assert rows["vllm-fixed-k2", b]["arms_chosen"] == {
+            "eagle-2": rows["vllm-fixed-k2", b]["arms_chosen"]["eagle-2"]
+        }
+        assert rows["vllm-dynamic", b]["accept_length"] is None or rows["vllm-dynamic", b]["accept_length"] >= 1.0
         assert rows["tlt-adaptive", b]["arms_chosen"]
         assert rows["tlt-plain", b]["accept_length"] is None
 
@@ -58,6 +64,10 @@ def test_ratios_and_the_goal_are_there_for_every_batch(result):
         "vllm_eagle_vs_plain",
         "vllm_plain_reference",
         "goal_met",
+        "vllm_best_fixed",
+        "vllm_dynamic_vs_best",
+        "vllm_dynamic_vs_best_range",
+        "dynamic_goal_met",
     ):
         assert set(result[key]) == {"1", "4"}, key
     assert all(low <= high for low, high in result["tlt_vs_vllm_plain_range"].values())

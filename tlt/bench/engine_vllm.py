@@ -5,7 +5,10 @@ The workload's warm-started policy and warm drafter, one prompt stream, `algorit
 eos, temperature 0. Variants, each engine built once: vllm-plain-eager / vllm-plain-compiled (vLLM without
 SD, eager and its default compiled mode; at each batch the faster is the reference of the ratios; a
 compiled mode that fails to start is recorded and skipped), vllm-eagle (vLLM's EAGLE with the warm drafter
-exported, drafting the deepest chain arm's length), tlt-plain (`tlt.rollout.engine.Engine`), and
+exported, drafting the deepest chain arm's length), from one more EAGLE engine started with vLLM's dynamic
+table: vllm-fixed-k<K> (K drafts at every batch size, one variant per EAGLE arm depth) and vllm-dynamic
+(TLT's threshold and buckets as the table, each bucket's depth chosen by a bandit between calls, kept per
+batch size as tlt-adaptive keeps its own; `tlt.rollout.vllm.dynamic_sd`), tlt-plain (`tlt.rollout.engine.Engine`), and
 tlt-adaptive: TLT's adaptive SD exactly as `RolloutWorker` builds it, `rollout_stepper` afresh per generate
 call on the workload's `tlt` spec, compile as `rollout.compile` resolves, `warm_up` first. Its bandit and
 history store are KEPT across the untimed warm-up round and the timed rounds of one batch size, as a worker
@@ -38,13 +41,14 @@ from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
 from tlt.adaptive.bandit import BucketedBandit
 from tlt.bench.bench_drafter import countdown_task
 from tlt.bench.vllm_compare import (
+    DYNAMIC_GOAL,
     GOAL,
-    VARIANTS,
     Call,
     Row,
     Runner,
     requests_per_batch,
     summarize,
+    variant_order,
 )
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.export import export_eagle
@@ -86,18 +90,53 @@ class VllmBenchConfig:
         return cls(quick_workload=True, batches=(1, 4), min_prompts=4, repeats=repeats)
 
 
-def _vllm_runner(engine: Any) -> Runner:
+def _step_counts(steps: list[Any]) -> tuple[int, int, Counter]:
+    """(drafting row-steps, accepted draft tokens, row-steps per `eagle-<K>`) of one vLLM generate, from its engine
+    steps (the first prefills): the same count for every vLLM variant, whichever engine's metrics are live."""
+    drafting = [s for s in steps[1:] if s.k > 0]
+    arms = Counter({f"eagle-{k}": sum(s.running for s in drafting if s.k == k) for k in {s.k for s in drafting}})
+    return sum(s.running for s in drafting), sum(max(s.new_tokens - s.running, 0) for s in drafting), arms
+
+
+def _vllm_runner(engine: Any, table: Callable[[int], Any] | None = None, settle: Any | None = None) -> Runner:
+    """A vLLM variant; with `table` (batch -> the table of the next call) the engine's table is set first, and
+    `settle` (batch, steps) sees each call's engine steps (the dynamic variant's bandit learns from them)."""
+
     def go(batch: int, group: list[Request]) -> Call:
-        counts = (engine.speculative_drafts(), engine.speculative_counts()[1]) if engine.eagle else (0, 0)
+        if table is not None:
+            engine.set_table(table(batch))
         started = time.perf_counter()
         out = engine.generate(group)
         call = Call([c.token_ids for c in out], time.perf_counter() - started)
         if engine.eagle:
-            call.sd_rows = engine.speculative_drafts() - counts[0]
-            call.accepted = engine.speculative_counts()[1] - counts[1]
+            call.sd_rows, call.accepted, call.arms = _step_counts(engine.steps)
+        if settle is not None:
+            settle(batch, engine.steps)
         return call
 
     return go
+
+
+def _table_runners(engine: Any, spec: Any, depths: list[int], batches: tuple[int, ...]) -> dict[str, Runner]:
+    """The variants one table-driven vLLM engine serves: `vllm-fixed-k<K>` (K at every batch size) per EAGLE depth,
+    and `vllm-dynamic` (TLT's threshold and buckets, each bucket's depth chosen by a bandit kept per batch size
+    across calls, as `tlt-adaptive` keeps its own)."""
+    from tlt.rollout.vllm.dynamic_sd import VllmSpeculation
+
+    rows = engine.max_batch_size
+    runners: dict[str, Runner] = {
+        f"vllm-fixed-k{k}": _vllm_runner(engine, table=lambda batch, k=k: [(1, rows, k)]) for k in depths
+    }
+    plans = {b: VllmSpeculation(spec.speculative, spec.drafter.health, rows, seed=spec.algorithm.seed) for b in batches}
+    calls = Counter()
+
+    def settle(batch: int, steps: list[Any]) -> None:
+        calls[batch] += 1
+        row_steps, accepted, _ = _step_counts(steps)
+        plans[batch].settle(calls[batch], steps, row_steps, accepted)
+
+    runners["vllm-dynamic"] = _vllm_runner(engine, table=lambda batch: plans[batch].table(None), settle=settle)
+    return runners
 
 
 def _plain_runner(engines: dict[int, Engine]) -> Runner:
@@ -195,7 +234,8 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
 
     from tlt.bench.run import _load_average, variant_run
     from tlt.bench.workload import load_workload, warm_drafter
-    from tlt.rollout.vllm.vllm_engine import EagleSetup
+    from tlt.rollout.vllm.dynamic_sd import VllmSpeculation, depth_choices
+    from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine
 
     note = on_row or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}
@@ -253,9 +293,17 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         memory_fraction=cfg.memory_fraction,
         kv_cache_bytes=kv_bytes,
     )
+    depths = [k for k in depth_choices(spec.speculative) if k > 0]
     with tempfile.TemporaryDirectory(prefix="tlt-bench-vllm-") as tmp:
-        eagle = {"eagle": EagleSetup(str(export_eagle(drafter_path, folder, Path(tmp) / "eagle").path), depth)}
+        exported = str(export_eagle(drafter_path, folder, Path(tmp) / "eagle").path)
+        eagle = {"eagle": EagleSetup(exported, depth)}
         compiled_error = _start_vllm(cfg, folder, common, eagle, runners, start_seconds, note)
+        note("starting vllm-table (vllm-fixed-k*, vllm-dynamic)")
+        started = time.perf_counter()
+        table = tuple(VllmSpeculation(spec.speculative, spec.drafter.health, max(cfg.batches), 0).start_table())
+        table_engine = VllmEngine(folder, **common, eagle=EagleSetup(exported, max(depths), table=table))
+        runners.update(_table_runners(table_engine, spec, depths, cfg.batches))
+        start_seconds["vllm-table"] = time.perf_counter() - started
         threads = _threads_record(threads_set, preload)
         rows = _run_rounds(runners, rounds, sizes, cfg.batches, note)
     load["after"] = _load_average()
@@ -275,6 +323,7 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
             "max_new_tokens": spec.algorithm.max_new_tokens,
         },
         "drafter": {**(drafter_info or {}), "path": str(drafter_path), "vllm_draft_tokens": depth},
+        "vllm_fixed_depths": depths,
         "tlt_compile": compiled,
         "vllm_compiled_error": compiled_error,
         "threads": threads,
@@ -282,6 +331,7 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         "start_seconds": start_seconds,
         "requests_per_round": sizes,
         "goal": GOAL,
+        "dynamic_goal": DYNAMIC_GOAL,
         "versions": {"torch": torch.__version__, "vllm": vllm.__version__},
     }
     return summarize(info, rows, cfg.batches, load)
@@ -301,7 +351,6 @@ def _start_vllm(
     from tlt.rollout.vllm.vllm_engine import VllmEngine
 
     compiled_error = None if cfg.compiled_vllm else "not tried (compiled_vllm is False)"
-    # vllm-eagle last: vLLM's metrics (its accept counts) follow the newest engine of the process
     starts = [("vllm-plain-eager", {}), ("vllm-plain-compiled", {"enforce_eager": False}), ("vllm-eagle", eagle)]
     for name, extra in [(n, e) for n, e in starts if cfg.compiled_vllm or n != "vllm-plain-compiled"]:
         note(f"starting {name}")
@@ -328,11 +377,12 @@ def _run_rounds(
     """Round 0 untimed, then the timed ones; each round every batch size, every variant (order rotated)."""
     from tlt.bench.run import repeat_order
 
-    rows = {(v, b): Row(v, b, sizes[b] // b) for b in batches for v in VARIANTS if v in runners}
+    names = variant_order(list(runners))
+    rows = {(v, b): Row(v, b, sizes[b] // b) for b in batches for v in names}
     for r, requests in enumerate(rounds):
         for b in batches:
             groups = [requests[i : i + b] for i in range(0, sizes[b], b)]
-            for name in repeat_order([v for v in VARIANTS if v in runners], r):
+            for name in repeat_order(names, r):
                 note(f"round {r}/{len(rounds) - 1}{' (warm-up)' if r == 0 else ''}: {name} at batch {b}")
                 calls = [runners[name](b, group) for group in groups]
                 row = rows[name, b]

@@ -12,9 +12,25 @@ from typing import Any
 from tlt.rollout.types import Request
 
 VLLM_PLAIN = ("vllm-plain-eager", "vllm-plain-compiled")
-VARIANTS = (*VLLM_PLAIN, "vllm-eagle", "tlt-plain", "tlt-adaptive")  # table order
+VARIANTS = (*VLLM_PLAIN, "vllm-eagle", "vllm-dynamic", "tlt-plain", "tlt-adaptive")  # table order
+FIXED_PREFIX = "vllm-fixed-k"  # vllm-fixed-k<K>: one per EAGLE depth, after vllm-eagle in the table
 REFERENCE = "tlt-plain"  # the greedy output every variant must equal
 GOAL = "tlt-adaptive tokens/s >= 1.0x the vLLM-plain reference at every batch, >= 1.5x at batch <= 4"
+DYNAMIC_GOAL = (
+    "vllm-dynamic tokens/s >= the better of vLLM's best fixed K and the vLLM-plain reference at every batch, "
+    "within the rounds' range (the paired ratio's maximum >= 1)"
+)
+
+
+def variant_order(names: list[str]) -> list[str]:
+    """`names` in table order: VARIANTS' order, the vllm-fixed-k<K> variants (by K) after vllm-eagle."""
+
+    def key(name: str) -> tuple[int, int]:
+        if name.startswith(FIXED_PREFIX):
+            return VARIANTS.index("vllm-eagle"), int(name.removeprefix(FIXED_PREFIX))
+        return VARIANTS.index(name), -1
+
+    return sorted(names, key=key)
 
 
 def requests_per_batch(batch: int, min_prompts: int) -> int:
@@ -138,6 +154,10 @@ def summarize(
         "vllm_plain_reference": {},
         "goal_met": {},
     }
+    dynamic = any(v == "vllm-dynamic" for v, _ in rows)
+    if dynamic:
+        for key in ("vllm_best_fixed", "vllm_dynamic_vs_best", "vllm_dynamic_vs_best_range", "dynamic_goal_met"):
+            out[key] = {}
     for b in batches:
         reference = rows[faster({v: rows[v, b].rates() for v in VLLM_PLAIN if (v, b) in rows}), b]
         out["vllm_plain_reference"][str(b)] = reference.variant
@@ -145,5 +165,14 @@ def summarize(
             median, low, high = paired_ratio(rows[variant, b].rates(), reference.rates())
             out[key][str(b)], out[f"{key}_range"][str(b)] = median, [low, high]
         out["goal_met"][str(b)] = goal_met(out["tlt_vs_vllm_plain"][str(b)], b)
+        if dynamic:
+            fixed = {v: rows[v, b].rates() for v, bb in rows if bb == b and v.startswith(FIXED_PREFIX)}
+            best_fixed = faster(fixed) if fixed else None
+            out["vllm_best_fixed"][str(b)] = best_fixed
+            better = faster({n: rows[n, b].rates() for n in (best_fixed, reference.variant) if n is not None})
+            median, low, high = paired_ratio(rows["vllm-dynamic", b].rates(), rows[better, b].rates())
+            out["vllm_dynamic_vs_best"][str(b)] = {"over": better, "ratio": median}
+            out["vllm_dynamic_vs_best_range"][str(b)] = [low, high]
+            out["dynamic_goal_met"][str(b)] = high >= 1.0
     info["rows"] = [row.as_dict(rows[REFERENCE, row.batch]) for row in rows.values()]
     return {"vllm": info, **out, "load_average": load}

@@ -155,7 +155,7 @@ def _vllm_tables(result: dict) -> list:
             f"{low:.0f}-{high:.0f}",
             accept,
             str(row["mismatched_requests"]),
-            f"{info['start_seconds'][row['variant']]:.1f}",
+            f"{info['start_seconds'].get(row['variant'], info['start_seconds'].get('vllm-table', 0.0)):.1f}",
         )
     ratios = Table(
         title=f"tokens/s over ref, the faster vllm-plain, paired per round (goal: {info['goal']}; "
@@ -174,7 +174,22 @@ def _vllm_tables(result: dict) -> list:
             "{:.2f}-{:.2f}".format(*result["vllm_eagle_vs_plain_range"][b]),
             "yes" if result["goal_met"][b] else "no",
         )
-    return [table, ratios]
+    tables = [table, ratios]
+    if "vllm_dynamic_vs_best" in result:
+        dynamic = Table(title=f"vllm-dynamic over the better of vLLM's best fixed K and ref ({info['dynamic_goal']})")
+        for column in ("batch", "best fixed", "over", "vllm-dynamic", "range", "goal"):
+            dynamic.add_column(column, justify="right", no_wrap=True)
+        for b, cell in result["vllm_dynamic_vs_best"].items():
+            dynamic.add_row(
+                b,
+                str(result["vllm_best_fixed"][b]),
+                cell["over"],
+                f"{cell['ratio']:.2f}x",
+                "{:.2f}-{:.2f}".format(*result["vllm_dynamic_vs_best_range"][b]),
+                "yes" if result["dynamic_goal_met"][b] else "no",
+            )
+        tables.append(dynamic)
+    return tables
 
 
 def _engine_tables(result: dict) -> list:
