@@ -71,6 +71,10 @@ def test_ratios_and_the_goal_are_there_for_every_batch(result):
     ):
         assert set(result[key]) == {"1", "4"}, key
     assert all(low <= high for low, high in result["tlt_vs_vllm_plain_range"].values())
+    cost = result["vllm"]["feature_forward"]
+    assert (
+        cost["batch"] == 4 and len(cost["seconds"]) == result["vllm"]["config"]["repeats"] and cost["over_generate"] > 0
+    )
     threads = result["vllm"]["threads"]
     assert threads["torch_threads_after_vllm_start"] == threads["torch_threads"]
     assert set(result["load_average"]) == {"before", "after"}

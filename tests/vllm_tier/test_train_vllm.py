@@ -71,6 +71,13 @@ def test_a_greedy_tlt_run_on_vllm_drafts_trains_and_matches_this_engine(tmp_path
     assert all(len(m["response_lengths"]) == 8 for m in history)
     assert all(m["sd_row_steps"] > 0 and m["accept_length"] >= 1.0 for m in history), "vLLM's EAGLE drafted"
     assert sum(m["drafter_updates"] for m in history) > 0, "the spot trainers trained on vLLM's rollouts"
+    assert all(m["streamed_rewards"] == 8 for m in history), "every response scored the step it finished"
+    for m in history:  # every worker's drafter health and served version reach the step's metrics
+        assert m["drafter_health"] and all(
+            h["healthy"] and h["served_version"] is not None for h in m["drafter_health"].values()
+        )
+        assert m["sd_by_bucket"], "per-bucket draft counts"
+    assert any(m["drafter_feature_seconds"] for m in history), "the features' policy forward is timed"
     # step 1 ran the warm start: this engine's greedy responses of the same requests have the same lengths
     policy, tokenizer = load_policy(warm_start(tiny_warmstart()))
     ids = rl_step.select_prompts(len(trainer.problems), run.spec.algorithm.prompts_per_step, run.spec.algorithm.seed, 1)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -306,6 +307,8 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         start_seconds["vllm-table"] = time.perf_counter() - started
         threads = _threads_record(threads_set, preload)
         rows = _run_rounds(runners, rounds, sizes, cfg.batches, note)
+    note("timing the drafter features' policy forward over vllm-dynamic's responses")
+    features = feature_forward_cost(policy, rounds, rows, sizes, max(cfg.batches))
     load["after"] = _load_average()
     info = {
         "config": asdict(cfg),
@@ -324,6 +327,7 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         },
         "drafter": {**(drafter_info or {}), "path": str(drafter_path), "vllm_draft_tokens": depth},
         "vllm_fixed_depths": depths,
+        "feature_forward": features,
         "tlt_compile": compiled,
         "vllm_compiled_error": compiled_error,
         "threads": threads,
@@ -365,6 +369,34 @@ def _start_vllm(
             continue
         start_seconds[name] = time.perf_counter() - started
     return compiled_error
+
+
+def feature_forward_cost(
+    policy: Any, rounds: list[list[Request]], rows: dict[tuple[str, int], Row], sizes: dict[int, int], batch: int
+) -> dict[str, Any]:
+    """What the vLLM worker pays for the drafter's features (vLLM keeps its hidden states, so the worker runs
+    its own policy copy over each finished response, `tlt.workers.vllm_rollout.with_features`): seconds of
+    that forward over vllm-dynamic's responses of each timed round at `batch`, beside that round's generate
+    seconds."""
+    from tlt.rollout.types import Completion
+    from tlt.workers.vllm_rollout import with_features
+
+    row = rows["vllm-dynamic", batch]
+    seconds = []
+    for r, requests in enumerate(rounds[1:], start=1):
+        outputs = row.outputs[r]
+        started = time.perf_counter()
+        for request, tokens in zip(requests[: sizes[batch]], outputs):
+            with_features(policy, Completion(request.request_id, list(request.prompt_ids), tokens, None, None, "stop"))
+        seconds.append(time.perf_counter() - started)
+    ratios = [f / g for f, g in zip(seconds, row.seconds)]
+    return {
+        "batch": batch,
+        "seconds": seconds,
+        "generate_seconds": row.seconds,
+        "over_generate": statistics.median(ratios),
+        "over_generate_range": [min(ratios), max(ratios)],
+    }
 
 
 def _run_rounds(

@@ -4,6 +4,7 @@ compiled vs eager, vLLM), with its tables."""
 from __future__ import annotations
 
 import argparse
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,19 @@ def _vllm_tables(result: dict) -> list:
                 "yes" if result["dynamic_goal_met"][b] else "no",
             )
         tables.append(dynamic)
+    if "feature_forward" in info:
+        cost = info["feature_forward"]
+        extra = Table(title="the drafter features' policy forward a vLLM worker adds (vLLM keeps its hidden states)")
+        for column in ("batch", "seconds", "over generate", "range"):
+            extra.add_column(column, justify="right", no_wrap=True)
+        low, high = cost["over_generate_range"]
+        extra.add_row(
+            str(cost["batch"]),
+            f"{statistics.median(cost['seconds']):.2f}",
+            f"{cost['over_generate']:.2f}x",
+            f"{low:.2f}-{high:.2f}",
+        )
+        tables.append(extra)
     return tables
 
 

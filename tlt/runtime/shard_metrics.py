@@ -126,6 +126,10 @@ def drafter_step_metrics(
     latencies = [a["acked_at"] - a["requested_at"] for a in trained]
     return {
         "drafter_agreement": agree / total if total else None,
+        # vLLM workers: seconds of the policy forward that recomputes the drafter's features, off the rollout
+        "drafter_feature_seconds": sum(r["feature_seconds"] for r in results)
+        if any("feature_seconds" in r for r in results)
+        else None,
         "drafter_version": pushes[-1]["version"] if pushes else None,
         "drafter_loss": sum(p["loss"] * p["steps"] for p in pushes) / optimizer_steps if optimizer_steps else None,
         "drafter_updates": optimizer_steps,
