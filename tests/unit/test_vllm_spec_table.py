@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from tlt.rollout.draft_switch import sd_bucket
-from tlt.rollout.vllm.dynamic_sd import VllmSpeculation, depth_choices
 from tlt.rollout.vllm.spec_table import drafts_anywhere, k_at, k_table, off_table
 from tlt.spec.run import RunSpec
+from tlt.workers.vllm_speculation import VllmSpeculation, depth_choices
 
 
 @pytest.mark.parametrize(

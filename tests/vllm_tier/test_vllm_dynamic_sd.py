@@ -20,11 +20,11 @@ from tlt.models.loading import save_policy  # noqa: E402
 from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.rollout.engine import Engine  # noqa: E402
 from tlt.rollout.types import Request, SamplingParams  # noqa: E402
-from tlt.rollout.vllm.dynamic_sd import VllmSpeculation  # noqa: E402
 from tlt.rollout.vllm.spec_table import k_table, off_table  # noqa: E402
 from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine  # noqa: E402
 from tlt.spec.run import RunSpec  # noqa: E402
 from tlt.tasks.tokenizer import build_task_tokenizer  # noqa: E402
+from tlt.workers.vllm_speculation import VllmSpeculation  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

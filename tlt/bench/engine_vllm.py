@@ -8,7 +8,7 @@ compiled mode that fails to start is recorded and skipped), vllm-eagle (vLLM's E
 exported, drafting the deepest chain arm's length), from one more EAGLE engine started with vLLM's dynamic
 table: vllm-fixed-k<K> (K drafts at every batch size, one variant per EAGLE arm depth) and vllm-dynamic
 (TLT's threshold and buckets as the table, each bucket's depth chosen by a bandit between calls, kept per
-batch size as tlt-adaptive keeps its own; `tlt.rollout.vllm.dynamic_sd`), tlt-plain (`tlt.rollout.engine.Engine`), and
+batch size as tlt-adaptive keeps its own; `tlt.workers.vllm_speculation`), tlt-plain (`tlt.rollout.engine.Engine`), and
 tlt-adaptive: TLT's adaptive SD exactly as `RolloutWorker` builds it, `rollout_stepper` afresh per generate
 call on the workload's `tlt` spec, compile as `rollout.compile` resolves, `warm_up` first. Its bandit and
 history store are KEPT across the untimed warm-up round and the timed rounds of one batch size, as a worker
@@ -122,7 +122,7 @@ def _table_runners(engine: Any, spec: Any, depths: list[int], batches: tuple[int
     """The variants one table-driven vLLM engine serves: `vllm-fixed-k<K>` (K at every batch size) per EAGLE depth,
     and `vllm-dynamic` (TLT's threshold and buckets, each bucket's depth chosen by a bandit kept per batch size
     across calls, as `tlt-adaptive` keeps its own)."""
-    from tlt.rollout.vllm.dynamic_sd import VllmSpeculation
+    from tlt.workers.vllm_speculation import VllmSpeculation
 
     rows = engine.max_batch_size
     runners: dict[str, Runner] = {
@@ -235,8 +235,8 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
 
     from tlt.bench.run import _load_average, variant_run
     from tlt.bench.workload import load_workload, warm_drafter
-    from tlt.rollout.vllm.dynamic_sd import VllmSpeculation, depth_choices
     from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine
+    from tlt.workers.vllm_speculation import VllmSpeculation, depth_choices
 
     note = on_row or (lambda text: log.info("%s", text))
     load = {"before": _load_average()}

@@ -5,7 +5,7 @@ status, take_states, the trainer's start / stop and state), with vLLM generating
   new weights, and in modes static / tlt the hub's drafter, go into it in place (no restart, no disk).
 - Speculative decoding is vLLM's EAGLE with the run's drafter, drafting by running-batch size from vLLM's
   dynamic table: TLT's threshold and buckets, each bucket's depth chosen by a bandit between rollouts and
-  written into vLLM's scheduler in place (`tlt.rollout.vllm.dynamic_sd`); threshold 0 starts vLLM without
+  written into vLLM's scheduler in place (`tlt.workers.vllm_speculation`); threshold 0 starts vLLM without
   EAGLE (the drafter trains, never drafts). A drafter that collapses after a sync is flagged and vLLM drafts
   nothing until a newer one arrives (`tlt.workers.drafter_watch`).
 - vLLM keeps its hidden states, so the drafter's training data comes from a forward of this worker's
@@ -31,7 +31,6 @@ from tlt.drafter.export import export_eagle
 from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
-from tlt.rollout.vllm.dynamic_sd import VllmSpeculation
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
 from tlt.runtime import rl_step
 from tlt.spec.run import RunSpec
@@ -39,6 +38,7 @@ from tlt.tasks.problem import Problem
 from tlt.workers.rollout import RolloutWorker
 from tlt.workers.rollout_drafter import NO_AGREEMENT
 from tlt.workers.rollout_state import GENERATING, IDLE
+from tlt.workers.vllm_speculation import VllmSpeculation
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 
