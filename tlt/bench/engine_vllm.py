@@ -37,20 +37,18 @@ from typing import Any
 
 import torch
 
-from tlt.adaptive.adaptive_stepper import AdaptiveStepper, rollout_stepper
-from tlt.adaptive.arms import chain_depths, new_history_store, uses_history
-from tlt.adaptive.bandit import BucketedBandit
+from tlt.adaptive.arms import chain_depths
 from tlt.bench.bench_drafter import countdown_task
 from tlt.bench.vllm_compare import (
     DYNAMIC_GOAL,
     GOAL,
-    Call,
     Row,
     Runner,
     requests_per_batch,
     summarize,
     variant_order,
 )
+from tlt.bench.vllm_runners import adaptive_runner, plain_runner, table_runners, vllm_runner
 from tlt.drafter.evaluate import make_requests
 from tlt.drafter.export import export_eagle
 from tlt.models.drafter import load_drafter
@@ -89,97 +87,6 @@ class VllmBenchConfig:
     @classmethod
     def quick(cls, repeats: int = 1) -> VllmBenchConfig:
         return cls(quick_workload=True, batches=(1, 4), min_prompts=4, repeats=repeats)
-
-
-def _step_counts(steps: list[Any]) -> tuple[int, int, Counter]:
-    """(drafting row-steps, accepted draft tokens, row-steps per `eagle-<K>`) of one vLLM generate, from its engine
-    steps (the first prefills): the same count for every vLLM variant, whichever engine's metrics are live."""
-    drafting = [s for s in steps[1:] if s.k > 0]
-    arms = Counter({f"eagle-{k}": sum(s.running for s in drafting if s.k == k) for k in {s.k for s in drafting}})
-    return sum(s.running for s in drafting), sum(max(s.new_tokens - s.running, 0) for s in drafting), arms
-
-
-def _vllm_runner(engine: Any, table: Callable[[int], Any] | None = None, settle: Any | None = None) -> Runner:
-    """A vLLM variant; with `table` (batch -> the table of the next call) the engine's table is set first, and
-    `settle` (batch, steps) sees each call's engine steps (the dynamic variant's bandit learns from them)."""
-
-    def go(batch: int, group: list[Request]) -> Call:
-        if table is not None:
-            engine.set_table(table(batch))
-        started = time.perf_counter()
-        out = engine.generate(group)
-        call = Call([c.token_ids for c in out], time.perf_counter() - started)
-        if engine.eagle:
-            call.sd_rows, call.accepted, call.arms = _step_counts(engine.steps)
-        if settle is not None:
-            settle(batch, engine.steps)
-        return call
-
-    return go
-
-
-def _table_runners(engine: Any, spec: Any, depths: list[int], batches: tuple[int, ...]) -> dict[str, Runner]:
-    """The variants one table-driven vLLM engine serves: `vllm-fixed-k<K>` (K at every batch size) per EAGLE depth,
-    and `vllm-dynamic` (TLT's threshold and buckets, each bucket's depth chosen by a bandit kept per batch size
-    across calls, as `tlt-adaptive` keeps its own)."""
-    from tlt.workers.vllm_speculation import VllmSpeculation
-
-    rows = engine.max_batch_size
-    runners: dict[str, Runner] = {
-        f"vllm-fixed-k{k}": _vllm_runner(engine, table=lambda batch, k=k: [(1, rows, k)]) for k in depths
-    }
-    plans = {b: VllmSpeculation(spec.speculative, spec.drafter.health, rows, seed=spec.algorithm.seed) for b in batches}
-    calls = Counter()
-
-    def settle(batch: int, steps: list[Any]) -> None:
-        calls[batch] += 1
-        row_steps, accepted, _ = _step_counts(steps)
-        plans[batch].settle(calls[batch], steps, row_steps, accepted)
-
-    runners["vllm-dynamic"] = _vllm_runner(engine, table=lambda batch: plans[batch].table(None), settle=settle)
-    return runners
-
-
-def _plain_runner(engines: dict[int, Engine]) -> Runner:
-    def go(batch: int, group: list[Request]) -> Call:
-        started = time.perf_counter()
-        out = engines[batch].generate(group)
-        return Call([c.token_ids for c in out], time.perf_counter() - started)
-
-    return go
-
-
-def _adaptive_runner(spec: Any, engines: dict[int, Engine], drafter: Any) -> Runner:
-    """Per batch size: one engine, its bandit and history store, kept across calls (see the module docstring)."""
-    bandits: dict[int, BucketedBandit | None] = dict.fromkeys(engines)
-    histories = {b: new_history_store(spec.speculative) if uses_history(spec.speculative) else None for b in engines}
-
-    def go(batch: int, group: list[Request]) -> Call:
-        engine, history, waves = engines[batch], histories[batch], []
-        stepper = rollout_stepper(
-            spec.speculative,
-            engine.runner,
-            drafter,
-            rows=batch,
-            context=engine.max_context,
-            bandit=bandits[batch],
-            seed=spec.algorithm.seed,
-            history=history,
-        )
-        engine.stepper = stepper
-        engine.wave_observers = [lambda sequences: waves.append(list(sequences))] if history is not None else []
-        started = time.perf_counter()
-        out = engine.generate(group)
-        call = Call([c.token_ids for c in out], time.perf_counter() - started)
-        if isinstance(stepper, AdaptiveStepper):
-            bandits[batch] = stepper.bandit
-            call.sd_rows, call.accepted = stepper.stats.row_steps, stepper.stats.accepted
-            call.arms.update(stepper.summary()["arms_chosen"])
-        for wave in waves:
-            history.observe(wave)
-        return call
-
-    return go
 
 
 def _tlt_engines(
@@ -282,8 +189,8 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         policy, cfg.batches, context, compiled, drafter, chain_depths(spec.speculative)
     )
     runners: dict[str, Runner] = {
-        "tlt-plain": _plain_runner(engines["tlt-plain"]),
-        "tlt-adaptive": _adaptive_runner(spec, engines["tlt-adaptive"], drafter),
+        "tlt-plain": plain_runner(engines["tlt-plain"]),
+        "tlt-adaptive": adaptive_runner(spec, engines["tlt-adaptive"], drafter),
     }
     kv_bytes = cfg.kv_cache_bytes or _kv_cache_bytes(policy.config, max(cfg.batches), context, policy.dtype)
     common = dict(
@@ -303,7 +210,7 @@ def run_vllm_bench(cfg: VllmBenchConfig, on_row: Callable[[str], None] | None = 
         started = time.perf_counter()
         table = tuple(VllmSpeculation(spec.speculative, spec.drafter.health, max(cfg.batches), 0).start_table())
         table_engine = VllmEngine(folder, **common, eagle=EagleSetup(exported, max(depths), table=table))
-        runners.update(_table_runners(table_engine, spec, depths, cfg.batches))
+        runners.update(table_runners(table_engine, spec, depths, cfg.batches))
         start_seconds["vllm-table"] = time.perf_counter() - started
         threads = _threads_record(threads_set, preload)
         rows = _run_rounds(runners, rounds, sizes, cfg.batches, note)
@@ -360,7 +267,7 @@ def _start_vllm(
         note(f"starting {name}")
         started = time.perf_counter()
         try:
-            runners[name] = _vllm_runner(VllmEngine(folder, **common, **extra))
+            runners[name] = vllm_runner(VllmEngine(folder, **common, **extra))
         except Exception as exc:  # noqa: BLE001 -- recorded as the result of trying the compiled mode
             if name != "vllm-plain-compiled":
                 raise
