@@ -20,27 +20,18 @@ pytest.importorskip("vllm", reason="vLLM is not installed on this machine")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm_tier"))
 
-from test_vllm_dynamic_sd import MEMORY, ROWS, SHAPE, exact_drafter, silent  # noqa: E402
+from eagle_world import eagle_world, exact_drafter  # noqa: E402
+from test_vllm_dynamic_sd import MEMORY, ROWS  # noqa: E402
 
-from tlt.drafter.export import export_eagle  # noqa: E402
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter  # noqa: E402
-from tlt.models.loading import save_policy  # noqa: E402
-from tlt.models.tiny import tiny_model  # noqa: E402
 from tlt.rollout.types import Request, SamplingParams  # noqa: E402
 from tlt.rollout.vllm.spec_table import k_table  # noqa: E402
 from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine, sleep_supported  # noqa: E402
-from tlt.tasks.tokenizer import build_task_tokenizer  # noqa: E402
 
 
 def test_sleep_level_one_then_wake_keeps_the_drafters_acceptance(tmp_path):
     if not sleep_supported():
         pytest.skip("this vLLM platform has no sleep mode")
-    tokenizer = build_task_tokenizer()
-    policy = tiny_model("llama", seed=4, vocab_size=len(tokenizer), **SHAPE)
-    policy.load_state_dict(silent(policy))
-    save_policy(policy, tokenizer, tmp_path / "policy")
-    save_drafter(EagleDrafter(drafter_config_from_target(policy.config)).float(), tmp_path / "ckpt")
-    export_eagle(tmp_path / "ckpt", tmp_path / "policy", tmp_path / "eagle")
+    policy, _ = eagle_world(tmp_path, silent_layers=True)
     table = tuple(k_table(8, [1, 2, 4, 8], [3, 3, 3, 3], ROWS))
     memory = {**MEMORY, "memory_fraction": 0.1, "kv_cache_bytes": None}
     engine = VllmEngine(tmp_path / "policy", **memory, eagle=EagleSetup(str(tmp_path / "eagle"), 3, table=table))

@@ -14,16 +14,13 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed: this tier runs in .venv-vllm (make vllm-venv)")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from tlt.drafter.export import export_eagle  # noqa: E402
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter  # noqa: E402
-from tlt.models.loading import save_policy  # noqa: E402
-from tlt.models.tiny import tiny_model  # noqa: E402
+from eagle_world import drafter_state, eagle_world, exact_drafter  # noqa: E402
+
 from tlt.rollout.engine import Engine  # noqa: E402
 from tlt.rollout.types import Request, SamplingParams  # noqa: E402
 from tlt.rollout.vllm.spec_table import k_table, off_table  # noqa: E402
 from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine  # noqa: E402
 from tlt.spec.run import RunSpec  # noqa: E402
-from tlt.tasks.tokenizer import build_task_tokenizer  # noqa: E402
 from tlt.workers.vllm_speculation import VllmSpeculation  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -31,7 +28,6 @@ pytestmark = pytest.mark.vllm
 NEW_TOKENS = 20
 ROWS = 8
 MEMORY = dict(dtype="float32", max_context=128, max_batch_size=ROWS, memory_fraction=0.2, kv_cache_bytes=64 * 2**20)
-SHAPE = dict(num_heads=2, num_kv_heads=1, tie_word_embeddings=True)
 SPEC = RunSpec.model_validate(
     {
         "speculative": {
@@ -45,39 +41,10 @@ SPEC = RunSpec.model_validate(
 )
 
 
-def silent(policy) -> dict[str, torch.Tensor]:
-    """Layers that write nothing: the policy predicts from the last token's embedding alone."""
-    return {
-        k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v
-        for k, v in policy.state_dict().items()
-    }
-
-
-def drafter_state(policy, seed: int) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
-    drafter = EagleDrafter(drafter_config_from_target(policy.config)).float()
-    return {k: v.detach().clone() for k, v in drafter.state_dict().items()}
-
-
-def exact_drafter(policy) -> dict[str, torch.Tensor]:
-    """Passes the next token's embedding through: it predicts what the silent policy does, every draft accepted."""
-    state = drafter_state(policy, seed=40)
-    hidden = policy.config.hidden_size
-    state["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-    for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
-        state[name] = torch.zeros_like(state[name])
-    return state
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-dynamic")
-    tokenizer = build_task_tokenizer()
-    policy = tiny_model("llama", seed=4, vocab_size=len(tokenizer), **SHAPE)
-    policy.load_state_dict(silent(policy))
-    save_policy(policy, tokenizer, root / "policy")
-    save_drafter(EagleDrafter(drafter_config_from_target(policy.config)).float(), root / "ckpt")
-    export_eagle(root / "ckpt", root / "policy", root / "eagle")
+    policy, tokenizer = eagle_world(root, silent_layers=True)
     requests = [
         Request(
             f"r{i}",

@@ -15,24 +15,19 @@ pytest.importorskip("vllm", reason="vLLM is not installed: this tier runs in .ve
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: RSS below is the engine's
 
 import psutil  # noqa: E402  (a vLLM dependency)
+from eagle_world import SHAPE, drafter_state, eagle_world, exact_drafter, silent
 from vllm.platforms import current_platform
 
-from tlt.drafter.export import export_eagle
-from tlt.models.drafter import EagleDrafter, drafter_config_from_target, save_drafter
-from tlt.models.loading import save_policy
 from tlt.models.tiny import tiny_model
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request, SamplingParams
 from tlt.rollout.vllm.vllm_engine import EagleSetup, VllmEngine, sleep_supported
-from tlt.tasks.tokenizer import build_task_tokenizer
 
 pytestmark = pytest.mark.vllm
 
 NEW_TOKENS = 24
 # A fixed small KV cache and RAM reserve: by default vLLM's CPU build reserves ~90% of the machine.
 MEMORY = dict(dtype="float32", max_context=128, max_batch_size=8, memory_fraction=0.2, kv_cache_bytes=64 * 2**20)
-# vLLM's CPU attention has no kernel for head_dim 16 (tiny_config's default): 2 heads of 32.
-SHAPE = dict(num_heads=2, num_kv_heads=1, tie_word_embeddings=True)
 
 
 def perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
@@ -41,22 +36,11 @@ def perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tens
     return {k: v + 0.05 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in state.items()}
 
 
-def drafter_state(policy, seed: int) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
-    drafter = EagleDrafter(drafter_config_from_target(policy.config)).float()
-    return {k: v.detach().clone() for k, v in drafter.state_dict().items()}
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
-    tokenizer = build_task_tokenizer()
-    policy = tiny_model("llama", seed=4, vocab_size=len(tokenizer), **SHAPE)
+    policy, tokenizer = eagle_world(root)
     assert policy.get_output_embeddings().weight is policy.get_input_embeddings().weight
-    save_policy(policy, tokenizer, root / "policy")
-    drafter = EagleDrafter(drafter_config_from_target(policy.config)).float()
-    save_drafter(drafter, root / "ckpt")
-    export_eagle(root / "ckpt", root / "policy", root / "eagle")
     requests = [
         Request(
             f"r{i}",
@@ -205,16 +189,8 @@ def test_a_reloaded_drafter_is_the_one_that_drafts(world, sd):
     and a drafter that passes the token's embedding through predicts it exactly: loaded in place, it
     gets every draft accepted; a random drafter loaded after it gets fewer; reloading it restores all."""
     policy, requests = world["policy"], world["requests"]
-    silent = {
-        k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v
-        for k, v in policy.state_dict().items()
-    }
-    hidden = policy.config.hidden_size
-    exact = drafter_state(policy, seed=40)
-    exact["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-    for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
-        exact[name] = torch.zeros_like(exact[name])
-    sd.load_weights(silent)
+    exact = exact_drafter(policy)
+    sd.load_weights(silent(policy))
 
     def accepted_share(drafter: dict[str, torch.Tensor]) -> float:
         sd.load_drafter(drafter)
