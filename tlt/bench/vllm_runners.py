@@ -15,14 +15,7 @@ from tlt.adaptive.bandit import BucketedBandit
 from tlt.bench.vllm_compare import Call, Runner
 from tlt.rollout.engine import Engine
 from tlt.rollout.types import Request
-
-
-def step_counts(steps: list[Any]) -> tuple[int, int, Counter]:
-    """(drafting row-steps, accepted draft tokens, row-steps per `eagle-<K>`) of one vLLM generate, from its engine
-    steps (the first prefills): the same count for every vLLM variant, whichever engine's metrics are live."""
-    drafting = [s for s in steps[1:] if s.k > 0]
-    arms = Counter({f"eagle-{k}": sum(s.running for s in drafting if s.k == k) for k in {s.k for s in drafting}})
-    return sum(s.running for s in drafting), sum(max(s.new_tokens - s.running, 0) for s in drafting), arms
+from tlt.rollout.vllm.vllm_engine import drafting_counts
 
 
 def vllm_runner(engine: Any, table: Callable[[int], Any] | None = None, settle: Any | None = None) -> Runner:
@@ -36,7 +29,7 @@ def vllm_runner(engine: Any, table: Callable[[int], Any] | None = None, settle: 
         out = engine.generate(group)
         call = Call([c.token_ids for c in out], time.perf_counter() - started)
         if engine.eagle:
-            call.sd_rows, call.accepted, call.arms = step_counts(engine.steps)
+            call.sd_rows, call.accepted, call.arms = drafting_counts(engine.steps)
         if settle is not None:
             settle(batch, engine.steps)
         return call
@@ -59,7 +52,7 @@ def table_runners(engine: Any, spec: Any, depths: list[int], batches: tuple[int,
 
     def settle(batch: int, steps: list[Any]) -> None:
         calls[batch] += 1
-        row_steps, accepted, _ = step_counts(steps)
+        row_steps, accepted, _ = drafting_counts(steps)
         plans[batch].settle(calls[batch], steps, row_steps, accepted)
 
     runners["vllm-dynamic"] = vllm_runner(engine, table=lambda batch: plans[batch].table(None), settle=settle)

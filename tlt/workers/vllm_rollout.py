@@ -32,6 +32,7 @@ from tlt.models.drafter import save_drafter, target_features
 from tlt.models.loading import load_policy
 from tlt.rollout.types import Completion
 from tlt.rollout.vllm.spec_map import eagle_draft_tokens, kv_cache_bytes, vllm_drafts
+from tlt.rollout.vllm.vllm_engine import drafting_counts
 from tlt.runtime import rl_step
 from tlt.spec.run import RunSpec
 from tlt.tasks.problem import Problem
@@ -176,7 +177,7 @@ class VllmRolloutWorker(RolloutWorker):
             "first_response_at": first_done[0] if first_done else finished,
             "sd_row_steps": row_steps,
             "sd_accepted": accepted,
-            "sd_arms": drafted_by_depth(self.vllm.steps),
+            "sd_arms": dict(sorted(drafting_counts(self.vllm.steps)[2].items())),
             "sd_arm_rates": {},
             "sd_table": [list(r) for r in self.vllm.table] if self.vllm.table is not None else None,
             **speculative,
@@ -205,16 +206,6 @@ class VllmRolloutWorker(RolloutWorker):
         featured = [with_features(self.model, c) for c in completions]
         seconds = time.perf_counter() - started
         return {**super()._agreement_and_buffer(featured, step, drafter, candidate), "feature_seconds": seconds}
-
-
-def drafted_by_depth(steps: list[Any]) -> dict[str, int]:
-    """Row-steps that drafted, per draft length K (`eagle-<K>`), over a rollout's vLLM engine steps (the first
-    prefills the prompts)."""
-    out: dict[str, int] = {}
-    for record in steps[1:]:
-        if record.k > 0:
-            out[f"eagle-{record.k}"] = out.get(f"eagle-{record.k}", 0) + record.running
-    return dict(sorted(out.items()))
 
 
 def with_features(policy: Any, completion: Completion) -> Completion:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,15 @@ class VllmStep:
     k: int
     new_tokens: int
     seconds: float
+
+
+def drafting_counts(steps: list[VllmStep]) -> tuple[int, int, Counter]:
+    """(drafting row-steps, accepted draft tokens, row-steps per `eagle-<K>`) over one generate's engine steps
+    (the first prefills the prompts), from the tokens the rows gained: a response cut at its token limit
+    counts what it kept."""
+    drafting = [s for s in steps[1:] if s.k > 0]
+    arms = Counter({f"eagle-{k}": sum(s.running for s in drafting if s.k == k) for k in {s.k for s in drafting}})
+    return sum(s.running for s in drafting), sum(max(s.new_tokens - s.running, 0) for s in drafting), arms
 
 
 @dataclass(frozen=True)
